@@ -1,0 +1,93 @@
+"""Host-memory (L2) eviction order behind a small policy interface.
+
+Two policies:
+- `BranchCountEviction` (paper section 5.3, algorithm E.2 `EvictHost`): ascending key
+  `(count > 0, last access)`: pages no active branch references go first, least recently used first,
+  and a page with a positive count goes only when no unpinned zero-count page remains.
+- `LruEviction` (HiCache baseline, `../shared/baselines.md`): ascending last access, counts ignored.
+
+Invariant (both): a pinned page is never a victim.
+
+Boundary: pure ordering over page snapshots the caller supplies; the caller (engine core) owns the pages,
+their pinning and the counts pushed to it by the router.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from evolving_infra.core.pages import PageHash
+
+
+class EvictionPolicyName(enum.Enum):
+    BRANCH_COUNT = "branch-count"
+    LRU = "lru"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPage:
+    """Snapshot of one page in a node's host memory, as an eviction policy sees it."""
+
+    page: PageHash
+    count: int
+    last_access: float
+    pinned: bool = False
+
+
+class HostEvictionPolicy(Protocol):
+    name: EvictionPolicyName
+
+    def key(self, page: HostPage) -> tuple[float, ...]:
+        """Sort key: pages with smaller keys are evicted first."""
+        ...
+
+    def victims(self, pages: Iterable[HostPage], n: int) -> list[PageHash]:
+        """Up to `n` unpinned pages, in eviction order."""
+        ...
+
+
+class _KeyedPolicy:
+    name: EvictionPolicyName
+
+    def key(self, page: HostPage) -> tuple[float, ...]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def victims(self, pages: Iterable[HostPage], n: int) -> list[PageHash]:
+        if n <= 0:
+            return []
+        candidates = (p for p in pages if not p.pinned)
+        # The page hash breaks ties so the order is total and deterministic.
+        chosen = heapq.nsmallest(n, candidates, key=lambda p: (*self.key(p), p.page))
+        return [p.page for p in chosen]
+
+
+class BranchCountEviction(_KeyedPolicy):
+    """Zero-count pages first, LRU within each group (paper eq. in section 5.3, algorithm E.2)."""
+
+    name = EvictionPolicyName.BRANCH_COUNT
+
+    def key(self, page: HostPage) -> tuple[float, ...]:
+        return (1.0 if page.count > 0 else 0.0, page.last_access)
+
+
+class LruEviction(_KeyedPolicy):
+    """Least recently used first, counts ignored (HiCache's host eviction)."""
+
+    name = EvictionPolicyName.LRU
+
+    def key(self, page: HostPage) -> tuple[float, ...]:
+        return (page.last_access,)
+
+
+def eviction_policy(name: EvictionPolicyName | str) -> HostEvictionPolicy:
+    """The policy registered under `name` (`branch-count` or `lru`)."""
+    try:
+        resolved = EvictionPolicyName(name)
+    except ValueError:
+        choices = ", ".join(p.value for p in EvictionPolicyName)
+        raise ValueError(f"unknown eviction policy {name!r}; choose one of: {choices}") from None
+    return BranchCountEviction() if resolved is EvictionPolicyName.BRANCH_COUNT else LruEviction()

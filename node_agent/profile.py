@@ -1,0 +1,107 @@
+"""Hardware profiles: the true cost coefficients and capacities of one (GPU, model, parallelism).
+
+A profile is data (YAML or JSON) validated on load, so users add their own. The emulated engine takes its
+iteration times from a profile's coefficients (the paper's equations 1 and 2); the planner and router never
+read them: they fit their own online (`evolving_infra.router.fitting`).
+
+Boundary: the schema and conversion to the core's coefficient types; reading files lives in
+`evolving_infra.node_agent.profiles`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrefillModel(_Strict):
+    """Coefficients of eq. 1, in seconds."""
+
+    c0: float = Field(ge=0, description="fixed cost of a prefill iteration (s)")
+    c1: float = Field(ge=0, description="time per uncached token (s)")
+    c2: float = Field(ge=0, description="time per query-key pair (s)")
+    c3: float = Field(ge=0, description="time per token restored from host memory (s)")
+
+    def coefficients(self) -> PrefillCoefficients:
+        return PrefillCoefficients(self.c0, self.c1, self.c2, self.c3)
+
+
+class DecodeModel(_Strict):
+    """Coefficients of eq. 2, in seconds, and the speculative-decoding and MoE shape."""
+
+    d0: float = Field(ge=0, description="fixed cost of a decode iteration (s)")
+    d1: float = Field(ge=0, description="time to read all routed experts (s)")
+    d2: float = Field(ge=0, description="time per running request (s)")
+    k: int = Field(ge=1, description="routed experts each token selects (top-k)")
+    experts: int = Field(ge=1, description="routed experts E per MoE layer")
+    t_fwd: float = Field(ge=1, description="tokens each running request feeds into an iteration")
+    t_acc: float = Field(gt=0, description="mean tokens accepted per request per iteration")
+
+    @model_validator(mode="after")
+    def _shape(self) -> DecodeModel:
+        if self.k > self.experts:
+            raise ValueError(f"k ({self.k}) cannot exceed experts ({self.experts})")
+        if self.t_acc > self.t_fwd:
+            raise ValueError(f"t_acc ({self.t_acc}) cannot exceed t_fwd ({self.t_fwd})")
+        return self
+
+    def coefficients(self) -> DecodeCoefficients:
+        return DecodeCoefficients(self.d0, self.d1, self.d2, self.k, self.experts, self.t_fwd)
+
+
+class HardwareProfile(_Strict):
+    """One node type: 4 GPUs serving one model with one parallelism, and its KV tiers and links."""
+
+    name: str = Field(min_length=1, description="profile id, e.g. glm-5.2-4xgb300-tp4")
+    description: str = Field(default="", description="what the profile models")
+    gpu: str = Field(min_length=1, description="GPU type, e.g. GB300")
+    gpus_per_node: int = Field(ge=1, description="GPUs per node")
+    model: str = Field(min_length=1, description="served model")
+    parallelism: str = Field(min_length=1, description="parallelism of the engine, e.g. TP4")
+    prefill: PrefillModel
+    decode: DecodeModel
+    kv_bytes_per_token: int = Field(gt=0, description="KV bytes per token, one copy per node")
+    l1_tokens: int = Field(gt=0, description="KV capacity of GPU memory (L1) in tokens")
+    l2_tokens: int = Field(gt=0, description="KV capacity of host memory (L2) in tokens")
+    page_tokens: int = Field(default=64, ge=1, description="tokens per KV page")
+    chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
+    fetch_bandwidth: float = Field(gt=0, description="peer host-to-host KV fetch bandwidth (bytes/s)")
+    fetch_latency: float = Field(ge=0, description="fixed setup time of one peer fetch (s)")
+    transfer_bandwidth: float = Field(gt=0, description="prefill-to-decode KV transfer bandwidth (bytes/s)")
+    load_bandwidth: float = Field(gt=0, description="host-to-GPU load bandwidth within a node (bytes/s)")
+    sources: dict[str, str] = Field(default_factory=dict, description="where each number comes from")
+
+    @model_validator(mode="after")
+    def _capacities(self) -> HardwareProfile:
+        if self.l1_tokens < self.page_tokens:
+            raise ValueError(f"l1_tokens ({self.l1_tokens}) must hold at least one page ({self.page_tokens})")
+        if self.l2_tokens < self.page_tokens:
+            raise ValueError(f"l2_tokens ({self.l2_tokens}) must hold at least one page ({self.page_tokens})")
+        return self
+
+    @property
+    def l1_pages(self) -> int:
+        return self.l1_tokens // self.page_tokens
+
+    @property
+    def l2_pages(self) -> int:
+        return self.l2_tokens // self.page_tokens
+
+    def fetch_time(self, tokens: int) -> float:
+        """Seconds to pull `tokens` of KV from a peer's host memory into this node's memory."""
+        if tokens <= 0:
+            return 0.0
+        return self.fetch_latency + tokens * self.kv_bytes_per_token / self.fetch_bandwidth
+
+    def transfer_time(self, tokens: int) -> float:
+        """Seconds to send `tokens` of KV from a prefill node's GPUs to a decode node's GPUs."""
+        return max(0, tokens) * self.kv_bytes_per_token / self.transfer_bandwidth
+
+    def load_time(self, tokens: int) -> float:
+        """Seconds to load `tokens` of KV from this node's host memory into its GPU memory."""
+        return max(0, tokens) * self.kv_bytes_per_token / self.load_bandwidth
