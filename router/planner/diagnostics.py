@@ -1,0 +1,119 @@
+"""Diagnostics each planner returns with every decision: the numbers it decided on and why.
+
+Boundary: plain frozen records, one family per planner; no logic beyond summaries.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from evolving_infra.core.types import NodeId
+
+
+class SliceUse(enum.Enum):
+    """Whether a window slice entered the gains, and if not why."""
+
+    USED = "used"
+    EMPTY = "empty"  # no requests: no w̄_i
+    NO_OCCUPANCY = "no_occupancy"  # decode occupancy not observed on the slice: no q̄_i
+    BEFORE_COOLDOWN_END = "before_cooldown_end"  # starts before the last switch end + cooldown
+    NOT_FINITE = "not_finite"  # Θ of some split is not finite on the slice (work with zero cost)
+
+
+class CandidateVerdict(enum.Enum):
+    """Whether a candidate split qualifies: ḡ > 2σ/√m over m usable slices."""
+
+    QUALIFIED = "qualified"
+    BELOW_THRESHOLD = "below_threshold"
+    TOO_FEW_SLICES = "too_few_slices"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDiagnostics:
+    """One window slice: its counts, q̄_i, and the current split's predicted throughput on it."""
+
+    start: float
+    end: float
+    requests: int
+    mean_decode_requests: float | None
+    use: SliceUse
+    current_prefill: float | None = None
+    current_decode: float | None = None
+    current_theta: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateDiagnostics:
+    """One candidate prefill count: the nodes it moves, its per-slice gains and its verdict."""
+
+    prefill_count: int
+    split: str
+    moved: tuple[NodeId, ...]
+    gains: tuple[float, ...]
+    mean_gain: float | None
+    std_error: float | None
+    threshold: float | None
+    verdict: CandidateVerdict
+    chosen: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OursDiagnostics:
+    """Our planner's record of one window (E.3 outer loop)."""
+
+    current_split: str
+    switching: tuple[NodeId, ...]
+    cooldown_until: float | None
+    slices: tuple[SliceDiagnostics, ...] = ()
+    candidates: tuple[CandidateDiagnostics, ...] = ()
+
+    def count(self, use: SliceUse) -> int:
+        return sum(1 for s in self.slices if s.use is use)
+
+
+class Want(enum.IntEnum):
+    """A pool's wish for one tick."""
+
+    SHRINK = -1
+    KEEP = 0
+    GROW = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoDiagnostics:
+    """Per-engine load signals and each pool's wish on one tick."""
+
+    current_split: str
+    switching: tuple[NodeId, ...]
+    prefill_ratios: Mapping[NodeId, float]
+    decode_utilizations: Mapping[NodeId, float]
+    prefill_want: Want
+    decode_want: Want
+    moved: tuple[NodeId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowDiagnostics:
+    """Predicted TTFT per prefill node and TPOT per decode node on one tick, and the same after a move."""
+
+    current_split: str
+    switching: tuple[NodeId, ...]
+    predicted_ttft_s: Mapping[NodeId, float]
+    predicted_tpot_s: Mapping[NodeId, float]
+    ttft_violated: bool
+    tpot_violated: bool
+    ttft_after_move_s: float | None = None
+    tpot_after_move_s: float | None = None
+    moved: tuple[NodeId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StaticDiagnostics:
+    """The fixed split."""
+
+    current_split: str
+
+
+Diagnostics = OursDiagnostics | DynamoDiagnostics | ArrowDiagnostics | StaticDiagnostics

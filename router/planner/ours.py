@@ -1,0 +1,196 @@
+"""Our phase-split planner: eq. 5 and 6 with the outer loop of appendix E.3.
+
+At the end of each planning window (T_win = 600 s of m = 10 slices of 60 s by default):
+1. skip while any node is still switching (draining) or less than `cooldown_s` (120 s) has passed since the
+   last switch completed;
+2. for every prefill count p != |P| with min_prefill <= p <= N - min_decode, form the split that changes the
+   fewest nodes (`split.fewest_changes_split`, cheapest move cost first, then node id);
+3. on each usable slice i compute g_i = Θ(candidate; w̄_i, q̄_i) - Θ(current; w̄_i, q̄_i) (eq. 6);
+4. a candidate qualifies if ḡ > 2σ/√m, σ the sample standard deviation of its g_i over the m usable slices
+   (m >= 2); switch to the qualified candidate with the largest ḡ, in place.
+
+Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
+over at least two usable slices; every decision lists every candidate with its verdict and every slice with
+its use and the current split's Θ. Slices that start before (last switch end + cooldown) are not used, so the
+window evaluated after a switch holds only data of the new split.
+
+Boundary: pure; the window slices and node models come in the observation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.router.planner.base import (
+    Outcome,
+    PlannerDecision,
+    PlannerName,
+    PlannerObservation,
+    SwitchMode,
+)
+from evolving_infra.router.planner.diagnostics import (
+    CandidateDiagnostics,
+    CandidateVerdict,
+    OursDiagnostics,
+    SliceDiagnostics,
+    SliceUse,
+)
+from evolving_infra.router.planner.split import (
+    decode_nodes,
+    fewest_changes_split,
+    format_split,
+    nodes_to_move,
+    prefill_nodes,
+)
+from evolving_infra.router.planner.throughput import split_throughput
+from evolving_infra.router.planner.window import WindowConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OursSettings:
+    """window: T_win and its slices (decisions every T_win); cooldown_s: no decision, and no slice used, until
+    this long after the last switch completed; min_prefill / min_decode: bounds of a candidate split;
+    significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2)."""
+
+    window: WindowConfig = field(default_factory=WindowConfig)
+    cooldown_s: float = 120.0
+    min_prefill: int = 1
+    min_decode: int = 1
+    significance: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.cooldown_s >= 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        if self.min_prefill < 0 or self.min_decode < 0:
+            raise ValueError(f"min_prefill and min_decode must be >= 0, got {self.min_prefill}, {self.min_decode}")
+        if not self.significance >= 0:
+            raise ValueError(f"significance must be >= 0, got {self.significance}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    prefill: tuple[NodeId, ...]
+    decode: tuple[NodeId, ...]
+
+
+class OursPlanner:
+    """Eq. 5/6 planner with the E.3 outer loop. See the module docstring for the rule."""
+
+    def __init__(self, settings: OursSettings | None = None) -> None:
+        self._settings = settings or OursSettings()
+
+    @property
+    def name(self) -> PlannerName:
+        return PlannerName.OURS
+
+    @property
+    def settings(self) -> OursSettings:
+        return self._settings
+
+    @property
+    def interval_s(self) -> float:
+        return self._settings.window.window_s
+
+    def decide(self, observation: PlannerObservation, now: float) -> PlannerDecision:
+        cfg = self._settings
+        phases = observation.phases
+        current = format_split(phases)
+        switching = observation.switching
+        last = observation.last_switch_end
+        cooldown_until = None if last is None else last + cfg.cooldown_s
+        if switching:
+            diag = OursDiagnostics(current, switching, cooldown_until)
+            reason = f"skipped: nodes {list(switching)} are still draining from the last switch"
+            return self._hold(Outcome.SKIPPED_SWITCH_IN_FLIGHT, reason, diag)
+        if cooldown_until is not None and now < cooldown_until:
+            diag = OursDiagnostics(current, switching, cooldown_until)
+            reason = f"skipped: within {cfg.cooldown_s:g} s after the last switch (until t={cooldown_until:g})"
+            return self._hold(Outcome.SKIPPED_COOLDOWN, reason, diag)
+
+        base = _Split(prefill_nodes(phases), decode_nodes(phases))
+        total = len(phases)
+        counts = [p for p in range(cfg.min_prefill, total - cfg.min_decode + 1) if p != len(base.prefill)]
+        targets = {p: fewest_changes_split(phases, p, observation.move_costs) for p in counts}
+        splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
+
+        slice_diags: list[SliceDiagnostics] = []
+        gains: dict[int, list[float]] = {p: [] for p in counts}
+        for s in observation.slices:
+            q_bar = s.mean_decode_requests
+            work = s.mean_work
+            use = SliceUse.USED
+            if cooldown_until is not None and s.start < cooldown_until:
+                use = SliceUse.BEFORE_COOLDOWN_END
+            elif work is None:
+                use = SliceUse.EMPTY
+            elif q_bar is None:
+                use = SliceUse.NO_OCCUPANCY
+            if use is not SliceUse.USED or work is None or q_bar is None:
+                slice_diags.append(SliceDiagnostics(s.start, s.end, s.requests, q_bar, use))
+                continue
+            now_tp = split_throughput(base.prefill, base.decode, observation.models, work, q_bar)
+            thetas = {
+                p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar).theta
+                for p, c in splits.items()
+            }
+            finite = math.isfinite(now_tp.theta) and all(math.isfinite(t) for t in thetas.values())
+            use = SliceUse.USED if finite else SliceUse.NOT_FINITE
+            slice_diags.append(
+                SliceDiagnostics(
+                    s.start, s.end, s.requests, q_bar, use, now_tp.prefill, now_tp.decode, now_tp.theta
+                )
+            )
+            if finite:
+                for p, theta in thetas.items():
+                    gains[p].append(theta - now_tp.theta)
+
+        candidates = [self._judge(p, phases, observation.move_costs, gains[p]) for p in counts]
+        qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
+        cur_p = len(base.prefill)
+        if not qualified:
+            diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
+            used = diag.count(SliceUse.USED)
+            reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices)"
+            return self._hold(Outcome.HOLD, reason, diag)
+        best = max(qualified, key=lambda c: (c.mean_gain or 0.0, -abs(c.prefill_count - cur_p), -c.prefill_count))
+        candidates = [
+            CandidateDiagnostics(
+                c.prefill_count, c.split, c.moved, c.gains, c.mean_gain, c.std_error, c.threshold, c.verdict,
+                chosen=c is best,
+            )
+            for c in candidates
+        ]
+        diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
+        reason = (
+            f"switch {current} -> {best.split}: mean gain {best.mean_gain:.4g} req/s > "
+            f"{cfg.significance:g} standard errors ({best.threshold:.4g}) over {len(best.gains)} slices"
+        )
+        return PlannerDecision(targets[best.prefill_count], SwitchMode.IN_PLACE, Outcome.SWITCH, reason, diag)
+
+    def _judge(
+        self,
+        prefill_count: int,
+        phases: dict[NodeId, Phase],
+        move_costs: dict[NodeId, float],
+        gains: list[float],
+    ) -> CandidateDiagnostics:
+        moved = nodes_to_move(phases, prefill_count, move_costs)
+        target = format_split(fewest_changes_split(phases, prefill_count, move_costs))
+        m = len(gains)
+        mean = statistics.fmean(gains) if gains else None
+        if m < 2:
+            return CandidateDiagnostics(
+                prefill_count, target, moved, tuple(gains), mean, None, None, CandidateVerdict.TOO_FEW_SLICES
+            )
+        assert mean is not None
+        std_error = statistics.stdev(gains) / math.sqrt(m)
+        threshold = self._settings.significance * std_error
+        verdict = CandidateVerdict.QUALIFIED if mean > threshold else CandidateVerdict.BELOW_THRESHOLD
+        return CandidateDiagnostics(prefill_count, target, moved, tuple(gains), mean, std_error, threshold, verdict)
+
+    @staticmethod
+    def _hold(outcome: Outcome, reason: str, diag: OursDiagnostics) -> PlannerDecision:
+        return PlannerDecision(None, SwitchMode.IN_PLACE, outcome, reason, diag)

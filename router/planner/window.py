@@ -1,0 +1,251 @@
+"""Planning-window slices: what the planner measures on each slice i (w̄_i, q̄_i of eq. 6).
+
+Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests, the
+sums of t_uc, t_c, A = t_uc t_c + t_uc (t_uc + 1) / 2, t_out and t_out / t_acc, and the time integral of the
+number of requests in decode together with the time it covers. Merging two slices adds these fields, so a
+merge equals the slice recorded over the union, and averages (w̄, q̄) are only ever formed at the end.
+
+Refinement of "evaluate eq. 3 with w̄": eq. 3 is linear in t_uc, A and t_c, and eq. 4 (at a fixed batch) is
+linear in t_out / t_acc. The mean service time over a slice's requests is therefore exactly eq. 3 evaluated
+on the means of t_uc, A and t_c, and eq. 4 on the mean of t_out / t_acc. `MeanWork` carries those means; it
+differs from evaluating the equations on the mean request (A of the mean tokens is not the mean A).
+
+Boundary: pure accumulation with time passed in; no clock, no models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from evolving_infra.core.types import Work
+
+
+@dataclass(frozen=True, slots=True)
+class MeanWork:
+    """Per-request means of the terms eq. 3 and eq. 4 are linear in.
+
+    t_uc, t_c: mean uncached and cached prefill tokens; query_key_pairs: mean A; decode_iterations: mean
+    t_out / t_acc (decode iterations a request needs); t_out: mean output tokens (for reports only).
+    """
+
+    t_uc: float
+    t_c: float
+    query_key_pairs: float
+    decode_iterations: float
+    t_out: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("t_uc", "t_c", "query_key_pairs", "decode_iterations", "t_out"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"MeanWork.{name} must be a finite number >= 0, got {value}")
+
+    @classmethod
+    def of(cls, work: Work) -> MeanWork:
+        """The terms of a single request."""
+        return cls(
+            t_uc=float(work.t_uc),
+            t_c=float(work.t_c),
+            query_key_pairs=float(work.query_key_pairs),
+            decode_iterations=work.t_out / work.t_acc,
+            t_out=float(work.t_out),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    """A planning window of `window_s` seconds divided into `slices` equal slices (paper: 600 s, 10)."""
+
+    window_s: float = 600.0
+    slices: int = 10
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ValueError(f"window_s must be a finite number > 0, got {self.window_s}")
+        if self.slices < 1:
+            raise ValueError(f"slices must be >= 1, got {self.slices}")
+
+    @property
+    def slice_s(self) -> float:
+        return self.window_s / self.slices
+
+
+@dataclass(frozen=True, slots=True)
+class SliceStats:
+    """Counts and sums over the time span [start, end)."""
+
+    start: float
+    end: float
+    requests: int = 0
+    sum_t_uc: int = 0
+    sum_t_c: int = 0
+    sum_query_key_pairs: int = 0
+    sum_t_out: int = 0
+    sum_decode_iterations: float = 0.0
+    decode_request_seconds: float = 0.0
+    decode_observed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.end >= self.start:
+            raise ValueError(f"slice end {self.end} must be >= start {self.start}")
+        if self.requests < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0:
+            raise ValueError(f"slice [{self.start}, {self.end}) has a negative count or integral: {self}")
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def mean_work(self) -> MeanWork | None:
+        """w̄ of the slice as the means eq. 3 and eq. 4 need; None without requests."""
+        if self.requests == 0:
+            return None
+        n = self.requests
+        return MeanWork(
+            t_uc=self.sum_t_uc / n,
+            t_c=self.sum_t_c / n,
+            query_key_pairs=self.sum_query_key_pairs / n,
+            decode_iterations=self.sum_decode_iterations / n,
+            t_out=self.sum_t_out / n,
+        )
+
+    @property
+    def mean_decode_requests(self) -> float | None:
+        """q̄ of the slice: time integral of requests in decode over the time it covers; None if uncovered."""
+        if self.decode_observed_s <= 0:
+            return None
+        return self.decode_request_seconds / self.decode_observed_s
+
+    def merge(self, other: SliceStats) -> SliceStats:
+        """The slice over both spans: every count and sum adds. The spans must not overlap."""
+        if self.start < other.end and other.start < self.end:
+            raise ValueError(
+                f"cannot merge overlapping slices [{self.start}, {self.end}) and [{other.start}, {other.end})"
+            )
+        return SliceStats(
+            start=min(self.start, other.start),
+            end=max(self.end, other.end),
+            requests=self.requests + other.requests,
+            sum_t_uc=self.sum_t_uc + other.sum_t_uc,
+            sum_t_c=self.sum_t_c + other.sum_t_c,
+            sum_query_key_pairs=self.sum_query_key_pairs + other.sum_query_key_pairs,
+            sum_t_out=self.sum_t_out + other.sum_t_out,
+            sum_decode_iterations=self.sum_decode_iterations + other.sum_decode_iterations,
+            decode_request_seconds=self.decode_request_seconds + other.decode_request_seconds,
+            decode_observed_s=self.decode_observed_s + other.decode_observed_s,
+        )
+
+
+def merge_slices(slices: Iterable[SliceStats]) -> SliceStats:
+    """One slice over all given (non-overlapping) slices."""
+    items = sorted(slices, key=lambda s: s.start)
+    if not items:
+        raise ValueError("merge_slices needs at least one slice")
+    merged = items[0]
+    for item in items[1:]:
+        merged = merged.merge(item)
+    return merged
+
+
+class _Open:
+    """Mutable sums of the slice being recorded."""
+
+    __slots__ = ("requests", "t_uc", "t_c", "pairs", "t_out", "iters", "busy", "observed")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.t_uc = 0
+        self.t_c = 0
+        self.pairs = 0
+        self.t_out = 0
+        self.iters = 0.0
+        self.busy = 0.0
+        self.observed = 0.0
+
+
+class SliceRecorder:
+    """Records requests and decode occupancy into consecutive slices aligned to `origin + k * slice_s`.
+
+    Time never goes backwards. The number of requests in decode is piecewise constant: a value given by
+    `record_decode_occupancy(count, now)` holds from `now` until the next call. Occupancy is integrated only
+    from the first such call on (before it the slice's decode time is not observed). Keeps the last `keep`
+    completed slices.
+    """
+
+    def __init__(self, origin: float, slice_s: float = 60.0, keep: int = 10) -> None:
+        if not (math.isfinite(slice_s) and slice_s > 0):
+            raise ValueError(f"slice_s must be a finite number > 0, got {slice_s}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        if not math.isfinite(origin):
+            raise ValueError(f"origin must be finite, got {origin}")
+        self._origin = origin
+        self._slice_s = slice_s
+        self._index = 0
+        self._open = _Open()
+        self._done: deque[SliceStats] = deque(maxlen=keep)
+        self._now = origin
+        self._count: int | None = None
+        self._count_since = origin
+
+    @classmethod
+    def for_window(cls, config: WindowConfig, origin: float) -> SliceRecorder:
+        return cls(origin, slice_s=config.slice_s, keep=config.slices)
+
+    @property
+    def slice_s(self) -> float:
+        return self._slice_s
+
+    def _bounds(self, index: int) -> tuple[float, float]:
+        return self._origin + index * self._slice_s, self._origin + (index + 1) * self._slice_s
+
+    def _integrate(self, until: float) -> None:
+        if self._count is not None and until > self._count_since:
+            span = until - self._count_since
+            self._open.busy += self._count * span
+            self._open.observed += span
+        self._count_since = until
+
+    def advance(self, now: float) -> None:
+        """Close every slice that ends at or before `now`."""
+        if not now >= self._now:
+            raise ValueError(f"time went backwards: now={now} is before the last event at {self._now}")
+        self._now = now
+        while True:
+            start, end = self._bounds(self._index)
+            if now < end:
+                return
+            self._integrate(end)
+            o = self._open
+            self._done.append(
+                SliceStats(start, end, o.requests, o.t_uc, o.t_c, o.pairs, o.t_out, o.iters, o.busy, o.observed)
+            )
+            self._index += 1
+            self._open = _Open()
+
+    def record_request(self, work: Work, now: float) -> None:
+        """A request whose work is known (its prefill was routed) counts in the slice containing `now`."""
+        self.advance(now)
+        o = self._open
+        o.requests += 1
+        o.t_uc += work.t_uc
+        o.t_c += work.t_c
+        o.pairs += work.query_key_pairs
+        o.t_out += work.t_out
+        o.iters += work.t_out / work.t_acc
+
+    def record_decode_occupancy(self, count: int, now: float) -> None:
+        """From `now` on, `count` requests are in decode across the cluster."""
+        if count < 0:
+            raise ValueError(f"decode occupancy must be >= 0, got {count} at t={now}")
+        self.advance(now)
+        self._integrate(now)
+        self._count = count
+
+    def completed(self, now: float) -> tuple[SliceStats, ...]:
+        """The last `keep` slices completed by `now`, oldest first."""
+        self.advance(now)
+        return tuple(self._done)

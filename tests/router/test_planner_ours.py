@@ -1,0 +1,239 @@
+"""Our planner (eq. 5/6, E.3 outer loop): switches on sustained shifts, not on bursts; cooldown and draining;
+diagnostics for every candidate and slice."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
+from evolving_infra.core.types import NodeId, Phase, Work
+from evolving_infra.router.planner import (
+    CandidateVerdict,
+    CoefficientNodeModel,
+    DynamoPlanner,
+    MeanWork,
+    NodeLoad,
+    NodeStatus,
+    Outcome,
+    OursDiagnostics,
+    OursPlanner,
+    OursSettings,
+    PlannerObservation,
+    SliceRecorder,
+    SliceStats,
+    SliceUse,
+    SwitchMode,
+    format_split,
+    split_throughput,
+)
+
+NODES = [NodeId(f"n{i}") for i in range(9)]
+MODEL = CoefficientNodeModel(
+    PrefillCoefficients(c0=0.02, c1=5e-5, c2=1e-10, c3=1e-6),
+    DecodeCoefficients(d0=0.015, d1=0.02, d2=2e-4, k=8, experts=256, t_fwd=2.0),
+    t_bar=8192.0,
+    f_restore=0.1,
+)
+MODELS = {n: MODEL for n in NODES}
+BASE = Work(t_uc=2000, t_c=60_000, t_out=300, t_acc=1.8)  # best split 3P6D at q̄ = 90
+NOW = 1200.0
+
+
+def split_of(prefill: int) -> dict[NodeId, Phase]:
+    return {n: (Phase.PREFILL if i < prefill else Phase.DECODE) for i, n in enumerate(NODES)}
+
+
+def record_window(
+    work_of: Callable[[int, random.Random], Work],
+    requests_of: Callable[[int], int],
+    q_bar_of: Callable[[int], float],
+    seed: int = 7,
+    end: float = NOW,
+) -> tuple[SliceStats, ...]:
+    """Ten 60 s slices ending at `end`: per slice i, `requests_of(i)` requests and occupancy around q̄_i."""
+    rng = random.Random(seed)
+    start = end - 600.0
+    rec = SliceRecorder(origin=start, slice_s=60.0, keep=10)
+    for i in range(10):
+        t0 = start + 60.0 * i
+        rec.record_decode_occupancy(round(q_bar_of(i) * rng.uniform(0.97, 1.03)), t0)
+        n = requests_of(i)
+        for j in range(n):
+            rec.record_request(work_of(i, rng), t0 + 60.0 * j / max(n, 1))
+    return rec.completed(end)
+
+
+def jitter(work: Work) -> Callable[[int, random.Random], Work]:
+    def make(_: int, rng: random.Random) -> Work:
+        return Work(
+            t_uc=round(work.t_uc * rng.uniform(0.9, 1.1)),
+            t_c=round(work.t_c * rng.uniform(0.9, 1.1)),
+            t_out=round(work.t_out * rng.uniform(0.9, 1.1)),
+            t_acc=work.t_acc,
+        )
+
+    return make
+
+
+def observe(
+    prefill: int, slices: tuple[SliceStats, ...], last_switch_end: float | None = None, switching: tuple[str, ...] = ()
+) -> PlannerObservation:
+    nodes = {n: NodeStatus(phase, switching=n in switching) for n, phase in split_of(prefill).items()}
+    return PlannerObservation(nodes=nodes, last_switch_end=last_switch_end, slices=slices, models=MODELS)
+
+
+def diag_of(decision: object) -> OursDiagnostics:
+    assert isinstance(decision, OursDiagnostics)
+    return decision
+
+
+def test_base_workload_has_its_optimum_at_3p6d() -> None:
+    thetas = {
+        p: split_throughput(NODES[:p], NODES[p:], MODELS, MeanWork.of(BASE), 90.0).theta for p in range(1, 9)
+    }
+    assert max(thetas, key=lambda p: thetas[p]) == 3
+
+
+def test_sustained_shift_to_prefill_heavy_work_switches_toward_prefill() -> None:
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    assert decision.outcome is Outcome.SWITCH and decision.mode is SwitchMode.IN_PLACE
+    assert decision.target is not None
+    assert format_split(decision.target) in {f"{p}P{9 - p}D" for p in range(4, 9)}
+    chosen = [c for c in diag_of(decision.diagnostics).candidates if c.chosen]
+    assert len(chosen) == 1 and chosen[0].verdict is CandidateVerdict.QUALIFIED
+    # Only prefill nodes were added; nodes already in prefill stay there.
+    assert all(decision.target[n] is Phase.PREFILL for n in NODES[:3])
+
+
+def test_sustained_shift_to_decode_heavy_work_switches_toward_decode() -> None:
+    long_outputs = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)
+    slices = record_window(jitter(long_outputs), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    assert decision.outcome is Outcome.SWITCH and decision.target is not None
+    assert format_split(decision.target) in {"1P8D", "2P7D"}
+
+
+def test_stationary_workload_at_the_best_split_holds() -> None:
+    slices = record_window(jitter(BASE), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    assert decision.outcome is Outcome.HOLD and decision.target is None
+
+
+def test_burst_of_sub_agents_does_not_switch_but_a_queue_rule_reacts() -> None:
+    """A burst in one slice with the same per-request work leaves w̄_i unchanged and barely moves q̄_i."""
+    same = lambda i, rng: BASE  # noqa: E731 - identical work per request: only the count changes
+    burst_slice = 6
+    slices = record_window(
+        same, lambda i: 300 if i == burst_slice else 20, lambda i: 95.0 if i == burst_slice else 90.0
+    )
+    assert slices[burst_slice].requests == 300
+    burst_work, calm_work = slices[burst_slice].mean_work, slices[0].mean_work
+    assert burst_work is not None and calm_work is not None
+    assert burst_work.t_uc == calm_work.t_uc and burst_work.query_key_pairs == calm_work.query_key_pairs
+    assert burst_work.decode_iterations == pytest.approx(calm_work.decode_iterations)  # w̄ does not move
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    diag = diag_of(decision.diagnostics)
+    assert decision.outcome is Outcome.HOLD, decision.reason
+    assert all(c.verdict is not CandidateVerdict.QUALIFIED for c in diag.candidates)
+
+    # The same burst as momentary queues: 300 requests of 62K prompt tokens spread over the prefill engines.
+    queued = 300 * BASE.t_in // 3
+    load = {n: NodeLoad(queued_prefill_tokens=queued, context_length=131_072) for n in NODES[:3]}
+    load |= {n: NodeLoad(decode_kv_tokens=700_000, kv_capacity_tokens=1_000_000) for n in NODES[3:]}
+    nodes = {n: NodeStatus(p) for n, p in split_of(3).items()}
+    dynamo = DynamoPlanner().decide(PlannerObservation(nodes=nodes, load=load), NOW)
+    assert dynamo.outcome is Outcome.SWITCH and dynamo.target is not None
+    assert format_split(dynamo.target) == "4P5D"
+
+
+def test_a_gain_on_a_single_slice_never_qualifies() -> None:
+    """A candidate that only wins on one slice (zero gain elsewhere) stays below 2σ/√m."""
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    spike = 4
+
+    def work(i: int, rng: random.Random) -> Work:
+        return heavy if i == spike else BASE
+
+    slices = record_window(work, lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    assert decision.outcome is Outcome.HOLD
+    for c in diag_of(decision.diagnostics).candidates:
+        if c.prefill_count > 3:
+            assert c.gains[spike] > 0
+        assert c.verdict is CandidateVerdict.BELOW_THRESHOLD
+
+
+def test_cooldown_after_a_switch_is_respected_with_the_reason() -> None:
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices, last_switch_end=NOW - 119.0), NOW)
+    assert decision.outcome is Outcome.SKIPPED_COOLDOWN and decision.target is None
+    assert "120 s after the last switch" in decision.reason
+    assert diag_of(decision.diagnostics).cooldown_until == NOW + 1.0
+    # Once the cooldown is over, only slices that start after it count.
+    later = OursPlanner().decide(observe(3, slices, last_switch_end=NOW - 300.0), NOW)
+    diag = diag_of(later.diagnostics)
+    assert diag.count(SliceUse.BEFORE_COOLDOWN_END) == 7 and diag.count(SliceUse.USED) == 3
+    assert later.outcome is Outcome.SWITCH
+
+
+def test_no_decision_while_a_node_is_draining() -> None:
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices, switching=("n3",)), NOW)
+    assert decision.outcome is Outcome.SKIPPED_SWITCH_IN_FLIGHT and decision.target is None
+    assert "draining" in decision.reason and "n3" in decision.reason
+    assert diag_of(decision.diagnostics).switching == ("n3",)
+
+
+def test_every_candidate_and_slice_has_diagnostics() -> None:
+    slices = record_window(jitter(BASE), lambda i: 0 if i in (2, 5) else 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    diag = diag_of(decision.diagnostics)
+    assert diag.current_split == "3P6D"
+    assert sorted(c.prefill_count for c in diag.candidates) == [1, 2, 4, 5, 6, 7, 8]
+    for c in diag.candidates:
+        assert len(c.gains) == 8 and c.mean_gain is not None and c.std_error is not None
+        assert c.threshold == pytest.approx(2 * c.std_error)
+        assert c.verdict in (CandidateVerdict.QUALIFIED, CandidateVerdict.BELOW_THRESHOLD)
+        assert len(c.moved) == abs(c.prefill_count - 3)
+    assert len(diag.slices) == 10 and diag.count(SliceUse.EMPTY) == 2
+    for s in diag.slices:
+        assert (s.current_theta is not None) == (s.use is SliceUse.USED)
+
+
+def test_fewer_than_two_usable_slices_never_qualify() -> None:
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30 if i == 9 else 0, lambda i: 90.0)
+    decision = OursPlanner().decide(observe(3, slices), NOW)
+    assert decision.outcome is Outcome.HOLD
+    assert {c.verdict for c in diag_of(decision.diagnostics).candidates} == {CandidateVerdict.TOO_FEW_SLICES}
+
+
+def test_candidates_respect_min_prefill_and_min_decode() -> None:
+    slices = record_window(jitter(BASE), lambda i: 30, lambda i: 90.0)
+    planner = OursPlanner(OursSettings(min_prefill=2, min_decode=3))
+    counts = [c.prefill_count for c in diag_of(planner.decide(observe(3, slices), NOW).diagnostics).candidates]
+    assert counts == [2, 4, 5, 6]
+
+
+def test_missing_node_model_is_a_clear_error() -> None:
+    slices = record_window(jitter(BASE), lambda i: 30, lambda i: 90.0)
+    obs = PlannerObservation(nodes={n: NodeStatus(p) for n, p in split_of(3).items()}, slices=slices, models={})
+    with pytest.raises(ValueError, match="no node model for node"):
+        OursPlanner().decide(obs, NOW)
+
+
+def test_move_cost_hint_picks_which_nodes_move() -> None:
+    slices = record_window(jitter(BASE), lambda i: 30, lambda i: 90.0)
+    costs = {"n1": 0.5, "n2": 0.0}  # prefill nodes n0..n3; the others cost 1
+    nodes = {n: NodeStatus(p, move_cost=costs.get(n, 1.0)) for n, p in split_of(4).items()}
+    decision = OursPlanner().decide(PlannerObservation(nodes=nodes, slices=slices, models=MODELS), NOW)
+    moved = {c.prefill_count: c.moved for c in diag_of(decision.diagnostics).candidates}
+    assert moved[3] == ("n2",) and moved[2] == ("n1", "n2") and moved[1] == ("n0", "n1", "n2")
+    assert moved[5] == ("n4",)  # equal costs: lowest node id first
