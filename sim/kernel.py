@@ -1,0 +1,286 @@
+"""A deterministic discrete-event kernel in virtual time.
+
+Invariant: events are processed in the total order of `(time, priority, counter)`, where `counter` is the
+order in which the kernel accepted them; the same initial events and the same handlers therefore give the
+same sequence of processed events, run after run. Virtual time never goes backwards.
+
+Handlers never touch the queue: an event's `action(event)` returns commands (new `Event`s to schedule,
+`Cancel(token)`, `StopRun()`), and the kernel applies them in the order returned. The kernel never reads a
+clock and owns no random state; a caller that needs randomness passes seeded generators to its handlers
+(see `evolving_infra.sim.rng`).
+
+Boundary: ordering, cancellation, stopping and progress reporting; no domain knowledge.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Priority(enum.IntEnum):
+    """Order of events at the same virtual time (lower first).
+
+    Completions free capacity before new work arrives; arrivals are all in before a scheduling step looks
+    at the queues; control decisions (planner, switches) see the state after scheduling; observers sample
+    the settled state last.
+    """
+
+    COMPLETION = 10
+    ARRIVAL = 20
+    SCHEDULE = 30
+    CONTROL = 40
+    OBSERVE = 50
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Event:
+    """Something that happens at `time`: the kernel calls `action(self)` and applies the commands it returns.
+
+    `token` (any hashable value, optional) names the event for cancellation; several pending events may
+    share a token and are then cancelled together. `payload` is free for the handler's use; `label` names
+    the event in traces and diagnostics.
+    """
+
+    time: float
+    priority: Priority
+    action: Callable[[Event], Iterable[Command] | None]
+    label: str = ""
+    token: Hashable | None = None
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Command: drop every pending event that carries `token` (nothing happens if none does)."""
+
+    token: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class StopRun:
+    """Command: end the current `run` after the event that returned it."""
+
+    reason: str = "stopped by a handler"
+
+
+Command = Event | Cancel | StopRun
+
+
+class StopReason(enum.Enum):
+    """Why `Kernel.run` returned."""
+
+    EMPTY = "empty"
+    """No pending event is left."""
+    UNTIL = "until"
+    """The next pending event lies after `until`."""
+    STOPPED = "stopped"
+    """`stop()` was called or a handler returned `StopRun`."""
+    MAX_EVENTS = "max-events"
+    """`max_events` events were processed in this call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What the progress hook receives: virtual time and counts. Rates are the caller's business."""
+
+    now: float
+    processed: int
+    pending: int
+    cancelled: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    reason: StopReason
+    now: float
+    processed: int
+    """Events processed in this call to `run`."""
+    detail: str = ""
+
+
+_Entry = tuple[float, int, int, Event]
+"""(time, priority, counter, event): counters are unique, so events are never compared."""
+
+
+class Kernel:
+    """The event queue and virtual clock.
+
+    `observer(counter, event)` (optional) sees every processed event in order, before its action runs: a
+    hook for event traces and determinism checks. `progress(Progress)` (optional) is called every
+    `progress_every` processed events and once when `run` returns.
+    """
+
+    def __init__(
+        self,
+        start: float = 0.0,
+        *,
+        progress: Callable[[Progress], None] | None = None,
+        progress_every: int = 100_000,
+        observer: Callable[[int, Event], None] | None = None,
+    ) -> None:
+        if not math.isfinite(start):
+            raise ValueError(f"start time must be finite, got {start!r}")
+        if progress_every < 1:
+            raise ValueError(f"progress_every must be >= 1, got {progress_every}")
+        self._now = float(start)
+        self._queue: list[_Entry] = []
+        self._counter = 0
+        self._by_token: dict[Hashable, set[int]] = {}
+        self._dead: set[int] = set()
+        self._processed = 0
+        self._cancelled = 0
+        self._stop: str | None = None
+        self._progress = progress
+        self._progress_every = progress_every
+        self._observer = observer
+
+    # -- state -------------------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def processed(self) -> int:
+        """Events processed since the kernel was made (cancelled ones are not counted)."""
+        return self._processed
+
+    @property
+    def cancelled(self) -> int:
+        """Pending events dropped by cancellation so far."""
+        return self._cancelled
+
+    @property
+    def pending(self) -> int:
+        """Events scheduled and neither processed nor cancelled."""
+        return len(self._queue) - len(self._dead)
+
+    def peek(self) -> float | None:
+        """Time of the next pending event, or None when there is none."""
+        self._drop_dead_head()
+        return self._queue[0][0] if self._queue else None
+
+    # -- commands ----------------------------------------------------------------------------------------
+    def schedule(self, event: Event) -> None:
+        """Accept `event`; it must not lie in the past."""
+        if not isinstance(event, Event):
+            raise TypeError(f"can only schedule Event, got {type(event).__name__}")
+        if not math.isfinite(event.time):
+            raise ValueError(f"event {event.label or event!r} has a non-finite time {event.time!r}")
+        if event.time < self._now:
+            raise ValueError(
+                f"event {event.label or '(unlabelled)'} at t={event.time} lies before the current time "
+                f"t={self._now}; events may only be scheduled at or after now"
+            )
+        if not isinstance(event.priority, Priority):
+            raise TypeError(f"event priority must be a Priority, got {event.priority!r}")
+        counter = self._counter
+        self._counter += 1
+        heapq.heappush(self._queue, (event.time, int(event.priority), counter, event))
+        if event.token is not None:
+            self._by_token.setdefault(event.token, set()).add(counter)
+
+    def schedule_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.schedule(event)
+
+    def cancel(self, token: Hashable) -> int:
+        """Drop every pending event carrying `token`; returns how many were dropped."""
+        counters = self._by_token.pop(token, None)
+        if not counters:
+            return 0
+        self._dead.update(counters)
+        self._cancelled += len(counters)
+        return len(counters)
+
+    def stop(self, reason: str = "stop() called") -> None:
+        """End the current (or next) `run` before it processes another event."""
+        self._stop = reason
+
+    def apply(self, commands: Iterable[Command] | None) -> None:
+        """Apply handler commands in order (also usable by a driver between runs)."""
+        if commands is None:
+            return
+        for command in commands:
+            if isinstance(command, Event):
+                self.schedule(command)
+            elif isinstance(command, Cancel):
+                self.cancel(command.token)
+            elif isinstance(command, StopRun):
+                self._stop = command.reason
+            else:
+                raise TypeError(
+                    f"a handler returned {command!r}; allowed are Event, Cancel and StopRun"
+                )
+
+    # -- running -----------------------------------------------------------------------------------------
+    def step(self) -> Event | None:
+        """Process the next pending event and return it (None when the queue is empty)."""
+        self._drop_dead_head()
+        if not self._queue:
+            return None
+        time, _, counter, event = heapq.heappop(self._queue)
+        if event.token is not None:
+            live = self._by_token.get(event.token)
+            if live is not None:
+                live.discard(counter)
+                if not live:
+                    del self._by_token[event.token]
+        self._now = time
+        self._processed += 1
+        if self._observer is not None:
+            self._observer(counter, event)
+        self.apply(event.action(event))
+        return event
+
+    def run(self, until: float | None = None, *, max_events: int | None = None) -> RunResult:
+        """Process events in order until the queue is empty, the next event lies after `until`, `stop()`
+        is called, or `max_events` have been processed in this call.
+
+        Events at exactly `until` are processed. When the run ends because of `until` or an empty queue and
+        `until` is given, the clock advances to `until`.
+        """
+        if until is not None and (not math.isfinite(until) or until < self._now):
+            raise ValueError(f"until must be finite and >= now ({self._now}), got {until!r}")
+        if max_events is not None and max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {max_events}")
+        done = 0
+        reason = StopReason.EMPTY
+        detail = ""
+        while True:
+            if self._stop is not None:
+                reason, detail = StopReason.STOPPED, self._stop
+                break
+            if max_events is not None and done >= max_events:
+                reason = StopReason.MAX_EVENTS
+                break
+            nxt = self.peek()
+            if nxt is None:
+                reason = StopReason.EMPTY
+                break
+            if until is not None and nxt > until:
+                reason = StopReason.UNTIL
+                break
+            self.step()
+            done += 1
+            if self._progress is not None and self._processed % self._progress_every == 0:
+                self._progress(self._report())
+        self._stop = None
+        if until is not None and reason in (StopReason.EMPTY, StopReason.UNTIL):
+            self._now = float(until)
+        if self._progress is not None:
+            self._progress(self._report())
+        return RunResult(reason=reason, now=self._now, processed=done, detail=detail)
+
+    def _report(self) -> Progress:
+        return Progress(
+            now=self._now, processed=self._processed, pending=self.pending, cancelled=self._cancelled
+        )
+
+    def _drop_dead_head(self) -> None:
+        while self._queue and self._queue[0][2] in self._dead:
+            self._dead.discard(heapq.heappop(self._queue)[2])

@@ -1,0 +1,371 @@
+"""The agent replayer: turns a trace into the requests to issue, as the requests before them complete.
+
+Pure and clock-free, so the simulator (virtual time) and the live local cluster (wall clock) share it: the
+driver reports `start(now)` and `completed(request_id, now)`, asks `next_wakeup()` when to call `due(now)`
+next, and acts on the returned effects in order.
+
+Semantics (trace format version 1):
+- A request is issued once every request in its `after` has completed and then `delay_s` has passed; with
+  empty `after`, `delay_s` counts from its agent's start.
+- A branch with a `branch_end` ends when that record's `after` request completes; any other branch ends when
+  its agent's last request completes. Each branch ends exactly once (`BranchEnded`).
+- An agent finishes when all its requests have completed (an agent without requests finishes as it starts).
+- Closed loop (`ReplayMode.closed_loop(n)`): `n` agents are active; when one finishes, the next agent in file
+  order starts at that moment (`start_s` is ignored). The run thins out once the trace has no agent left.
+- Open loop (`ReplayMode.open_loop(...)`): agent `i` arrives at `t0 + start_s` (or `t0 + arrivals[i]`),
+  where `t0` is the time given to `start`. With `max_active`, arrivals beyond the cap wait in a FIFO
+  admission queue; the wait counts toward the latency of the agent's first requests: their `since` (the
+  time latency is measured from) is `arrival + delay_s` while `at` is `start + delay_s`.
+
+Invariant: every request is issued exactly once, at a time >= (completion of its last dependency, or its
+agent's start) + `delay_s`; effects come out in order of `at`; `done` once every agent has finished.
+
+Boundary: replay state only; effects are data, and the driver does the issuing.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evolving_infra.sim.replay_plan import AgentSpec, PlanError, ReplayPlan, RequestSpec, TraceLike
+
+__all__ = [
+    "AgentFinished",
+    "AgentReplayer",
+    "AgentStarted",
+    "BranchEnded",
+    "Effect",
+    "IssueRequest",
+    "PlanError",
+    "ReplayError",
+    "ReplayKind",
+    "ReplayMode",
+    "ReplayPlan",
+    "RequestSpec",
+]
+
+
+class ReplayKind(enum.Enum):
+    CLOSED_LOOP = "closed-loop"
+    OPEN_LOOP = "open-loop"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayMode:
+    """How agents start. Build with `ReplayMode.closed_loop(n)` or `ReplayMode.open_loop(...)`."""
+
+    kind: ReplayKind
+    concurrency: int | None = None
+    """Closed loop: agents kept active."""
+    max_active: int | None = None
+    """Open loop: cap on active agents (None: no cap, no admission queue)."""
+    arrivals: tuple[float, ...] | None = None
+    """Open loop: arrival offsets replacing each agent's `start_s`, in file order (e.g. Poisson arrivals)."""
+
+    def __post_init__(self) -> None:
+        if self.kind is ReplayKind.CLOSED_LOOP:
+            if not _positive_int(self.concurrency):
+                raise ValueError(f"closed-loop concurrency must be an int >= 1, got {self.concurrency!r}")
+            if self.max_active is not None or self.arrivals is not None:
+                raise ValueError("closed loop takes only a concurrency; max_active and arrivals are open-loop options")
+            return
+        if self.concurrency is not None:
+            raise ValueError("open loop takes no concurrency; use max_active to cap active agents")
+        if self.max_active is not None and not _positive_int(self.max_active):
+            raise ValueError(f"open-loop max_active must be None or an int >= 1, got {self.max_active!r}")
+        if self.arrivals is not None:
+            bad = [t for t in self.arrivals if not math.isfinite(t) or t < 0]
+            if bad:
+                raise ValueError(f"open-loop arrivals must be finite and >= 0, got {bad[0]!r}")
+
+    @staticmethod
+    def closed_loop(concurrency: int) -> ReplayMode:
+        """Keep `concurrency` agents active, replacing each finished one with the next in file order."""
+        return ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=concurrency)
+
+    @staticmethod
+    def open_loop(max_active: int | None = None, arrivals: Sequence[float] | None = None) -> ReplayMode:
+        """Start agents at their `start_s` (or `arrivals`), at most `max_active` at once."""
+        offsets = None if arrivals is None else tuple(float(t) for t in arrivals)
+        return ReplayMode(ReplayKind.OPEN_LOOP, max_active=max_active, arrivals=offsets)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class IssueRequest:
+    """Send `request` at `at`; its TTFT and E2E latency are measured from `since` (<= at)."""
+
+    request: RequestSpec
+    at: float
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class BranchEnded:
+    branch: str
+    agent: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStarted:
+    """`agent` starts at `at`; it arrived at `arrived` (earlier only when it waited for admission)."""
+
+    agent: str
+    workload: str
+    at: float
+    arrived: float
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFinished:
+    agent: str
+    workload: str
+    at: float
+
+
+Effect = IssueRequest | BranchEnded | AgentStarted | AgentFinished
+
+
+class ReplayError(RuntimeError):
+    """The driver broke the replay protocol (unknown request, double completion, time going back)."""
+
+
+class _Timer(enum.IntEnum):
+    ARRIVE = 0
+    ISSUE = 1
+
+
+class _Req(enum.Enum):
+    WAITING = 0
+    SCHEDULED = 1
+    ISSUED = 2
+    COMPLETED = 3
+
+
+class AgentReplayer:
+    """Replay state for one run over `trace` (a `Trace`, any `TraceLike`, or a prepared `ReplayPlan`)."""
+
+    def __init__(self, trace: TraceLike | ReplayPlan, mode: ReplayMode) -> None:
+        self._plan = trace if isinstance(trace, ReplayPlan) else ReplayPlan.from_trace(trace)
+        self._mode = mode
+        agents = self._plan.agents
+        if mode.kind is ReplayKind.OPEN_LOOP and mode.arrivals is not None and len(mode.arrivals) != len(agents):
+            raise ValueError(
+                f"open-loop arrivals give {len(mode.arrivals)} times for {len(agents)} agents; give one per agent"
+            )
+        self._now = -math.inf
+        self._started_run = False
+        self._timers: list[tuple[float, int, int, _Timer, str]] = []
+        self._seq = 0
+        self._state: dict[str, _Req] = {r: _Req.WAITING for r in self._plan.requests}
+        self._missing: dict[str, int] = {r.id: len(r.after) for r in self._plan.requests.values()}
+        self._dependents: dict[str, list[str]] = {r: [] for r in self._plan.requests}
+        for spec in self._plan.requests.values():
+            for dep in spec.after:
+                self._dependents[dep].append(spec.id)
+        self._ends_on: dict[str, list[str]] = {}
+        for agent in agents:
+            for branch, rid in agent.branch_end_after.items():
+                self._ends_on.setdefault(rid, []).append(branch)
+        self._by_id = {a.agent: a for a in agents}
+        self._left: dict[str, int] = {a.agent: len(a.requests) for a in agents}
+        self._ended: set[str] = set()
+        self._arrived: dict[str, float] = {}
+        self._active: set[str] = set()
+        self._admission: deque[str] = deque()
+        self._next_agent = 0
+        self._finished = 0
+        self._issued = 0
+        self._in_flight = 0
+        self._to_arrive = 0
+
+    # -- read-only state ---------------------------------------------------------------------------------
+    @property
+    def plan(self) -> ReplayPlan:
+        return self._plan
+
+    @property
+    def mode(self) -> ReplayMode:
+        return self._mode
+
+    @property
+    def done(self) -> bool:
+        """Every agent of the trace has finished."""
+        return self._started_run and self._finished == len(self._plan.agents)
+
+    @property
+    def active_agents(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting_agents(self) -> int:
+        """Open loop: agents that arrived and wait for admission."""
+        return len(self._admission)
+
+    @property
+    def finished_agents(self) -> int:
+        return self._finished
+
+    @property
+    def issued_requests(self) -> int:
+        return self._issued
+
+    @property
+    def in_flight(self) -> int:
+        """Requests issued and not yet completed."""
+        return self._in_flight
+
+    @property
+    def exhausted(self) -> bool:
+        """No agent is left to start (closed loop) or to arrive (open loop): from here on, active agents
+        only decrease."""
+        if self._mode.kind is ReplayKind.CLOSED_LOOP:
+            return self._next_agent >= len(self._plan.agents)
+        return self._started_run and self._to_arrive == 0 and not self._admission
+
+    def next_wakeup(self) -> float | None:
+        """When `due` next has something to release (None: nothing until a request completes)."""
+        return self._timers[0][0] if self._timers else None
+
+    # -- driver calls ------------------------------------------------------------------------------------
+    def start(self, now: float) -> list[Effect]:
+        """Begin the run at `now` (the time origin of open-loop arrivals)."""
+        if self._started_run:
+            raise ReplayError("start() was already called for this replayer")
+        now = self._advance(now)
+        self._started_run = True
+        out: list[Effect] = []
+        if self._mode.kind is ReplayKind.CLOSED_LOOP:
+            self._fill(now, out)
+        else:
+            for agent in self._plan.agents:
+                offset = agent.start_s if self._mode.arrivals is None else self._mode.arrivals[agent.index]
+                self._push(now + offset, _Timer.ARRIVE, agent.agent)
+            self._to_arrive = len(self._plan.agents)
+        self._drain(now, out)
+        return out
+
+    def completed(self, request_id: str, now: float) -> list[Effect]:
+        """Request `request_id` completed at `now`; returns every effect due by `now`, in order."""
+        self._require_started()
+        state = self._state.get(request_id)
+        if state is None:
+            raise ReplayError(f"completed({request_id!r}): no such request in the trace")
+        if state is not _Req.ISSUED:
+            raise ReplayError(
+                f"completed({request_id!r}): the request is {state.name.lower()}; only issued requests complete"
+            )
+        now = self._advance(now)
+        out: list[Effect] = []
+        self._drain(now, out)
+        self._state[request_id] = _Req.COMPLETED
+        self._in_flight -= 1
+        spec = self._plan.requests[request_id]
+        for branch in self._ends_on.get(request_id, ()):
+            self._end_branch(branch, spec.agent, now, out)
+        for child in self._dependents[request_id]:
+            self._missing[child] -= 1
+            if self._missing[child] == 0:
+                self._schedule_issue(self._plan.requests[child], now)
+        self._left[spec.agent] -= 1
+        if self._left[spec.agent] == 0:
+            self._finish(self._by_id[spec.agent], now, out)
+            self._fill(now, out)
+        self._drain(now, out)
+        return out
+
+    def due(self, now: float) -> list[Effect]:
+        """Effects whose time has come by `now` (issues after delays, open-loop arrivals), in order."""
+        self._require_started()
+        now = self._advance(now)
+        out: list[Effect] = []
+        self._drain(now, out)
+        return out
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _advance(self, now: float) -> float:
+        now = float(now)
+        if not math.isfinite(now):
+            raise ReplayError(f"time must be finite, got {now!r}")
+        if now < self._now:
+            raise ReplayError(f"time went backwards: {now} after {self._now}")
+        self._now = now
+        return now
+
+    def _require_started(self) -> None:
+        if not self._started_run:
+            raise ReplayError("call start(now) before reporting completions or asking for due effects")
+
+    def _push(self, at: float, kind: _Timer, key: str) -> None:
+        heapq.heappush(self._timers, (at, int(kind), self._seq, kind, key))
+        self._seq += 1
+
+    def _drain(self, now: float, out: list[Effect]) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            at, _, _, kind, key = heapq.heappop(self._timers)
+            if kind is _Timer.ISSUE:
+                spec = self._plan.requests[key]
+                self._state[key] = _Req.ISSUED
+                self._issued += 1
+                self._in_flight += 1
+                # Root requests of an agent that waited for admission count latency from its arrival.
+                since = self._arrived[spec.agent] + spec.delay_s if not spec.after else at
+                out.append(IssueRequest(request=spec, at=at, since=since))
+            else:
+                self._arrive(self._by_id[key], at, out)
+
+    def _arrive(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
+        self._arrived[agent.agent] = at
+        self._to_arrive -= 1
+        self._admission.append(agent.agent)
+        self._fill(at, out)
+
+    def _fill(self, at: float, out: list[Effect]) -> None:
+        """Start agents while there is room: the next in file order (closed loop) or the longest-waiting
+        arrival (open loop). Agents without requests finish at once and free their slot again."""
+        if self._mode.kind is ReplayKind.CLOSED_LOOP:
+            assert self._mode.concurrency is not None
+            while len(self._active) < self._mode.concurrency and not self.exhausted:
+                agent = self._plan.agents[self._next_agent]
+                self._next_agent += 1
+                self._arrived[agent.agent] = at
+                self._start_agent(agent, at, out)
+        else:
+            cap = self._mode.max_active
+            while self._admission and (cap is None or len(self._active) < cap):
+                self._start_agent(self._by_id[self._admission.popleft()], at, out)
+
+    def _start_agent(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
+        self._active.add(agent.agent)
+        out.append(AgentStarted(agent.agent, agent.workload, at, self._arrived[agent.agent]))
+        if not agent.requests:
+            self._finish(agent, at, out)
+            return
+        for spec in agent.requests:
+            if not spec.after:
+                self._schedule_issue(spec, at)
+
+    def _schedule_issue(self, spec: RequestSpec, ready: float) -> None:
+        self._state[spec.id] = _Req.SCHEDULED
+        self._push(ready + spec.delay_s, _Timer.ISSUE, spec.id)
+
+    def _end_branch(self, branch: str, agent: str, at: float, out: list[Effect]) -> None:
+        if branch not in self._ended:
+            self._ended.add(branch)
+            out.append(BranchEnded(branch, agent, at))
+
+    def _finish(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
+        for branch in agent.branches:
+            self._end_branch(branch, agent.agent, at, out)
+        self._active.discard(agent.agent)
+        self._finished += 1
+        out.append(AgentFinished(agent.agent, agent.workload, at))

@@ -1,0 +1,205 @@
+"""What the agent replayer needs from a trace, and its checked, normalized form (`ReplayPlan`).
+
+`ReplayPlan.from_trace` accepts a loaded `evolving_infra.traces` `Trace` or anything shaped like the
+`TraceLike` protocol (agents in file order, as a mapping by id or a sequence; requests in file order;
+branch ends). It re-checks the rules replay depends on, so a hand-built trace that breaks them is refused
+with a specific `PlanError` instead of a replay that hangs or issues a request twice:
+
+- agent ids unique; request ids unique; each request names a defined agent;
+- each `after` id names an earlier request of the same agent (so dependencies cannot form a cycle);
+- `delay_s` finite and >= 0; `output_tokens` >= 1; `prompt_tokens` >= 0;
+- a branch belongs to one agent; a `branch_end` names a branch with requests, at most once, and its
+  `after` is a request of that branch.
+
+Boundary: plain values and checks; no replay state, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+
+class PlanError(ValueError):
+    """A trace cannot be replayed: the message names the record and the broken rule."""
+
+
+class AgentLike(Protocol):
+    @property
+    def agent(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def start_s(self) -> float: ...
+
+
+class RequestLike(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def branch(self) -> str: ...
+    @property
+    def after(self) -> Sequence[str]: ...
+    @property
+    def delay_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+
+
+class BranchEndLike(Protocol):
+    @property
+    def branch(self) -> str: ...
+    @property
+    def after(self) -> str: ...
+
+
+class TraceLike(Protocol):
+    @property
+    def agents(self) -> Mapping[str, AgentLike] | Sequence[AgentLike]: ...
+    @property
+    def requests(self) -> Sequence[RequestLike]: ...
+    @property
+    def branch_ends(self) -> Sequence[BranchEndLike]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request as replay sees it; `index` is its position in the trace's file order."""
+
+    id: str
+    agent: str
+    workload: str
+    branch: str
+    after: tuple[str, ...]
+    delay_s: float
+    prompt_tokens: int
+    output_tokens: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """One agent: its requests in file order, its branches in order of first request, and reported ends."""
+
+    agent: str
+    workload: str
+    start_s: float
+    index: int
+    requests: tuple[RequestSpec, ...]
+    branches: tuple[str, ...]
+    branch_end_after: Mapping[str, str] = field(default_factory=dict)
+    """branch id -> the request whose completion ends it (only branches with a `branch_end`)."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Agents in file order with their requests; `requests` maps every request id to its spec."""
+
+    agents: tuple[AgentSpec, ...]
+    requests: Mapping[str, RequestSpec]
+
+    @classmethod
+    def from_trace(cls, trace: TraceLike) -> ReplayPlan:
+        return _build(trace)
+
+    @property
+    def request_count(self) -> int:
+        return len(self.requests)
+
+
+def _agents_of(trace: TraceLike) -> Iterable[AgentLike]:
+    agents = trace.agents
+    if isinstance(agents, Mapping):
+        return list(agents.values())
+    return list(agents)
+
+
+def _build(trace: TraceLike) -> ReplayPlan:
+    agent_order: list[str] = []
+    agent_info: dict[str, AgentLike] = {}
+    for agent in _agents_of(trace):
+        if agent.agent in agent_info:
+            raise PlanError(f"agent {agent.agent!r} is defined twice; agent ids must be unique")
+        if not math.isfinite(agent.start_s) or agent.start_s < 0:
+            raise PlanError(f"agent {agent.agent!r}: start_s must be finite and >= 0, got {agent.start_s!r}")
+        agent_info[agent.agent] = agent
+        agent_order.append(agent.agent)
+
+    specs: dict[str, RequestSpec] = {}
+    per_agent: dict[str, list[RequestSpec]] = {a: [] for a in agent_order}
+    branch_agent: dict[str, str] = {}
+    branches: dict[str, list[str]] = {a: [] for a in agent_order}
+    for index, req in enumerate(trace.requests):
+        where = f"request {req.id!r}"
+        if req.id in specs:
+            raise PlanError(f"{where} is defined twice; request ids must be unique")
+        if req.agent not in agent_info:
+            raise PlanError(f"{where} names agent {req.agent!r}, which is not defined")
+        for dep in req.after:
+            if dep not in specs:
+                raise PlanError(f"{where}: after names {dep!r}, which is not an earlier request")
+            if specs[dep].agent != req.agent:
+                raise PlanError(
+                    f"{where}: after names {dep!r} of agent {specs[dep].agent!r}; "
+                    f"dependencies must be requests of the same agent ({req.agent!r})"
+                )
+        if not math.isfinite(req.delay_s) or req.delay_s < 0:
+            raise PlanError(f"{where}: delay_s must be finite and >= 0, got {req.delay_s!r}")
+        if req.output_tokens < 1:
+            raise PlanError(f"{where}: output_tokens must be >= 1, got {req.output_tokens}")
+        if req.prompt_tokens < 0:
+            raise PlanError(f"{where}: prompt_tokens must be >= 0, got {req.prompt_tokens}")
+        owner = branch_agent.setdefault(req.branch, req.agent)
+        if owner != req.agent:
+            raise PlanError(
+                f"{where}: branch {req.branch!r} belongs to agent {owner!r}, not {req.agent!r}"
+            )
+        if req.branch not in branches[req.agent]:
+            branches[req.agent].append(req.branch)
+        spec = RequestSpec(
+            id=req.id,
+            agent=req.agent,
+            workload=agent_info[req.agent].workload,
+            branch=req.branch,
+            after=tuple(dict.fromkeys(req.after)),
+            delay_s=float(req.delay_s),
+            prompt_tokens=int(req.prompt_tokens),
+            output_tokens=int(req.output_tokens),
+            index=index,
+        )
+        specs[req.id] = spec
+        per_agent[req.agent].append(spec)
+
+    ends: dict[str, dict[str, str]] = {a: {} for a in agent_order}
+    for end in trace.branch_ends:
+        where = f"branch_end of {end.branch!r}"
+        owner_agent = branch_agent.get(end.branch)
+        if owner_agent is None:
+            raise PlanError(f"{where}: no request belongs to this branch")
+        if end.branch in ends[owner_agent]:
+            raise PlanError(f"{where}: the branch already has a branch_end; at most one is allowed")
+        target = specs.get(end.after)
+        if target is None or target.branch != end.branch:
+            raise PlanError(f"{where}: after names {end.after!r}, which is not a request of this branch")
+        ends[owner_agent][end.branch] = end.after
+
+    agents = tuple(
+        AgentSpec(
+            agent=a,
+            workload=agent_info[a].workload,
+            start_s=float(agent_info[a].start_s),
+            index=i,
+            requests=tuple(per_agent[a]),
+            branches=tuple(branches[a]),
+            branch_end_after=MappingProxyType(ends[a]),
+        )
+        for i, a in enumerate(agent_order)
+    )
+    return ReplayPlan(agents=agents, requests=MappingProxyType(specs))
