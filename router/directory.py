@@ -1,0 +1,343 @@
+"""The cluster-wide KV directory: which node holds which KV page in which tier, fed by KV events.
+
+The directory is a prefix tree of pages keyed by their chained `PageHash` (equal hashes mean equal whole
+prefixes, so a page hash names a tree node and its whole path). Every page records its parent and one integer
+bitmask of its holders, three bits per node index i: bit `3i` when node i holds it in GPU memory (L1),
+`3i + 1` in host memory (L2), `3i + 2` in either. Every (node, tier) records the pages it holds with their
+last-use time. A lookup makes one dictionary probe per prompt page, then one AND-accumulation of the masks
+(a C-level `itertools.accumulate`) answers every node and tier at once (see `PrefixMatch`).
+
+Invariants (checked by `tests/router/test_directory*.py` against a brute-force model):
+- bit `3i + t` of `mask[page]` is set  <=>  `page` is in `held[t][i]` (node i holds it in tier t), and
+  bit `3i + 2` is set  <=>  bit `3i` or bit `3i + 1` is;
+- `page` has a parent entry  <=>  `page` has a mask entry  <=>  some node holds it in some tier;
+- masks never carry the bit of a node index that is free (dropped nodes are cleared before reuse).
+
+Tolerated events, all deterministic and counted in `DirectoryStats`:
+- `KvStored` whose `parent` is not in the tree: its first page starts a new root (parent None);
+- a page stored again under a different parent keeps the parent it was first stored with;
+- `KvRemoved` of a page the node does not hold in that tier: no-op;
+- `KvRemoved` / `KvCleared` / `touch` for a node the directory never saw: no-op (the node is not added).
+
+Boundary: pure state over KV events; no clock (times come from events and callers), no I/O. Per-page
+storage is a few dict entries (hash -> mask, hash -> parent, hash -> last use per holder); node indices
+are small integers reused lowest-first after `drop_node`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, compress, islice, repeat
+from operator import and_, not_
+
+from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.router.prefix_match import PrefixMatch
+
+__all__ = ["DirectoryStats", "KvDirectory", "PrefixMatch"]
+
+_TIER_INDEX: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
+
+
+@dataclass(slots=True)
+class DirectoryStats:
+    """Counters of events applied and of the tolerated anomalies (see the module docstring)."""
+
+    events: int = 0
+    pages_stored: int = 0
+    pages_removed: int = 0
+    unknown_parents: int = 0
+    parent_mismatches: int = 0
+    removed_unheld: int = 0
+    unknown_node_events: int = 0
+
+
+@dataclass(slots=True)
+class _NodeSlots:
+    """Node id <-> bit index, reusing the lowest free index first."""
+
+    index: dict[NodeId, int] = field(default_factory=dict)
+    ids: list[NodeId | None] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)
+
+
+class KvDirectory:
+    """Pages held per node and tier, with last-use times; answers longest-prefix lookups.
+
+    Node ids get a bit index on their first `KvStored` (or `add_node`); `drop_node` frees it.
+    """
+
+    __slots__ = ("_slots", "_parent", "_mask", "_held", "_tier_bits", "stats")
+
+    def __init__(self) -> None:
+        self._slots = _NodeSlots()
+        self._parent: dict[PageHash, PageHash | None] = {}
+        self._mask: dict[PageHash, int] = {}
+        # _held[tier][node index]: page -> last use time on that node in that tier.
+        self._held: tuple[list[dict[PageHash, float]], list[dict[PageHash, float]]] = ([], [])
+        self._tier_bits = [0, 0, 0]  # GPU, host and either bits of every index ever allocated
+        self.stats = DirectoryStats()
+
+    # ----------------------------------------------------------------------------------------- nodes
+    def add_node(self, node: NodeId) -> int:
+        """Register `node` (idempotent) and return its bit index."""
+        slots = self._slots
+        idx = slots.index.get(node)
+        if idx is not None:
+            return idx
+        if slots.free:
+            idx = heapq.heappop(slots.free)
+            slots.ids[idx] = node
+        else:
+            idx = len(slots.ids)
+            slots.ids.append(node)
+            self._held[0].append({})
+            self._held[1].append({})
+            for t in range(3):
+                self._tier_bits[t] |= 1 << (3 * idx + t)
+        slots.index[node] = idx
+        return idx
+
+    def drop_node(self, node: NodeId) -> int:
+        """Forget `node` (it died): remove it from every page in both tiers; returns pages dropped."""
+        idx = self._slots.index.get(node)
+        if idx is None:
+            return 0
+        dropped = self._clear_index(idx, 0) + self._clear_index(idx, 1)
+        del self._slots.index[node]
+        self._slots.ids[idx] = None
+        heapq.heappush(self._slots.free, idx)
+        return dropped
+
+    def nodes(self) -> tuple[NodeId, ...]:
+        """Known nodes, in bit-index order."""
+        return tuple(n for n in self._slots.ids if n is not None)
+
+    @property
+    def page_count(self) -> int:
+        """Distinct pages held by at least one node in at least one tier."""
+        return len(self._parent)
+
+    # ---------------------------------------------------------------------------------------- events
+    def apply(self, event: KvEvent) -> None:
+        """Apply one KV event."""
+        if isinstance(event, KvStored):
+            self.store(event.node, event.tier, event.parent, event.pages, event.time)
+        elif isinstance(event, KvRemoved):
+            self.remove(event.node, event.tier, event.pages)
+        elif isinstance(event, KvCleared):
+            self.clear(event.node, event.tier)
+        else:
+            raise TypeError(f"not a KV event: {event!r} (expected KvStored, KvRemoved or KvCleared)")
+
+    def apply_all(self, events: Iterable[KvEvent]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def store(
+        self, node: NodeId, tier: Tier, parent: PageHash | None, pages: Sequence[PageHash], time: float
+    ) -> None:
+        """`node` holds the parent-linked chain `pages` in `tier`, last used at `time`."""
+        t = _TIER_INDEX[tier]
+        idx = self.add_node(node)
+        bit = (1 << (3 * idx + t)) | (1 << (3 * idx + 2))
+        masks = self._mask
+        held = self._held[t][idx]
+        parents = self._parent
+        stats = self.stats
+        stats.events += 1
+        stats.pages_stored += len(pages)
+        prev = parent
+        if parent is not None and parent not in parents:
+            stats.unknown_parents += 1
+            prev = None
+        mismatches = 0
+        for page in pages:
+            if parents.setdefault(page, prev) != prev:
+                mismatches += 1
+            masks[page] = masks.get(page, 0) | bit
+            held[page] = time
+            prev = page
+        if mismatches:
+            stats.parent_mismatches += mismatches
+
+    def remove(self, node: NodeId, tier: Tier, pages: Iterable[PageHash]) -> int:
+        """`node` no longer holds `pages` in `tier`; returns how many it did hold."""
+        self.stats.events += 1
+        idx = self._slots.index.get(node)
+        if idx is None:
+            self.stats.unknown_node_events += 1
+            return 0
+        t = _TIER_INDEX[tier]
+        held = self._held[t][idx]
+        removed = unheld = 0
+        for page in pages:
+            if held.pop(page, None) is None:
+                unheld += 1
+            else:
+                self._unset(page, idx, t)
+                removed += 1
+        self.stats.pages_removed += removed
+        self.stats.removed_unheld += unheld
+        return removed
+
+    def clear(self, node: NodeId, tier: Tier | None) -> int:
+        """`node` dropped everything in `tier` (both tiers when None); returns pages dropped."""
+        self.stats.events += 1
+        idx = self._slots.index.get(node)
+        if idx is None:
+            self.stats.unknown_node_events += 1
+            return 0
+        tiers = (0, 1) if tier is None else (_TIER_INDEX[tier],)
+        return sum(self._clear_index(idx, t) for t in tiers)
+
+    def touch(self, node: NodeId, tier: Tier, pages: Iterable[PageHash], time: float) -> int:
+        """Set the last use of the `pages` that `node` holds in `tier` to `time`; returns pages updated."""
+        idx = self._slots.index.get(node)
+        if idx is None:
+            return 0
+        held = self._held[_TIER_INDEX[tier]][idx]
+        updated = 0
+        for page in pages:
+            if page in held:
+                held[page] = time
+                updated += 1
+        return updated
+
+    def _unset(self, page: PageHash, idx: int, t: int) -> None:
+        masks = self._mask
+        base = 3 * idx
+        mask = masks[page] & ~(1 << (base + t))
+        if not mask >> (base + 1 - t) & 1:
+            mask &= ~(1 << (base + 2))
+        if mask:
+            masks[page] = mask
+        else:
+            del masks[page]
+            del self._parent[page]
+
+    def _clear_index(self, idx: int, t: int) -> int:
+        held = self._held[t][idx]
+        for page in held:
+            self._unset(page, idx, t)
+        dropped = len(held)
+        self.stats.pages_removed += dropped
+        held.clear()
+        return dropped
+
+    # --------------------------------------------------------------------------------------- queries
+    def parent(self, page: PageHash) -> PageHash | None:
+        """The parent recorded for `page` (None for a root); KeyError if no node holds `page`."""
+        try:
+            return self._parent[page]
+        except KeyError:
+            raise KeyError(f"page {page:#018x} is not in the directory") from None
+
+    def __contains__(self, page: object) -> bool:
+        return page in self._parent
+
+    def holders(self, page: PageHash, tier: Tier) -> frozenset[NodeId]:
+        """Nodes that hold `page` in `tier`."""
+        t = _TIER_INDEX[tier]
+        return frozenset(node for _, node in self._bits_of(self._mask.get(page, 0) & self._tier_bits[t]))
+
+    def last_used(self, page: PageHash, node: NodeId, tier: Tier) -> float | None:
+        """When `node` last used `page` in `tier`, or None if it does not hold it there."""
+        idx = self._slots.index.get(node)
+        if idx is None:
+            return None
+        return self._held[_TIER_INDEX[tier]][idx].get(page)
+
+    def pages_on(self, node: NodeId, tier: Tier) -> dict[PageHash, float]:
+        """A copy of the pages `node` holds in `tier`, with their last-use times."""
+        idx = self._slots.index.get(node)
+        return {} if idx is None else dict(self._held[_TIER_INDEX[tier]][idx])
+
+    def held_count(self, node: NodeId, tier: Tier) -> int:
+        idx = self._slots.index.get(node)
+        return 0 if idx is None else len(self._held[_TIER_INDEX[tier]][idx])
+
+    def lookup(self, pages: Sequence[PageHash]) -> PrefixMatch:
+        """Longest cached prefixes of a prompt given as its page hashes (see `PrefixMatch`)."""
+        pages = pages if isinstance(pages, (list, tuple)) else list(pages)
+        masks = list(map(self._mask.get, pages, repeat(0)))
+        anywhere = _first(masks, 0)
+        del masks[anywhere:]
+        tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] = ({}, {}, {})
+        # Bit 3i + t survives the AND-accumulation while node i holds every page so far in tier t.
+        for length, dropped in self._drops(list(accumulate(masks, and_, initial=-1))):
+            for bit_index, node in self._bits_of(dropped):
+                tiers[bit_index % 3][node] = length
+        host_any = list(map(and_, masks, repeat(self._tier_bits[1])))
+        pooled = _first(host_any, 0)
+        return PrefixMatch(
+            pages=len(pages),
+            anywhere=anywhere,
+            pooled=pooled,
+            gpu=tiers[0],
+            host=tiers[1],
+            either=tiers[2],
+            reachable=self._reachable(masks, host_any, pooled),
+            _masks=masks,
+            _index={node: 3 * i for node, i in self._slots.index.items()},
+            _ids=tuple(self._slots.ids),
+        )
+
+    def _reachable(self, masks: list[int], host_any: list[int], pooled: int) -> dict[NodeId, int]:
+        """Per node, leading pages it holds itself or any node holds in host memory.
+
+        Only the pages no node holds in host memory constrain a node: its reachable prefix ends at the
+        first such page it does not hold itself (its either bit, `3i + 2`, is clear there).
+        """
+        out: dict[NodeId, int] = dict.fromkeys(self.nodes(), pooled) if pooled else {}
+        if pooled == len(masks):
+            return out
+        gaps = list(compress(range(pooled, len(masks)), map(not_, islice(host_any, pooled, None))))
+        either = self._tier_bits[2]
+        for k, dropped in self._drops(list(accumulate(map(masks.__getitem__, gaps), and_, initial=either))):
+            for _, node in self._bits_of(dropped):
+                out[node] = gaps[k] if k < len(gaps) else len(masks)
+        return out
+
+    @staticmethod
+    def _drops(acc: list[int]) -> list[tuple[int, int]]:
+        """For `acc` = [start, start & m0, start & m0 & m1, ...]: (length, bits set in exactly `length`
+        leading masks), for every length > 0 at which some bits drop out (or survive to the end)."""
+        out: list[tuple[int, int]] = []
+        last = len(acc) - 1
+        i, value = 1, acc[1] if last >= 1 else 0
+        while value:
+            # acc is a chain of shrinking sets: find the last index of the run of `value` (binary search).
+            lo, hi = i + 1, last + 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if acc[mid] == value:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            nxt = acc[lo] if lo <= last else 0
+            out.append((lo - 1, value & ~nxt))
+            i, value = lo, nxt
+        return out
+
+    def _bits_of(self, mask: int) -> Iterable[tuple[int, NodeId]]:
+        """(bit index, node) of every set bit of `mask` that belongs to a known node."""
+        ids = self._slots.ids
+        while mask > 0:
+            low = mask & -mask
+            bit_index = low.bit_length() - 1
+            node = ids[bit_index // 3] if bit_index // 3 < len(ids) else None
+            if node is not None:
+                yield bit_index, node
+            mask ^= low
+
+
+def _first(values: list, sentinel: object) -> int:  # type: ignore[type-arg]
+    """Index of the first `sentinel` in `values`, or `len(values)` if there is none."""
+    try:
+        return values.index(sentinel)
+    except ValueError:
+        return len(values)

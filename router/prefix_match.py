@@ -1,0 +1,106 @@
+"""The answer of a KV-directory lookup: longest cached prefixes of one prompt, per node and tier.
+
+All lengths are in pages, counted from the prompt's first page. A node is listed in a mapping only when its
+length is positive. `fetch_plan(node)` tells a prefill node which pages of its reachable prefix it lacks and
+which peers hold each of them in host memory (the shared pool), so it can fetch them while it queues.
+
+Boundary: an immutable value computed by `KvDirectory.lookup`; it keeps the per-page host masks of the
+prompt's held prefix (node index i: bit 3i GPU memory, 3i + 1 host memory, 3i + 2 either) so
+that fetch plans need no second directory walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from evolving_infra.core.types import NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRun:
+    """Prompt pages `[start, end)` that the node lacks, each held in host memory by every one of `peers`."""
+
+    start: int
+    end: int
+    peers: frozenset[NodeId]
+
+    @property
+    def pages(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    """How `node` gets the prompt's reachable prefix.
+
+    cached: leading pages the node holds itself (GPU or host); reachable: leading pages it holds or can
+    fetch from a peer's host memory; runs: the pages of the reachable prefix it lacks, with their sources.
+    """
+
+    node: NodeId
+    cached: int
+    reachable: int
+    runs: tuple[FetchRun, ...]
+
+    @property
+    def fetch_pages(self) -> int:
+        """Pages to fetch from peers (the paper's x_n, in pages)."""
+        return sum(run.pages for run in self.runs)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Longest cached prefixes of a prompt of `pages` pages.
+
+    anywhere: leading pages each held by some node in some tier.
+    pooled: leading pages each held by some node in host memory (fetchable by every node).
+    gpu / host / either: per node, leading pages it holds in GPU memory / host memory / either tier
+    (either: each page in at least one of the two tiers of that node).
+    reachable: per node, leading pages it holds itself in either tier or some node holds in host memory.
+    """
+
+    pages: int
+    anywhere: int
+    pooled: int
+    gpu: Mapping[NodeId, int]
+    host: Mapping[NodeId, int]
+    either: Mapping[NodeId, int]
+    reachable: Mapping[NodeId, int]
+    _masks: list[int] = field(repr=False, compare=False)  # directory masks of the held prefix
+    _index: Mapping[NodeId, int] = field(repr=False, compare=False)  # node -> its GPU bit index (3i)
+    _ids: tuple[NodeId | None, ...] = field(repr=False, compare=False)
+
+    def reachable_for(self, node: NodeId) -> int:
+        """Reachable prefix of `node`; for a node the directory does not know, the pooled prefix."""
+        return self.reachable.get(node, self.pooled if node not in self._index else 0)
+
+    def fetch_plan(self, node: NodeId) -> FetchPlan:
+        """Which pages of its reachable prefix `node` lacks, grouped in runs of equal host holders."""
+        bit_index = self._index.get(node)
+        own = 0 if bit_index is None else 4 << bit_index
+        host_bits = sum(1 << (3 * i + 1) for i in range(len(self._ids)))
+        reachable = self.reachable_for(node)
+        runs: list[FetchRun] = []
+        start = -1
+        current = 0
+        for i in range(reachable):
+            mask = self._masks[i]
+            peers = 0 if mask & own else mask & host_bits
+            if peers != current:
+                if current:
+                    runs.append(FetchRun(start, i, self._nodes(current)))
+                start, current = i, peers
+        if current:
+            runs.append(FetchRun(start, reachable, self._nodes(current)))
+        return FetchPlan(node=node, cached=self.either.get(node, 0), reachable=reachable, runs=tuple(runs))
+
+    def _nodes(self, mask: int) -> frozenset[NodeId]:
+        out = []
+        while mask:
+            low = mask & -mask
+            node = self._ids[(low.bit_length() - 1) // 3]
+            if node is not None:
+                out.append(node)
+            mask ^= low
+        return frozenset(out)

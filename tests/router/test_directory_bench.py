@@ -1,0 +1,46 @@
+"""`evolving-infra bench directory` runs end to end on a small load (figures are printed, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evolving_infra.cli.bench_directory import deep_size, generate_events, run_benchmark
+from evolving_infra.cli.main import main
+from evolving_infra.core.kv_events import KvStored
+from evolving_infra.router.directory import KvDirectory
+
+
+def test_generated_load_reaches_the_distinct_page_count_with_shared_prefixes() -> None:
+    events, paths = generate_events(nodes=6, pages=3000, seed=3)
+    directory = KvDirectory()
+    directory.apply_all(events)
+    assert directory.page_count == 3000
+    assert len(directory.nodes()) <= 6
+    assert directory.stats.unknown_parents == 0
+    assert any(e.parent is not None for e in events if isinstance(e, KvStored))
+    longest = max(paths, key=len)
+    assert directory.lookup(longest).anywhere == len(longest)
+
+
+def test_small_run_reports_consistent_figures() -> None:
+    result = run_benchmark(nodes=4, pages=2000, seed=1, lookups=5, prompt_pages=50)
+    assert result.distinct_pages == 2000 and result.lookups == 5
+    assert result.event_pages >= result.distinct_pages
+    assert 0 < result.mean_cached_pages <= 50
+    assert result.bytes_per_page > 0
+
+
+def test_deep_size_counts_shared_objects_once() -> None:
+    shared = list(range(1000))
+    assert deep_size([shared, shared]) < deep_size([shared, list(range(1000))])
+
+
+def test_cli_json_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "directory", "--json", "--nodes", "3", "--pages", "500", "--lookups", "3"]
+    assert main([*argv, "--prompt-pages", "20"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["nodes"] == 3 and figures["distinct_pages"] == 500
+    assert main(["bench", "directory", "--pages", "0"]) == 2
+    assert "--pages must be a positive integer, got 0" in capsys.readouterr().err
