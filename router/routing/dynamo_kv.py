@@ -1,0 +1,181 @@
+"""Baseline: the Dynamo KV router's cost (and its "+ memory pool" variant).
+
+Rule (shared/baselines.md, "Dynamo KV router"; paper appendix A.3), per worker w, in blocks (pages):
+- raw prefill = prompt blocks already charged to w (requests routed there, until their first token)
+  + the new request's prompt blocks;
+- adjusted prefill = max(raw - 1.0 x blocks cached on GPU - 0.75 x blocks in host memory
+  - 0.25 x blocks on disk, 0), the cached blocks being the leading run of the request's pages w holds;
+- cost = adjusted prefill + decode blocks of w's in-flight requests (their prompt blocks, from routing
+  until they finish).
+Lowest cost wins (temperature 0); ties go to the worker with the smallest cached tree, then to a seeded
+random choice. Loads are the router's own bookkeeping, not reports from workers.
+
+It routes but moves no KV: the chosen worker recomputes what it lacks. With `with_memory_pool`, the
+worker instead fetches the missing prefix pages from the shared pool, loaded into GPU memory only when
+its prefill starts (`FetchTiming.AT_PREFILL_START`; the data plane enforces it). Routing is unchanged by
+default; `pool_credit` > 0 optionally credits those pool pages as a further tier.
+
+Invariant: every adjusted prefill and every cost is >= 0.
+
+Boundary: pure policy state (charges) changed only by the hooks; random tie-breaks draw from the
+generator passed in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evolving_infra.core.types import BranchId, NodeId, RequestId
+from evolving_infra.router.routing.base import (
+    FetchTiming,
+    NodeScore,
+    PrefillPolicyName,
+    RouteReason,
+    RoutingDecision,
+    by_node,
+    decision_without_fetch,
+)
+from evolving_infra.router.routing.inputs import PrefillNodeView, RouteRequest, unique_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoKvSettings:
+    gpu_credit: float = 1.0
+    host_credit: float = 0.75
+    disk_credit: float = 0.25
+    with_memory_pool: bool = False
+    pool_credit: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_credit", "host_credit", "disk_credit", "pool_credit"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1] blocks per cached block, got {value}")
+
+
+@dataclass(slots=True)
+class _Charge:
+    node: NodeId
+    blocks: int
+    prefilling: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoCost:
+    node: NodeId
+    charged_prefill: int
+    new_prefill: int
+    credit: float
+    decode_blocks: int
+
+    @property
+    def raw_prefill(self) -> int:
+        return self.charged_prefill + self.new_prefill
+
+    @property
+    def adjusted_prefill(self) -> float:
+        return max(self.raw_prefill - self.credit, 0.0)
+
+    @property
+    def cost(self) -> float:
+        return self.adjusted_prefill + self.decode_blocks
+
+
+def prompt_blocks(request: RouteRequest) -> int:
+    return math.ceil(request.prompt_tokens / request.page_tokens)
+
+
+class DynamoKvRouter:
+    def __init__(self, settings: DynamoKvSettings | None = None, rng: random.Random | None = None) -> None:
+        self.settings = settings if settings is not None else DynamoKvSettings()
+        self.rng = rng if rng is not None else random.Random(0)
+        self._charges: dict[RequestId, _Charge] = {}
+        self._prefill: dict[NodeId, int] = {}
+        self._decode: dict[NodeId, int] = {}
+
+    @property
+    def name(self) -> PrefillPolicyName:
+        return PrefillPolicyName.DYNAMO_KV_POOL if self.settings.with_memory_pool else PrefillPolicyName.DYNAMO_KV
+
+    def credit(self, view: PrefillNodeView) -> float:
+        s = self.settings
+        credit = s.gpu_credit * view.own_gpu_pages + s.host_credit * view.own_host_pages
+        credit += s.disk_credit * view.own_disk_pages
+        if s.with_memory_pool:
+            credit += s.pool_credit * (view.cluster_prefix_pages - view.own_pages)
+        return credit
+
+    def cost(self, request: RouteRequest, view: PrefillNodeView) -> DynamoCost:
+        view.check_pages(request)
+        return DynamoCost(
+            view.node,
+            self._prefill.get(view.node, 0),
+            prompt_blocks(request),
+            self.credit(view),
+            self._decode.get(view.node, 0),
+        )
+
+    def route(self, request: RouteRequest, nodes: Sequence[PrefillNodeView], now: float) -> RoutingDecision:
+        unique_nodes(nodes, "prefill")
+        costs = [self.cost(request, view) for view in nodes]
+        lowest = min(c.cost for c in costs)
+        tied = sorted((c.node for c in costs if c.cost == lowest))
+        smallest_tree = min(by_node(nodes, n).cached_pages for n in tied)
+        tied = [n for n in tied if by_node(nodes, n).cached_pages == smallest_tree]
+        node = tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        diagnostics = tuple(
+            NodeScore(c.node, c.cost, {"raw_prefill": float(c.raw_prefill), "credit": c.credit,
+                                       "adjusted_prefill": c.adjusted_prefill,
+                                       "decode_blocks": float(c.decode_blocks), "cost": c.cost})
+            for c in costs
+        )
+        view = by_node(nodes, node)
+        plain = decision_without_fetch(request, view, self.name, RouteReason.LOWEST_KV_COST, diagnostics)
+        if not self.settings.with_memory_pool or view.fetch_pages == 0:
+            return plain
+        cached = request.usable_cached_tokens(view.cluster_prefix_pages)
+        return RoutingDecision(
+            node=node,
+            policy=self.name,
+            reason=RouteReason.LOWEST_KV_COST,
+            cached_tokens=cached,
+            uncached_tokens=request.prompt_tokens - cached,
+            fetch_tokens=view.fetch_pages * request.page_tokens,
+            recompute_tokens=0,
+            fetch_from=view.fetch_sources,
+            fetch_timing=FetchTiming.AT_PREFILL_START,
+            diagnostics=diagnostics,
+        )
+
+    def on_routed(self, request: RouteRequest, decision: RoutingDecision, now: float) -> None:
+        self.on_finished(request.id, now)
+        charge = _Charge(decision.node, prompt_blocks(request), True)
+        self._charges[request.id] = charge
+        _add(self._prefill, charge.node, charge.blocks)
+        _add(self._decode, charge.node, charge.blocks)
+
+    def on_first_token(self, request: RequestId, now: float) -> None:
+        charge = self._charges.get(request)
+        if charge is not None and charge.prefilling:
+            charge.prefilling = False
+            _add(self._prefill, charge.node, -charge.blocks)
+
+    def on_finished(self, request: RequestId, now: float) -> None:
+        self.on_first_token(request, now)
+        charge = self._charges.pop(request, None)
+        if charge is not None:
+            _add(self._decode, charge.node, -charge.blocks)
+
+    def on_branch_finished(self, branch: BranchId, now: float) -> None:
+        return None
+
+
+def _add(totals: dict[NodeId, int], node: NodeId, blocks: int) -> None:
+    left = totals.get(node, 0) + blocks
+    if left:
+        totals[node] = left
+    else:
+        totals.pop(node, None)

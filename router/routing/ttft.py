@@ -1,0 +1,271 @@
+"""Ours: route each prefill to the node with the shortest predicted TTFT (paper eq. 7, algorithm E.3).
+
+For request r and prefill node n:
+- t_c,n: the longest prefix of r cached on n or on another node; x_n: its tokens only another node holds.
+  A fetch below `min_fetch_tokens` is not worth its fixed cost, so then n reuses only its own leading run
+  and recomputes the rest (x_n = 0).
+- t_uc,n = prompt - t_c,n (at least the last prompt token is always computed).
+- W_n, the wait before r's first chunk, and S_n, r's service time, by replaying n's running batch and
+  queue (plus what the router sent n since its last report) and then r, in chunked-prefill order with eq. 1
+  per iteration (`replay.py`); `WaitModel.SUM_OF_SERVICE_TIMES` instead sums eq. 3 over the same requests.
+- T_n = W_n + S_n + max(0, tau(x_n) - W_n) + kappa * x_n: the fetch runs while r waits, so only the part
+  of tau that outlasts the wait adds to the TTFT; kappa charges the duplicate copy a fetch leaves behind.
+
+Choice: the smallest T_n; ties go to the node with the longest prefix in its own memory, then to the
+smallest node id. Invariant: the chosen node's T_n is <= every other node's T_n.
+
+Stale state: a node's report is used only if at most `state_max_age_s` old. Otherwise (or if it never
+reported) its running batch and queue are unknown, and the router replays its own record instead: every
+request it sent to n whose prefill it has not seen finish, each with its full work (progress unknown, so
+the wait is overestimated rather than underestimated).
+
+Boundary: pure; the views carry the directory's prefix lengths and the nodes' state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evolving_infra.core.types import NodeId, Work
+from evolving_infra.router.routing.base import (
+    FetchTiming,
+    NodeScore,
+    PrefillPolicyName,
+    RouteReason,
+    RouterHooks,
+    RoutingDecision,
+    by_node,
+)
+from evolving_infra.router.routing.inputs import PrefillNodeView, QueuedPrefill, RouteRequest, unique_nodes
+from evolving_infra.router.routing.nodemodel import PrefillNodeModel
+from evolving_infra.router.routing.replay import (
+    DEFAULT_CHUNK_TOKENS,
+    Backlog,
+    ReplayJob,
+    append_job,
+    replay_chunked_prefill,
+)
+
+
+class WaitModel(enum.Enum):
+    REPLAY = "replay"
+    """Replay chunked-prefill iterations (eq. 1 each): requests sharing an iteration are accounted for."""
+    SUM_OF_SERVICE_TIMES = "sum-of-service-times"
+    """Eq. 7 literally: remaining time of the running batch plus the eq. 3 service time of each queued one."""
+
+
+class StateSource(enum.Enum):
+    REPORTED = "reported"
+    """The node's latest report (fresh enough) plus the requests sent to it since."""
+    ROUTER_RECORD = "router-record"
+    """The report is missing or stale: the router's own record of requests sent and not yet prefilled."""
+
+
+@dataclass(frozen=True, slots=True)
+class TtftSettings:
+    """Parameters of the TTFT policy; defaults are the paper's (appendix E.3) where it gives them.
+
+    kappa (`copy_price_s_per_token`) is not given a value in the paper; the default, 1 us per token, equals
+    tau's per-token slope: a fetched token costs its transfer time once even when the wait hides the fetch,
+    so between nodes whose predicted finish is equal, the one creating fewer duplicate pages wins, while a
+    node that is busier by more than the transfer time still loses to a fetch.
+    """
+
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    state_max_age_s: float = 5.0
+    fetch_fixed_s: float = 0.45
+    fetch_per_token_s: float = 1e-6
+    min_fetch_tokens: int = 512
+    copy_price_s_per_token: float = 1e-6
+    wait_model: WaitModel = WaitModel.REPLAY
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
+        for name in ("state_max_age_s", "fetch_fixed_s", "fetch_per_token_s", "copy_price_s_per_token"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.min_fetch_tokens < 0:
+            raise ValueError(f"min_fetch_tokens must be >= 0, got {self.min_fetch_tokens}")
+        if not isinstance(self.wait_model, WaitModel):
+            allowed = ", ".join(m.value for m in WaitModel)
+            raise ValueError(f"wait_model must be a WaitModel ({allowed}), got {self.wait_model!r}")
+
+    def fetch_time(self, tokens: int) -> float:
+        """tau(x): 0 for no fetch, else a fixed cost plus a per-token cost."""
+        if tokens <= 0:
+            return 0.0
+        return self.fetch_fixed_s + self.fetch_per_token_s * tokens
+
+    def fetches(self, tokens: int) -> bool:
+        return tokens > 0 and tokens >= self.min_fetch_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TtftEstimate:
+    """The predicted TTFT of a request on one prefill node, term by term (seconds, tokens)."""
+
+    node: NodeId
+    own_pages: int
+    cached_tokens: int
+    fetch_tokens: int
+    uncached_tokens: int
+    restore_tokens: int
+    wait: float
+    service: float
+    exposed_fetch: float
+    copy_price: float
+    state: StateSource
+
+    @property
+    def total(self) -> float:
+        return self.wait + self.service + self.exposed_fetch + self.copy_price
+
+    def score(self) -> NodeScore:
+        return NodeScore(
+            node=self.node,
+            score=self.total,
+            terms={
+                "t_c": float(self.cached_tokens),
+                "x": float(self.fetch_tokens),
+                "t_uc": float(self.uncached_tokens),
+                "wait": self.wait,
+                "service": self.service,
+                "exposed_fetch": self.exposed_fetch,
+                "copy_price": self.copy_price,
+                "total": self.total,
+                "state_reported": 1.0 if self.state is StateSource.REPORTED else 0.0,
+            },
+        )
+
+
+def _queued_job(entry: QueuedPrefill) -> ReplayJob:
+    # A fully cached request still computes its last token.
+    return ReplayJob(entry.request, max(entry.work.t_uc, 1), entry.work.t_c, entry.restore_tokens)
+
+
+def state_source(view: PrefillNodeView, settings: TtftSettings) -> StateSource:
+    age = view.state_age_s
+    fresh = age is not None and age <= settings.state_max_age_s
+    return StateSource.REPORTED if fresh else StateSource.ROUTER_RECORD
+
+
+def backlog_jobs(view: PrefillNodeView, settings: TtftSettings) -> list[ReplayJob]:
+    """What the node must prefill before a new request, in order (see "Stale state" above)."""
+    if state_source(view, settings) is StateSource.REPORTED:
+        jobs = [ReplayJob(r.request, r.remaining_tokens, r.context_tokens) for r in view.running
+                if r.remaining_tokens > 0]
+        jobs.extend(_queued_job(q) for q in (*view.queue, *view.unreported))
+        return jobs
+    return [_queued_job(q) for q in view.router_in_flight]
+
+
+def _model(view: PrefillNodeView) -> PrefillNodeModel:
+    if view.model is None:
+        raise ValueError(f"prefill node {view.node} has no node model; the TTFT policy needs one per node")
+    return view.model
+
+
+def replay_backlog(view: PrefillNodeView, settings: TtftSettings) -> Backlog:
+    """The node's backlog replayed once; `estimate_ttft` prices any request against it."""
+    return replay_chunked_prefill(_model(view), backlog_jobs(view, settings), settings.chunk_tokens).backlog
+
+
+def estimate_ttft(
+    request: RouteRequest, view: PrefillNodeView, settings: TtftSettings, backlog: Backlog | None = None
+) -> TtftEstimate:
+    """T_n for `request` on the node of `view` (see the module docstring).
+
+    `backlog` (from `replay_backlog` on the same view and settings) saves replaying the node's backlog.
+    """
+    view.check_pages(request)
+    model = _model(view)
+    page = request.page_tokens
+    fetch_tokens = view.fetch_pages * page
+    if settings.fetches(fetch_tokens):
+        cached = request.usable_cached_tokens(view.cluster_prefix_pages)
+    else:
+        fetch_tokens = 0
+        cached = request.usable_cached_tokens(view.own_pages)
+    uncached = request.prompt_tokens - cached
+    restore = cached - min(view.own_gpu_pages * page, cached)
+    if settings.wait_model is WaitModel.REPLAY:
+        if backlog is None:
+            backlog = replay_backlog(view, settings)
+        timing = append_job(model, backlog, ReplayJob(request.id, uncached, cached, restore))
+        wait, service = timing.start, timing.service
+    else:
+        jobs = backlog_jobs(view, settings)
+        wait = sum(model.prefill_request_time(Work(job.remaining_tokens, job.context_tokens, 0)) for job in jobs)
+        service = model.prefill_request_time(Work(uncached, cached, request.output_tokens, request.t_acc))
+    return TtftEstimate(
+        node=view.node,
+        own_pages=view.own_gpu_pages + view.own_host_pages,
+        cached_tokens=cached,
+        fetch_tokens=fetch_tokens,
+        uncached_tokens=uncached,
+        restore_tokens=restore,
+        wait=wait,
+        service=service,
+        exposed_fetch=max(0.0, settings.fetch_time(fetch_tokens) - wait),
+        copy_price=settings.copy_price_s_per_token * fetch_tokens,
+        state=state_source(view, settings),
+    )
+
+
+class TtftRouter(RouterHooks):
+    """Ours. Keeps no routing state: what it sent is in the views (`unreported`, `router_in_flight`).
+
+    It memoizes each node's replayed backlog (keyed by the node's state and model object), so pricing a
+    request costs only its own iterations on every node whose state did not change since the last call.
+    """
+
+    def __init__(self, settings: TtftSettings | None = None, memoize_backlogs: bool = True) -> None:
+        self.settings = settings if settings is not None else TtftSettings()
+        self.memoize_backlogs = memoize_backlogs
+        self._memo: dict[NodeId, tuple[object, tuple[object, ...], Backlog]] = {}
+
+    @property
+    def name(self) -> PrefillPolicyName:
+        return PrefillPolicyName.TTFT
+
+    def estimates(self, request: RouteRequest, nodes: Sequence[PrefillNodeView]) -> list[TtftEstimate]:
+        unique_nodes(nodes, "prefill")
+        return [estimate_ttft(request, view, self.settings, self._backlog(view)) for view in nodes]
+
+    def _backlog(self, view: PrefillNodeView) -> Backlog | None:
+        """The node's replayed backlog, reused while its state and model object stay the same (a pure memo:
+        answers are identical with or without it)."""
+        if not self.memoize_backlogs or self.settings.wait_model is not WaitModel.REPLAY or view.model is None:
+            return None
+        if state_source(view, self.settings) is StateSource.REPORTED:
+            state: tuple[object, ...] = (StateSource.REPORTED, view.running, view.queue, view.unreported)
+        else:
+            state = (StateSource.ROUTER_RECORD, view.router_in_flight)
+        hit = self._memo.get(view.node)
+        if hit is not None and hit[0] is view.model and hit[1] == state:
+            return hit[2]
+        backlog = replay_backlog(view, self.settings)
+        self._memo[view.node] = (view.model, state, backlog)
+        return backlog
+
+    def route(self, request: RouteRequest, nodes: Sequence[PrefillNodeView], now: float) -> RoutingDecision:
+        estimates = self.estimates(request, nodes)
+        best = min(estimates, key=lambda e: (e.total, -e.own_pages, e.node))
+        view = by_node(nodes, best.node)
+        cluster = request.usable_cached_tokens(view.cluster_prefix_pages)
+        fetching = best.fetch_tokens > 0
+        return RoutingDecision(
+            node=view.node,
+            policy=self.name,
+            reason=RouteReason.LOWEST_PREDICTED_TTFT,
+            cached_tokens=best.cached_tokens,
+            uncached_tokens=best.uncached_tokens,
+            fetch_tokens=best.fetch_tokens,
+            recompute_tokens=cluster - best.cached_tokens,
+            fetch_from=view.fetch_sources if fetching else None,
+            fetch_timing=FetchTiming.WHILE_QUEUED if fetching else FetchTiming.NONE,
+            diagnostics=tuple(e.score() for e in estimates),
+        )

@@ -1,0 +1,304 @@
+"""Baseline prefill routers, one documented rule per test: SGLang gateway cache-aware, sticky sessions,
+Dynamo KV router cost (and its memory-pool variant), round robin."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import BranchId, NodeId, RequestId
+from evolving_infra.router.routing import (
+    CacheAwareRouter,
+    CacheAwareSettings,
+    DynamoKvRouter,
+    DynamoKvSettings,
+    FetchTiming,
+    PageRun,
+    PrefillNodeView,
+    PrefillPolicyName,
+    RoundRobinRouter,
+    RouteReason,
+    RouteRequest,
+    RoutingDecision,
+    StickyRouter,
+)
+
+PAGE = 64
+_ids = iter(range(10**9))
+
+
+def request(pages: int, prefix: int = 1, branch: str = "b", parent: str | None = None, extra: int = 0) -> RouteRequest:
+    """A prompt of `pages` full pages (plus `extra` tokens) whose page hashes start with family `prefix`."""
+    return RouteRequest(
+        id=RequestId(f"r{next(_ids)}"),
+        branch=BranchId(branch),
+        page_hashes=tuple(PageHash(prefix * 1_000_000 + i) for i in range(pages)),
+        prompt_tokens=pages * PAGE + extra,
+        output_tokens=50,
+        parent_branch=BranchId(parent) if parent else None,
+    )
+
+
+def views(*names: str) -> list[PrefillNodeView]:
+    return [PrefillNodeView(NodeId(n)) for n in names]
+
+
+def send(router: object, req: RouteRequest, node: str, now: float = 0.0) -> None:
+    """Tell `router` that `req` was sent to `node` (as the router service does after routing)."""
+    decision = RoutingDecision(NodeId(node), PrefillPolicyName.ROUND_ROBIN, RouteReason.ROUND_ROBIN, 0, 1)
+    router.on_routed(req, decision, now)  # type: ignore[attr-defined]
+
+
+def load(router: object, node: str, n: int) -> None:
+    for _ in range(n):
+        send(router, request(1, prefix=999_999), node)
+
+
+# --- SGLang gateway, cache-aware -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("load_a", "load_b", "expected", "reason"),
+    [
+        # (max - min) = 70 > 64 and 100 > 1.5 x 30: imbalanced -> least loaded, despite A's full match
+        (100, 30, "p-b", RouteReason.IMBALANCED_LEAST_LOADED),
+        # difference 64 is not > 64: balanced -> cache match on A
+        (64, 0, "p-a", RouteReason.CACHE_MATCH),
+        # difference 65 > 64 but 210 <= 1.5 x 145: balanced -> cache match on A
+        (210, 145, "p-a", RouteReason.CACHE_MATCH),
+        # both conditions hold with the loaded node being the holder
+        (65, 0, "p-b", RouteReason.IMBALANCED_LEAST_LOADED),
+    ],
+)
+def test_cache_aware_imbalance_needs_both_thresholds(
+    load_a: int, load_b: int, expected: str, reason: RouteReason
+) -> None:
+    router = CacheAwareRouter()
+    send(router, request(20), "p-a")
+    load(router, "p-a", load_a - 1)
+    load(router, "p-b", load_b)
+    decision = router.route(request(20), views("p-a", "p-b"), now=1.0)
+    assert (decision.node, decision.reason) == (expected, reason)
+    assert decision.score_of(NodeId("p-a")).terms["load"] == load_a
+
+
+@pytest.mark.parametrize(
+    ("matched_pages", "expected", "reason"),
+    [
+        (3, "p-b", RouteReason.LOW_MATCH_LEAST_LOADED),  # 192 / 640 = 0.30, not > 0.3
+        (4, "p-a", RouteReason.CACHE_MATCH),  # 256 / 640 = 0.40 > 0.3
+    ],
+)
+def test_cache_aware_follows_a_match_only_above_the_cache_threshold(
+    matched_pages: int, expected: str, reason: RouteReason
+) -> None:
+    router = CacheAwareRouter()
+    send(router, request(matched_pages, prefix=7), "p-a")
+    load(router, "p-a", 3)
+    load(router, "p-b", 1)  # p-b is least loaded; loads are balanced
+    decision = router.route(request(10, prefix=7), views("p-a", "p-b"), now=1.0)
+    assert (decision.node, decision.reason) == (expected, reason)
+
+
+def test_cache_aware_is_not_load_aware_among_workers_holding_the_longest_match() -> None:
+    router = CacheAwareRouter()
+    send(router, request(30, prefix=5), "p-a", now=1.0)
+    send(router, request(30, prefix=5), "p-b", now=2.0)  # p-b used the prefix last
+    load(router, "p-b", 50)  # 51 vs 1: balanced (difference <= 64)
+    decision = router.route(request(30, prefix=5), views("p-a", "p-b", "p-c"), now=3.0)
+    assert (decision.node, decision.reason) == ("p-b", RouteReason.CACHE_MATCH)
+    # a longer match elsewhere wins regardless of recency
+    send(router, request(40, prefix=5), "p-c", now=4.0)
+    send(router, request(30, prefix=5), "p-b", now=5.0)
+    assert router.route(request(40, prefix=5), views("p-a", "p-b", "p-c"), now=6.0).node == "p-c"
+
+
+def test_cache_aware_moves_no_kv_and_counts_loads_until_finished() -> None:
+    router = CacheAwareRouter()
+    req = request(10, prefix=3)
+    send(router, req, "p-a")
+    view = PrefillNodeView(NodeId("p-a"), own_gpu_pages=4, cluster_prefix_pages=9, fetch_pages=5)
+    decision = router.route(request(10, prefix=3), [view, PrefillNodeView(NodeId("p-b"))], now=1.0)
+    assert decision.node == "p-a" and decision.fetch_tokens == 0 and decision.fetch_timing is FetchTiming.NONE
+    assert (decision.cached_tokens, decision.recompute_tokens) == (4 * PAGE, 5 * PAGE)
+    assert router.loads.load(NodeId("p-a")) == 1
+    router.on_finished(req.id, now=2.0)
+    assert router.loads.load(NodeId("p-a")) == 0
+
+
+def test_cache_aware_evicts_lru_leaves_every_120_s_down_to_max_tree_size() -> None:
+    # 10 pages of 64 tokens x 4 characters = 2,560 characters per worker at most
+    router = CacheAwareRouter(CacheAwareSettings(max_tree_size=10 * PAGE * 4))
+    send(router, request(8, prefix=1), "p-a", now=10.0)  # older chain
+    send(router, request(8, prefix=2), "p-a", now=20.0)  # newer chain: 16 pages in all
+    assert router.tree.size_pages(NodeId("p-a")) == 16
+    send(router, request(1, prefix=3), "p-b", now=119.0)  # before the first eviction tick
+    assert router.tree.size_pages(NodeId("p-a")) == 16
+    router.on_finished(RequestId("nobody"), now=120.0)
+    assert router.tree.size_pages(NodeId("p-a")) == 10
+    assert router.tree.match(NodeId("p-a"), request(8, prefix=1).page_hashes) == 2  # leaves of the old chain went
+    assert router.tree.match(NodeId("p-a"), request(8, prefix=2).page_hashes) == 8
+    assert router.tick(200.0) == 0  # next tick is at 240 s
+
+
+# --- sticky sessions -----------------------------------------------------------------------------------
+
+
+def test_sticky_keeps_a_branch_on_its_node_and_places_new_branches_on_the_least_loaded() -> None:
+    router = StickyRouter()
+    nodes = views("p-a", "p-b", "p-c")
+    load(router, "p-a", 2)
+    load(router, "p-b", 1)
+    load(router, "p-c", 1)
+    first = router.route(request(5, branch="x"), nodes, now=0.0)
+    assert (first.node, first.reason) == ("p-b", RouteReason.STICKY_FIRST_LEAST_LOADED)  # tie -> smaller id
+    send(router, request(5, branch="x"), first.node)
+    load(router, "p-b", 10)
+    again = router.route(request(6, branch="x"), nodes, now=1.0)
+    assert (again.node, again.reason) == ("p-b", RouteReason.STICKY)
+    fork = router.route(request(6, branch="y", parent="x"), nodes, now=1.0)
+    assert (fork.node, fork.reason) == ("p-b", RouteReason.STICKY_INHERITED)
+    # the pinned node left the prefill pool: placed again
+    moved = router.route(request(6, branch="x"), views("p-a", "p-c"), now=2.0)
+    assert (moved.node, moved.reason) == ("p-c", RouteReason.STICKY_FIRST_LEAST_LOADED)
+    router.on_branch_finished(BranchId("x"), now=3.0)
+    assert router.pinned(BranchId("x")) is None
+
+
+# --- Dynamo KV router ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu", "host", "disk", "charged", "decode_only", "expected_cost"),
+    [
+        # raw = 0 + 10; credit = 0: cost 10
+        (0, 0, 0, 0, 0, 10.0),
+        # raw = 20 + 10; credit = 4 x 1.0 + 2 x 0.75 + 4 x 0.25 = 6.5; adjusted 23.5; decode 20 -> 43.5
+        (4, 2, 4, 2, 0, 43.5),
+        # one request past its first token: no longer charged to prefill, still decode blocks
+        (4, 2, 4, 1, 1, 10 + 10 - 6.5 + 20),
+        # full GPU prefix: credit 10 -> adjusted 0
+        (10, 0, 0, 0, 0, 0.0),
+    ],
+)
+def test_dynamo_cost_formula(
+    gpu: int, host: int, disk: int, charged: int, decode_only: int, expected_cost: float
+) -> None:
+    router = DynamoKvRouter()
+    for _ in range(charged):
+        send(router, request(10, prefix=9), "p-a")
+    for _ in range(decode_only):
+        r = request(10, prefix=9)
+        send(router, r, "p-a")
+        router.on_first_token(r.id, now=0.0)
+    view = PrefillNodeView(NodeId("p-a"), own_gpu_pages=gpu, own_host_pages=host, own_disk_pages=disk,
+                           cluster_prefix_pages=gpu + host + disk)
+    cost = router.cost(request(10), view)
+    assert cost.cost == pytest.approx(expected_cost)
+    assert cost.credit == pytest.approx(1.0 * gpu + 0.75 * host + 0.25 * disk)
+
+
+def test_dynamo_lowest_cost_wins_and_the_node_recomputes_what_it_lacks() -> None:
+    router = DynamoKvRouter()
+    for _ in range(3):
+        send(router, request(10), "p-a")
+    holder = PrefillNodeView(NodeId("p-a"), own_gpu_pages=10, cluster_prefix_pages=10)
+    empty = PrefillNodeView(NodeId("p-b"), cluster_prefix_pages=10, fetch_pages=10)
+    decision = router.route(request(10, extra=5), [holder, empty], now=0.0)
+    # p-a: 30 + 10 - 10 + 30 = 60 blocks (11 prompt blocks with the partial one: 30 + 11 - 10 + 30 = 61)
+    assert decision.node == "p-b" and decision.reason is RouteReason.LOWEST_KV_COST
+    assert decision.score_of(NodeId("p-a")).score == pytest.approx(61.0)
+    assert decision.score_of(NodeId("p-b")).score == pytest.approx(11.0)
+    assert (decision.fetch_tokens, decision.recompute_tokens, decision.fetch_timing) == (0, 10 * PAGE, FetchTiming.NONE)
+
+
+def test_dynamo_memory_pool_variant_fetches_at_prefill_start() -> None:
+    router = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True))
+    runs = (PageRun(0, 10, frozenset({NodeId("p-a")})),)
+    empty = PrefillNodeView(NodeId("p-b"), cluster_prefix_pages=10, fetch_pages=10, fetch_sources=runs)
+    decision = router.route(request(10, extra=5), [empty], now=0.0)
+    assert router.name is PrefillPolicyName.DYNAMO_KV_POOL and decision.policy is PrefillPolicyName.DYNAMO_KV_POOL
+    assert (decision.fetch_tokens, decision.recompute_tokens) == (10 * PAGE, 0)
+    assert decision.fetch_timing is FetchTiming.AT_PREFILL_START and decision.fetch_from == runs
+
+
+def test_dynamo_ties_go_to_the_smallest_cached_tree_then_a_seeded_random_choice() -> None:
+    small = PrefillNodeView(NodeId("p-z"), cached_pages=10)
+    big = PrefillNodeView(NodeId("p-a"), cached_pages=500)
+    assert DynamoKvRouter().route(request(5), [big, small], now=0.0).node == "p-z"
+    same = [PrefillNodeView(NodeId(n), cached_pages=10) for n in ("p-a", "p-b", "p-c")]
+    picks = {DynamoKvRouter(rng=random.Random(seed)).route(request(5), same, now=0.0).node for seed in range(30)}
+    assert picks == {"p-a", "p-b", "p-c"}
+    again = [DynamoKvRouter(rng=random.Random(7)).route(request(5), same, now=0.0).node for _ in range(3)]
+    assert len(set(again)) == 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30), st.integers(0, 5)),
+             min_size=1, max_size=5),
+    st.integers(1, 60),
+    st.floats(0, 1), st.floats(0, 1), st.floats(0, 1),
+)
+def test_dynamo_adjusted_cost_is_never_negative(
+    specs: list[tuple[int, int, int, int]], pages: int, gpu_c: float, host_c: float, disk_c: float
+) -> None:
+    router = DynamoKvRouter(DynamoKvSettings(gpu_credit=gpu_c, host_credit=host_c, disk_credit=disk_c))
+    nodes = []
+    for i, (gpu, host, disk, inflight) in enumerate(specs):
+        gpu = min(gpu, pages)
+        host = min(host, pages - gpu)
+        disk = min(disk, pages - gpu - host)
+        nodes.append(PrefillNodeView(NodeId(f"p{i}"), own_gpu_pages=gpu, own_host_pages=host, own_disk_pages=disk,
+                                     cluster_prefix_pages=gpu + host + disk))
+        for _ in range(inflight):
+            send(router, request(3, prefix=8), f"p{i}")
+    req = request(pages)
+    for view in nodes:
+        cost = router.cost(req, view)
+        assert cost.adjusted_prefill >= 0 and cost.cost >= 0
+        assert cost.adjusted_prefill >= cost.raw_prefill - cost.credit
+    decision = router.route(req, nodes, now=0.0)
+    assert decision.score_of(decision.node).score == min(s.score for s in decision.diagnostics)
+
+
+def test_dynamo_charges_follow_first_token_and_finish() -> None:
+    router = DynamoKvRouter()
+    r = request(10)
+    send(router, r, "p-a")
+    view = PrefillNodeView(NodeId("p-a"))
+    assert (router.cost(request(4), view).charged_prefill, router.cost(request(4), view).decode_blocks) == (10, 10)
+    router.on_first_token(r.id, now=1.0)
+    router.on_first_token(r.id, now=1.5)  # repeated report: no double release
+    assert (router.cost(request(4), view).charged_prefill, router.cost(request(4), view).decode_blocks) == (0, 10)
+    router.on_finished(r.id, now=2.0)
+    assert router.cost(request(4), view).cost == 4.0
+
+
+# --- round robin ---------------------------------------------------------------------------------------
+
+
+def test_round_robin_cycles_in_node_order_and_survives_pool_changes() -> None:
+    router = RoundRobinRouter()
+    picks = []
+    nodes = views("p-c", "p-a", "p-b")
+    for _ in range(4):
+        req = request(2)
+        decision = router.route(req, nodes, now=0.0)
+        router.on_routed(req, decision, now=0.0)
+        picks.append(decision.node)
+    assert picks == ["p-a", "p-b", "p-c", "p-a"]
+    assert router.route(request(2), views("p-a", "p-c"), now=0.0).node == "p-c"  # p-b left: next after p-a
+    assert router.route(request(2), views("p-a"), now=0.0).node == "p-a"
+
+
+def test_dynamo_pool_credit_is_off_by_default_and_credits_pool_pages_when_set() -> None:
+    view = PrefillNodeView(NodeId("p-a"), own_gpu_pages=2, cluster_prefix_pages=10, fetch_pages=8)
+    plain = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True))
+    assert plain.credit(view) == pytest.approx(2.0)
+    credited = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True, pool_credit=0.25))
+    assert credited.credit(view) == pytest.approx(2.0 + 0.25 * 8)
+    assert DynamoKvRouter(DynamoKvSettings(pool_credit=0.25)).credit(view) == pytest.approx(2.0)  # no pool
