@@ -10,9 +10,17 @@ Boundary: the schema and conversion to the core's coefficient types; reading fil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
+from evolving_infra.core.itermodel import (
+    DecodeCoefficients,
+    PrefillCoefficients,
+    PrefillItem,
+    decode_iteration_time,
+    prefill_iteration_time,
+)
 
 
 class _Strict(BaseModel):
@@ -83,6 +91,36 @@ class HardwareProfile(_Strict):
         if self.l2_tokens < self.page_tokens:
             raise ValueError(f"l2_tokens ({self.l2_tokens}) must hold at least one page ({self.page_tokens})")
         return self
+
+    @model_validator(mode="after")
+    def _source_keys(self) -> HardwareProfile:
+        known = set(self.numeric_fields())
+        unknown = sorted(set(self.sources) - known)
+        if unknown:
+            raise ValueError(
+                f"sources names unknown field(s) {unknown}; sources are keyed by numeric field, one of {sorted(known)}"
+            )
+        return self
+
+    @classmethod
+    def numeric_fields(cls) -> tuple[str, ...]:
+        """Dotted names of every number a profile holds (`prefill.c0`, `l1_tokens`, ...): the keys `sources` uses."""
+        names: list[str] = []
+        for name, info in cls.model_fields.items():
+            sub = info.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                names.extend(f"{name}.{inner}" for inner in sub.model_fields)
+            elif info.annotation in (int, float):
+                names.append(name)
+        return tuple(names)
+
+    def prefill_time(self, items: Iterable[PrefillItem]) -> float:
+        """True duration of one prefill iteration (eq. 1 with the profile's coefficients)."""
+        return prefill_iteration_time(self.prefill.coefficients(), items)
+
+    def decode_time(self, batch: float) -> float:
+        """True duration of one decode iteration with `batch` running requests (eq. 2)."""
+        return decode_iteration_time(self.decode.coefficients(), batch)
 
     @property
     def l1_pages(self) -> int:

@@ -18,6 +18,8 @@ from evolving_infra.cli.errors import CliError
 COMMAND_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.trace",
     "evolving_infra.cli.bench",
+    "evolving_infra.cli.workload",
+    "evolving_infra.cli.profile",
 )
 
 
