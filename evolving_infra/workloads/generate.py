@@ -1,0 +1,126 @@
+"""The generator registry: `generate(kind, agents, seed, **overrides)` returns a whole trace as records.
+
+Invariant: the records form a valid trace of format version 1 (a header, the shared prefixes, then each agent's
+block in file order), and the same `(kind, agents, seed, overrides)` gives the same records. Each agent draws from
+its own random stream, derived from the seed, the workload and its index.
+
+Boundary: pure; no clock, no global random state, no I/O (see `writer` for files).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from evolving_infra.workloads import cc, osworld, putnam
+from evolving_infra.workloads.common import Record, agent_rng
+from evolving_infra.workloads.compose import (
+    MixedParams,
+    ShiftParams,
+    mixed_plan,
+    shift_notes,
+    shift_periods,
+    shift_plan,
+)
+from evolving_infra.workloads.dist import poisson_arrivals
+from evolving_infra.workloads.params import to_jsonable, with_overrides
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A workload kind: its parameter type and a one-line description."""
+
+    name: str
+    params_type: type
+    summary: str
+
+
+KINDS: dict[str, Kind] = {
+    "cc": Kind("cc", cc.CCParams, "coding agent: shared system prompt, sub-agents, forks, compaction, long pauses"),
+    "putnam": Kind("putnam", putnam.PutnamParams, "math agent: decode-heavy, one branch of appends, ~10 s pauses"),
+    "osworld": Kind("osworld", osworld.OSWorldParams, "computer-use agent: prefill-heavy screenshots, ~1 s pauses"),
+    "mixed": Kind("mixed", MixedParams, "Putnam and OSWorld agents at a fixed ratio (144:72)"),
+    "shift": Kind("shift", ShiftParams, "section 6.3: Putnam, then mixed, then OSWorld over three hours"),
+}
+
+_AGENT: dict[str, tuple[Callable[..., list[Record]], Callable[[Any], dict[str, int]]]] = {
+    "cc": (cc.cc_agent, cc.prefixes),
+    "putnam": (putnam.putnam_agent, putnam.prefixes),
+    "osworld": (osworld.osworld_agent, osworld.prefixes),
+}
+
+
+def kind_of(name: str) -> Kind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload kind {name!r}; known kinds: {', '.join(KINDS)}") from None
+
+
+def default_params(kind: str) -> Any:
+    return kind_of(kind).params_type()
+
+
+def generate(kind: str, agents: int, seed: int, **overrides: object) -> list[Record]:
+    """The records of a `kind` trace with `agents` agents; `overrides` set parameters (`a__b` means `a.b`)."""
+    return generate_with(kind, agents, seed, with_overrides(default_params(kind), overrides))
+
+
+def generate_with(kind: str, agents: int, seed: int, params: Any) -> list[Record]:
+    """The records of a `kind` trace for a given parameter object."""
+    k = kind_of(kind)
+    if not isinstance(params, k.params_type):
+        raise TypeError(f"kind {kind!r} takes {k.params_type.__name__}, got {type(params).__name__}")
+    if isinstance(agents, bool) or not isinstance(agents, int) or agents < 1:
+        raise ValueError(f"agents must be an integer >= 1, got {agents!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    arrivals = random.Random(f"evolving-infra/{seed}/{kind}/arrivals")
+    header: Record = {
+        "kind": "header",
+        "version": FORMAT_VERSION,
+        "name": f"{kind}-synthetic-{agents}-seed{seed}",
+        "source": f"evolving_infra.workloads.generate(kind={kind!r}, agents={agents}, seed={seed})",
+    }
+    plan: list[tuple[str, float]]
+    if kind in _AGENT:
+        rate = params.arrival_rate_per_min / 60.0
+        plan = [(kind, t) for t in poisson_arrivals(arrivals, agents, rate)]
+        header["notes"] = (
+            f"Synthetic {kind} agents ({k.summary}). Agents are in file order of start_s (Poisson arrivals at "
+            f"{params.arrival_rate_per_min:g} agents/min) for open-loop replay; closed-loop replay ignores start_s "
+            "and starts the next agent in file order whenever one finishes."
+        )
+        by_label = {kind: params}
+    elif kind == "mixed":
+        labels = mixed_plan(params, agents)
+        times = poisson_arrivals(arrivals, agents, params.arrival_rate_per_min / 60.0)
+        plan = list(zip(labels, times, strict=True))
+        header["notes"] = (
+            f"Putnam and OSWorld agents interleaved in file order at {params.putnam_weight}:{params.osworld_weight} "
+            f"(Poisson arrivals at {params.arrival_rate_per_min:g} agents/min). Closed-loop replay that should hold "
+            "the ratio among running agents replaces a finished agent by the next one in file order with the same "
+            "workload label; plain file order holds it only if both workloads' tasks last equally long."
+        )
+        by_label = {"putnam": params.putnam, "osworld": params.osworld}
+    else:
+        plan = shift_plan(params, agents, arrivals)
+        periods = shift_periods(params, agents)
+        header["notes"] = shift_notes(periods, params.closed_loop_agents())
+        header["periods"] = periods
+        by_label = {"putnam": params.putnam, "osworld": params.osworld}
+    header["generator"] = {"kind": kind, "agents": agents, "seed": seed, "params": to_jsonable(params)}
+
+    records: list[Record] = [header]
+    for label in sorted(by_label, key=list(_AGENT).index):
+        for name, tokens in _AGENT[label][1](by_label[label]).items():
+            records.append({"kind": "prefix", "name": name, "tokens": tokens})
+    for i, (label, start_s) in enumerate(plan):
+        make = _AGENT[label][0]
+        records.extend(make(by_label[label], agent_rng(seed, label, i), f"a{i}", start_s, label))
+    return records
+
