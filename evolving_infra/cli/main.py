@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.bench",
     "evolving_infra.cli.workload",
     "evolving_infra.cli.profile",
+    "evolving_infra.cli.operator",
+    "evolving_infra.cli.simulate",
 )
 
 

@@ -1,0 +1,116 @@
+"""`evolving-infra operator ...`: generate the CRD, check AgentServingCluster files, render their children.
+
+- `operator crd [--docs | --write ROOT | --check ROOT]`: print the CRD (or the field reference), or rewrite /
+  check the generated files of a checkout;
+- `operator validate FILE...`: parse each AgentServingCluster in the files as the operator will (schema,
+  rules, and the checks that need the hardware profiles); exit 2 naming each problem;
+- `operator render FILE [--image IMAGE]`: print the child objects the operator would create for it.
+
+Boundary: argument parsing and terminal output; the work is in `evolving_infra.operator`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+
+from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.operator import crdgen, meta
+from evolving_infra.operator.builders import BuildContext, build_children
+from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
+from evolving_infra.operator.spec import AgentServingClusterSpec
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("operator", help="the Kubernetes operator: CRD, validation of cluster files, rendering")
+    actions = parser.add_subparsers(dest="operator_command", metavar="ACTION", required=True)
+
+    crd = actions.add_parser("crd", help="print the AgentServingCluster CRD generated from the settings model")
+    group = crd.add_mutually_exclusive_group()
+    group.add_argument("--docs", action="store_true", help="print the field reference (Markdown) instead")
+    group.add_argument("--write", metavar="ROOT", help="rewrite the generated files of the checkout at ROOT")
+    group.add_argument("--check", metavar="ROOT", help="exit 1 if a generated file under ROOT is stale")
+    crd.set_defaults(handler=_crd)
+
+    validate = actions.add_parser("validate", help="check AgentServingCluster YAML files; exit 2 naming each problem")
+    validate.add_argument("files", nargs="+", metavar="FILE", help="YAML files (several documents each allowed)")
+    validate.set_defaults(handler=_validate)
+
+    render = actions.add_parser("render", help="print the child objects the operator would create")
+    render.add_argument("file", metavar="FILE", help="a YAML file with one AgentServingCluster")
+    render.add_argument("--image", default="evolving-infra:latest", help="image used where the spec sets none")
+    render.add_argument("--namespace", default="default", help="namespace if the object names none")
+    render.set_defaults(handler=_render)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    argv = ["--docs"] if args.docs else ["--write", args.write] if args.write else ["--check", args.check] if args.check else []
+    return crdgen.main(argv)
+
+
+def _load_clusters(path: str) -> list[dict[str, Any]]:
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"{path}: {exc}", USAGE_ERROR) from exc
+    clusters = [d for d in docs if isinstance(d, dict) and d.get("kind") == meta.KIND]
+    if not clusters:
+        raise CliError(f"{path}: no {meta.KIND} object found", USAGE_ERROR)
+    return clusters
+
+
+def _problems(obj: dict[str, Any]) -> tuple[AgentServingClusterSpec | None, list[str]]:
+    problems: list[str] = []
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    if obj.get("apiVersion") != meta.API_VERSION:
+        problems.append(f"apiVersion must be {meta.API_VERSION}, got {obj.get('apiVersion')!r}")
+    if not meta.cluster_name_ok(name):
+        problems.append(meta.NAME_RULE_MESSAGE + f" (got {name!r})")
+    try:
+        spec = AgentServingClusterSpec.from_kube(obj.get("spec") or {})
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(["spec", *(str(p) for p in err["loc"])])
+            problems.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        return None, problems
+    problems.extend(f"spec: {p}" for p in validate_spec_semantics(spec))
+    return spec, problems
+
+
+def _validate(args: argparse.Namespace) -> int:
+    console = Console(soft_wrap=True, highlight=False)
+    failed = False
+    for path in args.files:
+        for obj in _load_clusters(path):
+            name = (obj.get("metadata") or {}).get("name", "?")
+            _, problems = _problems(obj)
+            if problems:
+                failed = True
+                for problem in problems:
+                    console.print(f"[red]{path}[/red] {name}: {problem}", highlight=False)
+            else:
+                console.print(f"{path} {name}: ok", highlight=False)
+    if failed:
+        raise CliError("invalid AgentServingCluster object(s); see above", USAGE_ERROR)
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    clusters = _load_clusters(args.file)
+    if len(clusters) != 1:
+        raise CliError(f"{args.file}: expected one {meta.KIND}, found {len(clusters)}", USAGE_ERROR)
+    obj = clusters[0]
+    spec, problems = _problems(obj)
+    if spec is None or problems:
+        raise CliError(f"{args.file}: " + "; ".join(problems), USAGE_ERROR)
+    md = obj.get("metadata") or {}
+    cluster = meta.ClusterRef(md["name"], md.get("namespace") or args.namespace, md.get("uid") or "00000000-0000-0000-0000-000000000000")
+    ctx = BuildContext(cluster, spec, resolve_profile(spec, builtin_profile_table()), args.image)
+    sys.stdout.write(yaml.safe_dump_all(build_children(ctx), sort_keys=False))
+    return 0
