@@ -6,7 +6,7 @@ so every component folder is installed as `evolving_infra.<component>`. Metadata
 
 from setuptools import find_packages, setup
 
-COMPONENTS = ("router", "node_agent", "operator", "sim")
+COMPONENTS = ("router", "node_agent", "operator", "sim", "proto")
 
 packages = find_packages(include=["evolving_infra", "evolving_infra.*"])
 package_dir = {"evolving_infra": "evolving_infra"}

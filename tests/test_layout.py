@@ -16,7 +16,7 @@ import pytest
 import evolving_infra
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("router", "node_agent", "operator", "sim", "core", "traces", "cli")
+COMPONENTS = ("router", "node_agent", "operator", "sim", "proto", "core", "traces", "workloads", "cli")
 
 
 def test_editable_install_maps_component_folders() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES: tuple[str, ...] = ("evolving_infra.cli.bench_directory",)
+BENCH_MODULES: tuple[str, ...] = ("evolving_infra.cli.bench_directory", "evolving_infra.cli.bench_transfer")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
