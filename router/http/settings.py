@@ -1,0 +1,82 @@
+"""`RouterHttpSettings`: the one validated settings object of the router's HTTP front end.
+
+Read from the environment with the prefix `EVOLVING_ROUTER_` (e.g. `EVOLVING_ROUTER_PORT=8080`) or built
+directly in code; every field has bounds, and a bad value is an error naming the field.
+
+Boundary: configuration values only; nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TokenizerKind(enum.Enum):
+    """Which tokenizer turns prompts into token ids."""
+
+    BUILTIN = "builtin"
+    """Deterministic, file-free tokenizer for the emulated engine."""
+    HUGGINGFACE = "huggingface"
+    """A local `tokenizer.json` or model folder (needs the optional `tokenizers`/`transformers`)."""
+
+
+class RouterHttpSettings(BaseSettings):
+    """Settings of the router's OpenAI-compatible HTTP server."""
+
+    model_config = SettingsConfigDict(env_prefix="EVOLVING_ROUTER_", extra="forbid", frozen=True)
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="Address to bind. Loopback by default; set 0.0.0.0 inside a pod.",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to bind (0: any free port).")
+    model_name: str = Field(
+        default="evolving-emulated",
+        min_length=1,
+        max_length=256,
+        description="Model used when a request names none; it must be one the backend serves.",
+    )
+    request_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86_400,
+        description="Deadline of one request from arrival to its last token, seconds (504 when passed).",
+    )
+    retry_after_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=3600,
+        description="Retry-After sent with a 503 when the backend gives no delay of its own, seconds.",
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="Largest accepted request body, bytes (413 above).",
+    )
+    shutdown_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="On shutdown, how long in-flight requests may run on before they are cancelled.",
+    )
+    tokenizer: TokenizerKind = Field(
+        default=TokenizerKind.BUILTIN, description="Which tokenizer to use (builtin or huggingface)."
+    )
+    tokenizer_path: Path | None = Field(
+        default=None,
+        description="For the huggingface tokenizer: a tokenizer.json file or a local model folder.",
+    )
+
+    @model_validator(mode="after")
+    def _tokenizer_path_matches_kind(self) -> RouterHttpSettings:
+        if self.tokenizer is TokenizerKind.HUGGINGFACE and self.tokenizer_path is None:
+            raise ValueError("tokenizer 'huggingface' needs tokenizer_path (EVOLVING_ROUTER_TOKENIZER_PATH)")
+        if self.tokenizer is TokenizerKind.BUILTIN and self.tokenizer_path is not None:
+            raise ValueError("tokenizer_path is set but tokenizer is 'builtin'; set tokenizer=huggingface")
+        return self
