@@ -1,0 +1,170 @@
+"""`evolving-infra simulate`: run the cluster simulator on a trace file or a synthetic workload.
+
+    evolving-infra simulate TRACE --agents 90 --system evolving
+    evolving-infra simulate --workload cc --agents 90 --system dynamo --warmup 300 --duration 600 --out runs/dyn
+
+A preset (`--system`) sets every policy; individual flags override it. Progress (simulated time, events/s) goes
+to stderr; the result is a table on the terminal, or JSON with `--json`. `--out DIR` writes `metrics.json` and
+`requests.jsonl` (and is the hook for plots). Bad flags end with `error: ...` and exit status 2.
+
+Boundary: argument parsing, progress and printing; the simulation is `evolving_infra.sim`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.node_agent.engine import DataPlane
+from evolving_infra.node_agent.profiles import ProfileError
+from evolving_infra.router.planner import PlannerName
+from evolving_infra.router.routing import DecodePolicyName
+from evolving_infra.sim.config import ModelSource, SimConfig, SimPrefillPolicy, SystemName
+from evolving_infra.sim.kernel import Progress as KernelProgress
+from evolving_infra.sim.models import WarmupTooShort
+from evolving_infra.sim.run import SimResult, simulate, workload_trace
+from evolving_infra.sim.systems import build_config
+from evolving_infra.traces.errors import TraceError
+from evolving_infra.traces.loader import load_trace
+from evolving_infra.workloads import KINDS
+
+
+def _values(enum: Any) -> list[str]:
+    return [m.value for m in enum]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("simulate", help="simulate a cluster in virtual time on a trace or a synthetic workload",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", nargs="?", metavar="TRACE", help="trace file (.jsonl / .jsonl.gz); or use --workload")
+    p.add_argument("--workload", choices=list(KINDS), help="generate a synthetic workload of this kind instead")
+    p.add_argument("--trace-agents", type=int, help="agents in the generated workload (default: 2 x --agents)")
+    p.add_argument("--system", choices=_values(SystemName), default="evolving", help="preset (default evolving)")
+    p.add_argument("--planner", choices=_values(PlannerName))
+    p.add_argument("--routing", choices=_values(SimPrefillPolicy), help="prefill routing policy")
+    p.add_argument("--decode-routing", choices=_values(DecodePolicyName))
+    p.add_argument("--eviction", choices=_values(EvictionPolicyName))
+    p.add_argument("--data-plane", choices=_values(DataPlane))
+    p.add_argument("--pool", choices=["shared", "private"], help="host memory: one shared pool or private per node")
+    p.add_argument("--models", choices=_values(ModelSource), help="node models: fitted online or the profile's")
+    p.add_argument("--profile", help="built-in hardware profile name or a profile file")
+    p.add_argument("--nodes", type=int, help="nodes in the cluster (default 9)")
+    p.add_argument("--split", help="initial split, e.g. 6P3D (default 6P3D)")
+    p.add_argument("--agents", type=int, help="closed-loop concurrency (omit for open-loop replay of start_s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the run and of a generated workload (default 0)")
+    p.add_argument("--warmup", type=float, help="warmup seconds excluded from scoring (default 1800)")
+    p.add_argument("--duration", type=float, help="scored seconds after warmup (default: until the trace ends)")
+    p.add_argument("--noise", type=float, help="relative std. dev. of iteration times (default 0)")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
+    p.add_argument("--out", metavar="DIR", help="write metrics.json and requests.jsonl into DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_run)
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    for flag in ("nodes", "agents", "trace_agents"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 1, got {value}", USAGE_ERROR)
+    overrides: dict[str, Any] = {
+        "planner": args.planner, "prefill_routing": args.routing, "decode_routing": args.decode_routing,
+        "eviction": args.eviction, "data_plane": args.data_plane, "models": args.models, "profile": args.profile,
+        "nodes": args.nodes, "split": args.split, "agents": args.agents, "seed": args.seed,
+        "warmup_s": args.warmup, "duration_s": args.duration, "noise": args.noise,
+        "shared_pool": None if args.pool is None else args.pool == "shared",
+    }
+    if args.nodes is not None and args.split is None:
+        overrides["split"] = f"{max(1, (2 * args.nodes) // 3)}P{args.nodes - max(1, (2 * args.nodes) // 3)}D"
+    if args.warmup is not None and args.warmup == 0 and args.models is None:
+        overrides["models"] = "profile"
+    try:
+        return build_config(args.system, **overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise CliError(f"invalid settings: {problems}", USAGE_ERROR) from None
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    if (args.trace is None) == (args.workload is None):
+        raise CliError("give either a TRACE file or --workload KIND (not both)", USAGE_ERROR)
+    cfg = _config(args)
+    err = Console(stderr=True)
+    try:
+        if args.workload is not None:
+            if cfg.agents is None and args.trace_agents is None:
+                raise CliError("--workload needs --agents (closed loop) or --trace-agents (open loop)", USAGE_ERROR)
+            count = args.trace_agents or 2 * (cfg.agents or 1)
+            trace = workload_trace(args.workload, count, args.seed)
+        else:
+            trace = load_trace(args.trace)
+    except TraceError as exc:
+        raise CliError(f"cannot load trace: {exc}", USAGE_ERROR) from None
+    except OSError as exc:
+        raise CliError(f"cannot read {args.trace!r}: {exc.strerror or exc}", USAGE_ERROR) from None
+    total = cfg.scored_end
+    start = time.perf_counter()
+    bar = Progress(TextColumn("[bold]simulate"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                   console=err, disable=args.quiet, transient=True)
+    with bar:
+        task = bar.add_task("sim", total=total, info="")
+
+        def report(p: KernelProgress) -> None:
+            wall = time.perf_counter() - start
+            rate = p.processed / wall if wall > 0 else 0.0
+            bar.update(task, completed=min(p.now, total) if total else None,
+                       info=f"t={p.now:,.0f} s  {p.processed:,} events  {rate:,.0f} events/s")
+
+        try:
+            result = simulate(cfg, trace, progress=report)
+        except ProfileError as exc:
+            raise CliError(str(exc), USAGE_ERROR) from None
+        except WarmupTooShort as exc:
+            raise CliError(str(exc), USAGE_ERROR) from None
+    wall = time.perf_counter() - start
+    paths = result.write(args.out) if args.out else {}
+    if args.json:
+        print(json.dumps(result.metrics.to_dict(), indent=2))
+    else:
+        _table(result, wall)
+    for name, path in paths.items():
+        err.print(f"wrote {name}: {path}")
+    err.print(f"simulated {result.end_time:,.0f} s in {wall:,.1f} s wall ({result.events:,} events)")
+    return 0
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(result: SimResult, wall: float) -> None:
+    m = result.metrics
+    cfg = result.config
+    table = Table(title=f"{cfg.system.value if cfg.system else 'custom'}: {cfg.nodes} nodes from {cfg.split}, "
+                  f"scored {m.window_start:,.0f}-{m.window_end:,.0f} s")
+    table.add_column("workload")
+    for col in ("requests", "req/s", "TTFT mean", "TTFT p95", "E2E mean", "E2E p95", "TPOT ms", "KV hit",
+                "lost reuse"):
+        table.add_column(col, justify="right")
+    groups = [("all", m.overall), *m.by_workload.items()] if len(m.by_workload) > 1 else [("all", m.overall)]
+    for name, g in groups:
+        tpot = None if g.tpot_s.mean is None else g.tpot_s.mean * 1000
+        table.add_row(name, str(g.requests), _fmt(g.throughput_rps), _fmt(g.ttft_s.mean), _fmt(g.ttft_s.p95),
+                      _fmt(g.e2e_s.mean), _fmt(g.e2e_s.p95), _fmt(tpot), _fmt(g.kv_hit_rate, 4),
+                      _fmt(g.lost_kv_reuse, 4))
+    console = Console(file=sys.stdout)
+    console.print(table)
+    splits = ", ".join(f"{s} {share:.0%}" for s, share in m.split_share.items())
+    console.print(f"switches: {m.switches} (mean {_fmt(m.mean_switch_s, 1)} s); splits: {splits or '-'}; "
+                  f"prefill queue balance: {_fmt(m.queue_balance_ratio)}")

@@ -1,0 +1,148 @@
+"""Build a simulated cluster from a `SimConfig` and a trace: engines, directory, branch table, router, binder,
+planner, replayer and pause rule, wired onto the kernel (`initial_commands`).
+
+Nodes are named `n0 .. n{N-1}` (zero-padded so that name order is index order); the first P nodes of the
+initial split serve prefill. With a collocated warmup every node starts in collocated mode and switches to its
+initial phase at `warmup_s`; otherwise the nodes start in their initial phases and the planner runs from t=0.
+
+Every random choice draws from a named stream of `RandomStreams(cfg.seed)`, so a run is a pure function of
+the config and the trace.
+
+Boundary: construction and wiring; behaviour lives in `flow`, `stepping` and `phases`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from evolving_infra.core.eviction import eviction_policy
+from evolving_infra.core.types import NodeId, NodeMode, Phase
+from evolving_infra.node_agent.engine import EngineCore
+from evolving_infra.node_agent.profile import HardwareProfile
+from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.router.branches import BranchTable
+from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.planner import PlannerName, make_planner
+from evolving_infra.router.routing import CoefficientPrefillModel, make_decode_binder, make_prefill_router
+from evolving_infra.sim import flow, phases, stepping
+from evolving_infra.sim.config import ModelSource, PauseRuleName, SimConfig, SimPrefillPolicy
+from evolving_infra.sim.kernel import Command, Event, Priority
+from evolving_infra.sim.least_loaded import LeastLoadedRouter
+from evolving_infra.sim.models import PROVISIONAL, make_fitter, profile_planner_model, profile_router_model
+from evolving_infra.sim.pause import ThunderAgentRule
+from evolving_infra.sim.replay import AgentReplayer, ReplayMode
+from evolving_infra.sim.rng import RandomStreams
+from evolving_infra.sim.state import ClusterState, SimNode
+from evolving_infra.traces.content import ContentModel
+from evolving_infra.traces.records import Relation, Trace
+
+
+def node_ids(count: int) -> list[NodeId]:
+    width = len(str(count - 1))
+    return [NodeId(f"n{i:0{width}d}") for i in range(count)]
+
+
+def initial_phases(cfg: SimConfig) -> dict[str, Phase]:
+    p, _ = cfg.split_counts
+    return {n: (Phase.PREFILL if i < p else Phase.DECODE) for i, n in enumerate(node_ids(cfg.nodes))}
+
+
+def _seeded(streams: RandomStreams, name: str) -> random.Random:
+    return random.Random(int(streams.get(name).integers(2**62)))
+
+
+def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams) -> Callable[[NodeId, NodeMode], EngineCore]:
+    def make(node: NodeId, mode: NodeMode) -> EngineCore:
+        rng = _seeded(streams, f"noise/{node}") if cfg.noise > 0 else None
+        return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=cfg.noise, rng=rng)
+
+    return make
+
+
+def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None = None,
+                  content: ContentModel | None = None) -> ClusterState:
+    """A cluster ready to run `trace`; `profile` and `content` may be given to skip loading them."""
+    profile = profile if profile is not None else load_profile(cfg.profile)
+    streams = RandomStreams(cfg.seed)
+    if content is None or content.page_tokens != profile.page_tokens:
+        content = ContentModel(trace, profile.page_tokens)
+    parents = {
+        r.branch: trace.request(r.base).branch for r in trace.requests if r.relation is Relation.FORK and r.base
+    }
+    collocated = cfg.collocated_warmup and cfg.warmup_s > 0
+    start = initial_phases(cfg)
+    make_engine = engine_factory(cfg, profile, streams)
+    directory = KvDirectory()
+    nodes: dict[NodeId, SimNode] = {}
+    for n, phase in start.items():
+        nid = NodeId(n)
+        directory.add_node(nid)
+        mode = NodeMode.COLLOCATED if collocated else NodeMode.of(phase)
+        fitter = make_fitter(nid, profile) if collocated and cfg.models is ModelSource.FITTED else None
+        nodes[nid] = SimNode(nid, make_engine(nid, mode), None if collocated else phase, fitter=fitter,
+                             span_phase=None if collocated else phase)
+    branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
+    mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
+    state = ClusterState(
+        cfg=cfg,
+        profile=profile,
+        nodes=nodes,
+        directory=directory,
+        branches=branches,
+        router=_router(cfg, streams),
+        binder=make_decode_binder(cfg.decode_routing, _seeded(streams, "decode-binder")),
+        planner=_planner(cfg, streams),
+        replayer=AgentReplayer(trace, mode),
+        content=content,
+        trace=trace,
+        parents=parents,
+        pause=ThunderAgentRule() if cfg.pause_rule is PauseRuleName.THUNDERAGENT else None,
+        collocated=collocated,
+        make_engine=make_engine,
+        scored_end=cfg.scored_end,
+    )
+    for nid in nodes:
+        if cfg.models is ModelSource.FITTED:
+            state.router_models[nid] = CoefficientPrefillModel(PROVISIONAL, t_bar=float(profile.chunk_tokens))
+        else:
+            state.router_models[nid] = profile_router_model(profile)
+            state.planner_models[nid] = profile_planner_model(profile)
+    state.on_step = lambda e: stepping.on_step(state, e)
+    return state
+
+
+def _router(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]
+    if cfg.prefill_routing is SimPrefillPolicy.LEAST_LOADED:
+        return LeastLoadedRouter()
+    settings = dict(cfg.routing_settings)
+    name = cfg.prefill_routing.registry_name()
+    if cfg.prefill_routing in (SimPrefillPolicy.DYNAMO_KV, SimPrefillPolicy.DYNAMO_KV_POOL):
+        settings.setdefault("rng", _seeded(streams, "prefill-router"))
+    return make_prefill_router(name, **settings)  # type: ignore[arg-type]
+
+
+def _planner(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]
+    settings = dict(cfg.planner_settings)
+    if cfg.planner is PlannerName.DYNAMO:
+        settings.setdefault("rng", _seeded(streams, "relaunch"))
+    return make_planner(cfg.planner, **settings)
+
+
+def initial_commands(state: ClusterState) -> list[Command]:
+    """What starts the run at t=0: the replayer's first effects, the warmup (or the split), the pause ticks."""
+    cfg = state.cfg
+    out = flow.react(state, state.replayer.start(0.0), 0.0)
+    target = initial_phases(cfg)
+    if state.collocated:
+        if cfg.models is ModelSource.FITTED and cfg.fit_interval_s < cfg.warmup_s:
+            out.append(Event(cfg.fit_interval_s, Priority.CONTROL, lambda e: phases.on_fit_tick(state, e),
+                             label="fit tick"))
+        out.append(Event(cfg.warmup_s, Priority.CONTROL,
+                         lambda e: phases.start_disaggregation(state, target, e.time), label="warmup end"))
+    else:
+        out += phases.start_disaggregation(state, target, 0.0)
+    if state.pause is not None:
+        out.append(Event(state.pause.interval_s, Priority.CONTROL, lambda e: phases.on_pause_tick(state, e),
+                         label="pause tick"))
+    return out

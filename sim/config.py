@@ -1,0 +1,155 @@
+"""The simulator's settings: one validated object (`SimConfig`) whose every field is documented with its bounds.
+
+A run is a cluster of `nodes` identical nodes (one hardware profile) with pluggable policies: the planner,
+prefill routing, decode binding, host eviction, the engine data plane, whether host memory is one shared pool,
+when decode KV is reserved, where the node models come from, and an optional agent pause rule. Presets for
+the paper's systems live in `evolving_infra.sim.systems`; explicit fields override a preset.
+
+Boundary: values and their validation only; no simulation here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.node_agent.engine import DataPlane
+from evolving_infra.router.planner import PlannerName, parse_split
+from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+
+
+class SimPrefillPolicy(enum.Enum):
+    """Prefill routing policies the simulator can run: the router's registry plus Arrow's least-loaded rule."""
+
+    TTFT = "ttft"
+    CACHE_AWARE = "cache-aware"
+    STICKY = "sticky"
+    DYNAMO_KV = "dynamo-kv"
+    DYNAMO_KV_POOL = "dynamo-kv-pool"
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+
+    def registry_name(self) -> PrefillPolicyName | None:
+        """The router registry's name, or None for a policy the simulator provides itself."""
+        return None if self is SimPrefillPolicy.LEAST_LOADED else PrefillPolicyName(self.value)
+
+
+class DecodeReservation(enum.Enum):
+    """When a request's decode node is chosen and its KV room taken."""
+
+    AT_PREFILL_START = "at-prefill-start"
+    """Ours (paper E.3 line 13): bind when the prefill starts; queued requests hold no decode memory."""
+    AT_ROUTING = "at-routing"
+    """SGLang PD disaggregation (paper D.1): bind when routed and reserve decode KV from then until the
+    transfer; the prefill may not start before the reservation is granted."""
+
+
+class ModelSource(enum.Enum):
+    """Where the node models the router and planner evaluate come from."""
+
+    FITTED = "fitted"
+    """Ours: fitted online during a collocated warmup, then frozen (t̄_n, f_n remeasured per window)."""
+    PROFILE = "profile"
+    """The hardware profile's true coefficients through an adapter (baselines that need a model, tests)."""
+
+
+class PauseRuleName(enum.Enum):
+    NONE = "none"
+    THUNDERAGENT = "thunderagent"
+    """Every 5 s pause tool-waiting programs on a node whose active programs' KV exceeds 95 % of capacity."""
+
+
+class SystemName(enum.Enum):
+    """Presets of the systems the paper compares (see `evolving_infra.sim.systems` for each one's source)."""
+
+    EVOLVING = "evolving"
+    DYNAMO = "dynamo"
+    BEST_STATIC = "best-static"
+    ARROW = "arrow"
+    CACHE_AWARE = "cache-aware"
+    THUNDERAGENT = "thunderagent"
+
+
+class SimConfig(BaseModel):
+    """Every setting of one simulated run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system: SystemName | None = Field(default=None, description="the preset the run started from (informational)")
+    profile: str = Field(default="glm-5.2-4xgb300-tp4", min_length=1, description="built-in profile name or file")
+    nodes: int = Field(default=9, ge=2, le=4096, description="nodes in the cluster, 2..4096")
+    split: str = Field(default="6P3D", description="initial split '<P>P<D>D' with P, D >= 1 and P + D = nodes")
+    planner: PlannerName = Field(default=PlannerName.OURS, description="phase-split planner")
+    planner_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the planner")
+    prefill_routing: SimPrefillPolicy = Field(default=SimPrefillPolicy.TTFT, description="prefill routing policy")
+    routing_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the router")
+    decode_routing: DecodePolicyName = Field(default=DecodePolicyName.FEWEST_REQUESTS, description="decode binder")
+    eviction: EvictionPolicyName = Field(default=EvictionPolicyName.BRANCH_COUNT, description="host eviction order")
+    data_plane: DataPlane = Field(default=DataPlane.ASYNC_FETCH, description="how host KV reaches GPU memory")
+    shared_pool: bool = Field(default=True, description="host memory of all nodes is one pool (peer fetches)")
+    decode_reservation: DecodeReservation = Field(
+        default=DecodeReservation.AT_PREFILL_START, description="when decode KV is bound and reserved"
+    )
+    models: ModelSource = Field(default=ModelSource.FITTED, description="node models for router and planner")
+    collocated_warmup: bool = Field(
+        default=True, description="every node serves both phases during warmup (needed to fit node models)"
+    )
+    warmup_s: float = Field(default=1800.0, ge=0, le=86_400, description="warmup excluded from scoring, 0..86400 s")
+    duration_s: float | None = Field(
+        default=None, gt=0, le=7 * 86_400, description="scored time after warmup (None: until the trace ends)"
+    )
+    drain_s: float = Field(
+        default=600.0, ge=0, le=86_400, description="after the scored window, run at most this long to finish "
+        "the requests issued in it (their latencies are scored), 0..86400 s"
+    )
+    agents: int | None = Field(default=None, ge=1, le=1_000_000, description="closed-loop concurrency (None: open loop)")
+    max_active: int | None = Field(default=None, ge=1, description="open loop: cap on active agents (None: no cap)")
+    seed: int = Field(default=0, ge=0, description="seed of every random stream of the run")
+    noise: float = Field(default=0.0, ge=0, le=1.0, description="relative std. dev. of iteration times, 0..1")
+    pause_rule: PauseRuleName = Field(default=PauseRuleName.NONE, description="agent pause rule (ThunderAgent)")
+    context_length_tokens: int = Field(
+        default=200_000, ge=1, description="model context length for Dynamo's prefill ratio (workloads cap at 200K)"
+    )
+    fit_interval_s: float = Field(
+        default=60.0, gt=0, description="during warmup, refit the provisional routing models this often (s)"
+    )
+    span_s: float = Field(default=60.0, gt=0, description="node busy-time spans are cut at least this often (s)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SimConfig:
+        try:
+            p, d = parse_split(self.split)
+        except ValueError as exc:
+            raise ValueError(f"split: {exc}") from None
+        if p < 1 or d < 1:
+            raise ValueError(f"split {self.split!r}: both phases need at least one node")
+        if p + d != self.nodes:
+            raise ValueError(f"split {self.split!r} has {p + d} nodes but nodes is {self.nodes}")
+        if self.models is ModelSource.FITTED and (not self.collocated_warmup or self.warmup_s <= 0):
+            raise ValueError(
+                "models 'fitted' needs a collocated warmup with warmup_s > 0 (the fit needs both phases on every "
+                "node); set collocated_warmup and warmup_s, or use models 'profile'"
+            )
+        if self.agents is not None and self.max_active is not None:
+            raise ValueError("agents (closed loop) and max_active (open loop) exclude each other")
+        return self
+
+    @property
+    def split_counts(self) -> tuple[int, int]:
+        return parse_split(self.split)
+
+    @property
+    def scored_end(self) -> float | None:
+        return None if self.duration_s is None else self.warmup_s + self.duration_s
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain JSON-ready data."""
+        return self.model_dump(mode="json")
+
+
+def field_help() -> dict[str, str]:
+    """Each field's description (for CLI help and docs)."""
+    return {name: info.description or "" for name, info in SimConfig.model_fields.items()}

@@ -1,0 +1,136 @@
+"""Run one simulation end to end: `simulate(cfg, trace)` -> `SimResult` (metrics, records, switches, splits).
+
+The run goes until the trace's agents have all finished, or, with `duration_s`, until `warmup_s + duration_s`
+and then at most `drain_s` longer while requests issued in the scored window are still in flight (so their
+latencies are scored; throughput counts only what finished inside the window). Scoring: `ScoreWindow(warmup_s,
+end)`, with the per-request ideal hit tokens of the trace for lost KV reuse.
+
+`progress(Progress)` (optional) is the kernel's hook: it sees virtual time and event counts; the caller measures
+wall time itself. A result is a pure function of the config and the trace.
+
+Boundary: orchestration; the CLI prints and writes files (`evolving_infra.cli.simulate`, `sim.export`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evolving_infra.sim.cluster import build_cluster, initial_commands
+from evolving_infra.sim.config import SimConfig
+from evolving_infra.sim.export import write_metrics_json, write_requests_jsonl
+from evolving_infra.sim.kernel import Kernel, Progress, StopReason
+from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
+from evolving_infra.sim.records import NodeSpan, RequestRecord, ScoreWindow, SplitRecord, SwitchRecord
+from evolving_infra.sim.spans import close_span
+from evolving_infra.sim.state import ClusterState
+from evolving_infra.traces.loader import trace_from_records
+from evolving_infra.traces.records import Trace
+from evolving_infra.traces.stats import ideal_hit_tokens
+from evolving_infra.workloads import generate
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    metrics: RunMetrics
+    records: list[RequestRecord]
+    switches: list[SwitchRecord]
+    splits: list[SplitRecord]
+    spans: list[NodeSpan]
+    stats: dict[str, Any]
+    stop_reason: str
+    end_time: float
+    events: int
+    state: ClusterState | None = field(default=None, repr=False)
+    """The cluster after the run (for tests and inspection)."""
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write `metrics.json` and `requests.jsonl` into `out_dir` (created); returns the paths written."""
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"metrics": folder / "metrics.json", "requests": folder / "requests.jsonl"}
+        write_metrics_json(self.metrics, paths["metrics"])
+        write_requests_jsonl(self.records, paths["requests"])
+        return paths
+
+
+def workload_trace(kind: str, agents: int, seed: int) -> Trace:
+    """A synthetic trace of `agents` agents of workload `kind` (see `evolving_infra.workloads`)."""
+    return trace_from_records(generate(kind, agents, seed), source=f"workload:{kind}")
+
+
+def simulate(
+    cfg: SimConfig,
+    trace: Trace,
+    *,
+    progress: Callable[[Progress], None] | None = None,
+    progress_every: int = 20_000,
+    keep_state: bool = False,
+) -> SimResult:
+    state = build_cluster(cfg, trace)
+    kernel = Kernel(progress=progress, progress_every=progress_every)
+    kernel.apply(initial_commands(state))
+    end = cfg.scored_end
+    if end is None:
+        result = kernel.run()
+    else:
+        result = kernel.run(until=end)
+        deadline = end + cfg.drain_s
+        while (
+            result.reason is not StopReason.STOPPED
+            and kernel.peek() is not None
+            and kernel.now < deadline
+            and any(r.issued < end for r in state.requests.values())
+        ):
+            result = kernel.run(until=min(kernel.now + 10.0, deadline))
+    now = kernel.now
+    for node in state.nodes.values():
+        close_span(state, node, now)
+    ideal_arr = ideal_hit_tokens(trace, state.profile.page_tokens)
+    ideal = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+    window = _window(cfg, state.records, end)
+    stats = _stats(state, now, kernel.processed, result.reason.value)
+    metrics = compute_run_metrics(
+        state.records, window, ideal=ideal, switches=state.switches, splits=state.splits, spans=state.spans,
+        extra={"system": cfg.system.value if cfg.system else None, "config": cfg.describe(), "simulation": stats,
+               "planner_switch_decisions": state.decisions},
+    )
+    return SimResult(cfg, metrics, state.records, state.switches, state.splits, state.spans, stats,
+                     result.reason.value, now, kernel.processed, state if keep_state else None)
+
+
+def _window(cfg: SimConfig, records: list[RequestRecord], end: float | None) -> ScoreWindow:
+    if end is not None:
+        return ScoreWindow(cfg.warmup_s, end)
+    last = max((r.finish for r in records), default=0.0)
+    start = cfg.warmup_s if last > cfg.warmup_s else 0.0
+    return ScoreWindow(start, None if last > start else start + 1.0)
+
+
+def _stats(state: ClusterState, now: float, events: int, reason: str) -> dict[str, Any]:
+    s = state.stats
+    return {
+        "end_time_s": now,
+        "events": events,
+        "stop_reason": reason,
+        "issued": s.issued,
+        "finished": s.finished,
+        "in_flight_at_end": len(state.requests),
+        "trace_exhausted": state.replayer.exhausted,
+        "rerouted": s.rerouted,
+        "rebound": s.rebound,
+        "aborted_by_relaunch": s.aborted_by_relaunch,
+        "fetches": s.fetches,
+        "fetched_tokens": s.fetched_tokens,
+        "planner_ticks": s.planner_ticks,
+        "planner_switches": s.planner_switches,
+        "pauses": s.pauses,
+        "resumes": s.resumes,
+        "bind_waits": s.bind_waits,
+        "reservation_waits": s.reservation_waits,
+        "fit_messages": list(s.fit_messages),
+        "disaggregated_at": state.disaggregated_at,
+    }

@@ -1,0 +1,75 @@
+"""The node step loop on the kernel: each node runs `EngineCore.step` at `now` and its next step at the end of
+the iteration; an idle node sleeps until new work arrives (`state.kick`) or a load finishes (`wake_at`).
+
+An iteration is two events: the step at its start (the node reports its queue, fetches start, prefills start
+and their decode nodes are bound) and its end (KV events reach the directory, the iteration record reaches
+the model fitter, finished prefills transfer their KV, finished decodes complete their requests, a phase
+switch may complete), because the engine stamps an iteration's results with its end time.
+
+Invariant: at most one iteration per node is in flight; the end event of an engine that was relaunched in
+the meantime changes nothing.
+
+Boundary: iteration bookkeeping; the request path is `flow`, switches are `phases`.
+"""
+
+from __future__ import annotations
+
+from evolving_infra.node_agent.engine import IterationKind, StepOutput
+from evolving_infra.router.fitting import UsageCounts
+from evolving_infra.sim import flow, phases
+from evolving_infra.sim.kernel import Command, Event, Priority
+from evolving_infra.sim.spans import account_busy
+from evolving_infra.sim.state import ClusterState, absorb, kick, wake_at
+from evolving_infra.sim.views import engine_report
+
+
+def on_step(state: ClusterState, event: Event) -> list[Command]:
+    node = state.nodes[event.payload]
+    node.step_at = None
+    engine = node.engine
+    if engine is None or node.iterating:
+        return []
+    now = event.time
+    state.stats.events += 1
+    engine_report(node, now)
+    out = engine.step(now)
+    commands: list[Command] = flow.start_fetches(state, node, out.fetches_started, now)
+    for started in out.prefills_started:
+        commands += flow.on_prefill_started(state, node, started, now)
+    if out.kind is IterationKind.IDLE:
+        absorb(state, node.id, out.events)
+        if out.switch_completed is not None:
+            commands += phases.on_switch_completed(state, node, now)
+        if out.wake_at is not None and node.step_at is None:
+            commands += wake_at(state, node, max(out.wake_at, now))
+        return commands
+    node.iterating = True
+    account_busy(state, node, now, out.duration)
+    end = Event(out.end, Priority.COMPLETION, lambda e: on_iteration_end(state, e), label=f"end {node.id}",
+                payload=(node.id, engine, out))
+    return [*commands, end]
+
+
+def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:
+    node_id, engine, out = event.payload
+    node = state.nodes[node_id]
+    if node.engine is not engine:
+        return []  # the node was relaunched while this iteration ran
+    assert isinstance(out, StepOutput)
+    now = event.time
+    node.iterating = False
+    absorb(state, node.id, out.events)
+    record = out.record
+    if record is not None:
+        if node.fitter is not None and not node.fitter.frozen and record.duration > 0:
+            node.fitter.observe(record)
+        if record.prefill:
+            node.usage = node.usage + UsageCounts.of_iteration(record.prefill)
+    commands: list[Command] = []
+    for finished in out.prefills_finished:
+        commands += flow.on_prefill_finished(state, node, finished, now)
+    for done in out.decodes_finished:
+        commands += flow.on_decode_finished(state, node, done, now)
+    if out.switch_completed is not None:
+        commands += phases.on_switch_completed(state, node, now)
+    return commands + kick(state, node, now)
