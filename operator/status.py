@@ -1,10 +1,11 @@
 """The AgentServingCluster status: what the system decided and observed, never written by people or GitOps.
 
 Two writers, each with its own field manager and its own fields:
-- the router (`evolving-infra-router`) writes `targetSplit` (with the planner's decision behind it),
-  `fittedModels`, and the `Adapting` and `RouterReady` conditions;
+- the router (`evolving-infra-router`) writes `targetSplit` (with the planner's decision behind it) and
+  `fittedModels`;
 - the operator (`evolving-infra-operator`) writes everything else: `split`, `prefill`, `decode`,
-  `readyNodes`, `adapting`, `nodes`, `observedGeneration` and the other conditions.
+  `readyNodes`, `adapting`, `nodes`, `observedGeneration` and all conditions (it carries out the switches
+  behind `Adapting` and watches the router Deployment behind `RouterReady`).
 `conditions`, `nodes` and `fittedModels` are map-lists keyed by type, name and node, so server-side apply
 merges the two writers entry by entry. Fast-changing numbers (queues, KV occupancy, branch counts) are
 metrics, not status.

@@ -4,7 +4,10 @@
   check the generated files of a checkout;
 - `operator validate FILE...`: parse each AgentServingCluster in the files as the operator will (schema,
   rules, and the checks that need the hardware profiles); exit 2 naming each problem;
-- `operator render FILE [--image IMAGE]`: print the child objects the operator would create for it.
+- `operator render FILE [--image IMAGE]`: print the child objects the operator would create for it;
+- `operator run [--all-namespaces | --namespace NS ...] [--liveness URL] [--verbose]`: run the operator
+  (kopf) with in-cluster credentials or the kubeconfig; operator-wide settings come from
+  `EVOLVING_OPERATOR_*` environment variables (`evolving_infra.operator.settings`).
 
 Boundary: argument parsing and terminal output; the work is in `evolving_infra.operator`.
 """
@@ -47,6 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     render.add_argument("--image", default="evolving-infra:latest", help="image used where the spec sets none")
     render.add_argument("--namespace", default="default", help="namespace if the object names none")
     render.set_defaults(handler=_render)
+
+    run = actions.add_parser("run", help="run the operator against the cluster of the kubeconfig or the pod's service account")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch clusters in every namespace (the default)")
+    scope.add_argument(
+        "--namespace", "-n", action="append", metavar="NS", help="watch clusters in this namespace only (repeatable; globs allowed)"
+    )
+    run.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig to use instead of the service account or KUBECONFIG")
+    run.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
+    run.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
+    run.set_defaults(handler=_run)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -113,4 +128,31 @@ def _render(args: argparse.Namespace) -> int:
     cluster = meta.ClusterRef(md["name"], md.get("namespace") or args.namespace, md.get("uid") or "00000000-0000-0000-0000-000000000000")
     ctx = BuildContext(cluster, spec, resolve_profile(spec, builtin_profile_table()), args.image)
     sys.stdout.write(yaml.safe_dump_all(build_children(ctx), sort_keys=False))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from evolving_infra.operator.kube import NoCredentials
+    from evolving_infra.operator.runner import run_operator
+    from evolving_infra.operator.settings import OperatorSettings
+
+    if args.liveness and not args.liveness.startswith(("http://", "https://")):
+        raise CliError(f"--liveness must be an http(s) URL such as http://0.0.0.0:8080/healthz, got {args.liveness!r}", USAGE_ERROR)
+    try:
+        settings = OperatorSettings()
+    except ValidationError as exc:
+        raise CliError(f"invalid EVOLVING_OPERATOR_* settings: {exc}", USAGE_ERROR) from exc
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        run_operator(
+            settings, namespaces=tuple(args.namespace or ()), liveness=args.liveness, kubeconfig=args.kubeconfig, context=args.context
+        )
+    except NoCredentials as exc:
+        raise CliError(str(exc)) from exc
+    except KeyboardInterrupt:
+        return 130
     return 0

@@ -1,0 +1,160 @@
+"""The operator's client of the node agents' gRPC API: `SwitchPhase` and `GetState`, with deadlines.
+
+Protobuf stays here: callers get `SwitchResult` and `AgentState` dataclasses with the core's enums, or one
+of two errors that say what happens next:
+- `AgentUnavailable` (UNAVAILABLE, DEADLINE_EXCEEDED, connection refused, ...): temporary, retry later;
+- `AgentRejected` (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): this request will never succeed as is.
+
+Calls run the blocking stubs in a worker thread (the deadlines are enforced by gRPC on the wall clock),
+one channel per address, reused.
+
+Boundary: transport and conversion; what to switch and when is decided in `switching`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from evolving_infra.core.types import NodeMode, Phase
+from evolving_infra.node_agent.api.convert import mode_from_proto, phase_from_proto, phase_to_proto, switch_state_from_proto
+from evolving_infra.node_agent.engine.outputs import SwitchState
+from evolving_infra.node_agent.transfer.channels import PeerChannels
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+
+TEMPORARY_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchResult:
+    """What a node reported after a `SwitchPhase`."""
+
+    phase: Phase
+    generation: int
+    drain_seconds: float
+    switch_seconds: float
+    handed_back: int
+    already_serving: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """The part of a node's `GetState` the operator records."""
+
+    node: str
+    mode: NodeMode
+    switch_state: SwitchState
+    generation: int
+
+    @property
+    def phase(self) -> Phase | None:
+        """The phase served, or None while collocated (warmup)."""
+        return {NodeMode.PREFILL: Phase.PREFILL, NodeMode.DECODE: Phase.DECODE}.get(self.mode)
+
+
+class AgentError(Exception):
+    """A node agent call failed; `address` and the gRPC status name say where and why."""
+
+    def __init__(self, address: str, code: str, detail: str) -> None:
+        super().__init__(f"node agent {address}: {code}: {detail}")
+        self.address = address
+        self.code = code
+        self.detail = detail
+
+
+class AgentUnavailable(AgentError):
+    """Temporary: the agent did not answer in time or could not be reached."""
+
+
+class AgentRejected(AgentError):
+    """Permanent for this request: the agent refused it (e.g. a stale switch generation)."""
+
+
+class NodeAgentClient(Protocol):
+    """What the operator needs from node agents (tests may substitute their own)."""
+
+    async def switch_phase(self, address: str, target: Phase, generation: int) -> SwitchResult: ...
+
+    async def get_state(self, address: str) -> AgentState: ...
+
+    def close(self) -> None: ...
+
+
+def _error(address: str, exc: grpc.RpcError) -> AgentError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    detail = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    cls = AgentUnavailable if code in TEMPORARY_CODES else AgentRejected
+    return cls(address, code.name if code is not None else "UNKNOWN", detail)
+
+
+class GrpcNodeAgentClient:
+    """`NodeAgentClient` over gRPC with per-call deadlines (seconds)."""
+
+    def __init__(self, switch_deadline: float, state_deadline: float) -> None:
+        self._channels = PeerChannels()
+        self.switch_deadline = switch_deadline
+        self.state_deadline = state_deadline
+
+    def _switch(self, address: str, target: Phase, generation: int) -> SwitchResult:
+        request = pb.SwitchPhaseRequest(target=phase_to_proto(target), generation=generation)
+        try:
+            reply = self._channels.stub(address).SwitchPhase(request, timeout=self.switch_deadline)
+        except grpc.RpcError as exc:
+            raise _error(address, exc) from None
+        try:
+            phase = phase_from_proto(reply.phase)
+        except ValueError as exc:
+            raise AgentRejected(address, "BAD_REPLY", str(exc)) from None
+        if phase is not target:
+            raise AgentRejected(address, "BAD_REPLY", f"asked for {target.value}, the node reports {phase.value}")
+        return SwitchResult(
+            phase=phase,
+            generation=int(reply.generation),
+            drain_seconds=float(reply.drain_seconds),
+            switch_seconds=float(reply.switch_seconds),
+            handed_back=len(reply.handed_back),
+            already_serving=bool(reply.already_serving),
+        )
+
+    def _state(self, address: str) -> AgentState:
+        try:
+            reply = self._channels.stub(address).GetState(pb.GetStateRequest(), timeout=self.state_deadline)
+        except grpc.RpcError as exc:
+            raise _error(address, exc) from None
+        try:
+            return AgentState(
+                node=reply.node,
+                mode=mode_from_proto(reply.mode),
+                switch_state=switch_state_from_proto(reply.switch_state),
+                generation=int(reply.generation),
+            )
+        except ValueError as exc:
+            raise AgentRejected(address, "BAD_REPLY", str(exc)) from None
+
+    async def switch_phase(self, address: str, target: Phase, generation: int) -> SwitchResult:
+        try:
+            return await asyncio.to_thread(self._switch, address, target, generation)
+        except ValueError as exc:  # a malformed address
+            raise AgentRejected(address, "BAD_ADDRESS", str(exc)) from None
+
+    async def get_state(self, address: str) -> AgentState:
+        try:
+            return await asyncio.to_thread(self._state, address)
+        except ValueError as exc:
+            raise AgentRejected(address, "BAD_ADDRESS", str(exc)) from None
+
+    def close(self) -> None:
+        self._channels.close()

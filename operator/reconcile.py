@@ -1,0 +1,249 @@
+"""Reconciling one AgentServingCluster: validate, claim nodes, apply children, track node agents, write status.
+
+`reconcile(rt, namespace, name)` is what every trigger runs (create, resume, spec update, the periodic
+resync): it reads the object afresh, and
+1. parses and checks the spec (schema rules, then the checks that need the hardware profiles); a spec
+   that fails sets `Invalid` and creates nothing — every check runs before the first write;
+2. works out the partition claims of all clusters over the nodes' labels, and keeps this cluster's node
+   agents off nodes an earlier cluster claimed;
+3. applies the children (only what is missing or changed; see `children`);
+4. tracks the node agents (pods, addresses, `GetState`) and the router's availability into status.
+Status is written (server-side apply, the operator's field manager, `/status` only) only when the
+operator's part of it changed. The operator never writes `spec`.
+
+All work on one cluster holds that cluster's lock, so a resync never interleaves with a phase switch.
+
+Boundary: the imperative shell around the pure builders, claims, node tracking and status summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from evolving_infra.node_agent.profile import HardwareProfile
+from evolving_infra.operator import kube, meta, nodes, summary
+from evolving_infra.operator.agents import AgentError, AgentState, NodeAgentClient
+from evolving_infra.operator.builders import BuildContext, build_children
+from evolving_infra.operator.children import ApplyResult, apply_children
+from evolving_infra.operator.kube import KubeApi, KubeError
+from evolving_infra.operator.partitions import ClusterSelection, NodeLabels, PartitionClaim, claim_nodes
+from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
+from evolving_infra.operator.settings import OperatorSettings
+from evolving_infra.operator.spec import AgentServingClusterSpec, NodeSelector
+from evolving_infra.operator.status import AgentServingClusterStatus, NodeStatus
+from evolving_infra.operator.summary import Problem
+
+log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    def __call__(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None: ...
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _no_events(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    log.info("event %s %s: %s", type, reason, message)
+
+
+@dataclass
+class Runtime:
+    """What handlers share: the API, the node agent client, settings, a clock, an event sink, per-cluster locks."""
+
+    api: KubeApi
+    agents: NodeAgentClient
+    settings: OperatorSettings
+    profiles: Mapping[str, HardwareProfile] | None = None
+    clock: Callable[[], datetime] = utc_now
+    events: EventSink = _no_events
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+    def profile_table(self) -> Mapping[str, HardwareProfile]:
+        return builtin_profile_table() if self.profiles is None else self.profiles
+
+    def close(self) -> None:
+        self.agents.close()
+        self.api.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    cluster: meta.ClusterRef
+    spec: AgentServingClusterSpec | None
+    problems: tuple[str, ...]
+
+
+def parse(body: Mapping[str, Any], profiles: Mapping[str, HardwareProfile]) -> Parsed:
+    """The cluster's identity, its spec and every problem that prevents applying it."""
+    cluster = meta.ClusterRef.from_object(body)
+    problems: list[str] = []
+    if not meta.cluster_name_ok(cluster.name):
+        problems.append(meta.NAME_RULE_MESSAGE + f" (got {cluster.name!r})")
+    try:
+        spec = AgentServingClusterSpec.from_kube(body.get("spec") or {})
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(["spec", *(str(p) for p in err["loc"])])
+            problems.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        return Parsed(cluster, None, tuple(problems))
+    problems.extend(f"spec: {p}" for p in validate_spec_semantics(spec, profiles))
+    return Parsed(cluster, spec, tuple(problems))
+
+
+def parse_status(body: Mapping[str, Any]) -> AgentServingClusterStatus:
+    """The object's status; an unreadable one counts as empty (the operator rewrites its own part)."""
+    try:
+        return AgentServingClusterStatus.from_kube(body.get("status") or {})
+    except ValidationError as exc:
+        log.warning("status of %s is unreadable, rebuilding the operator's part: %s", (body.get("metadata") or {}).get("name"), exc)
+        return AgentServingClusterStatus()
+
+
+def _selection(obj: Mapping[str, Any]) -> ClusterSelection | None:
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    try:
+        selector = NodeSelector.from_kube(spec.get("nodeSelector") or {})
+        created = datetime.fromisoformat(str(md.get("creationTimestamp")).replace("Z", "+00:00"))
+        return ClusterSelection(str(md["namespace"]), str(md["name"]), created, selector, int(spec["nodeCount"]))
+    except (ValidationError, ValueError, KeyError, TypeError):
+        return None  # an invalid cluster claims nothing
+
+
+async def claim(rt: Runtime, cluster: meta.ClusterRef) -> PartitionClaim | None:
+    """This cluster's claim among all clusters, or None where the operator may not list nodes or clusters."""
+    try:
+        others = await rt.api.list(kube.CLUSTER)
+        node_objs = await rt.api.list(kube.NODE)
+    except KubeError as exc:
+        if exc.forbidden:
+            log.info("partition claims skipped for %s/%s: %s", cluster.namespace, cluster.name, exc)
+            return None
+        raise
+    selections = [s for s in (_selection(o) for o in others if not (o.get("metadata") or {}).get("deletionTimestamp")) if s]
+    labelled = [NodeLabels(str(n["metadata"]["name"]), (n["metadata"].get("labels") or {})) for n in node_objs]
+    return claim_nodes(selections, labelled).get((cluster.namespace, cluster.name))
+
+
+def claim_problems(claim_: PartitionClaim | None) -> list[Problem]:
+    if claim_ is None or claim_.ok:
+        return []
+    reason = "PartitionConflict" if claim_.conflicts else "NodeCountMismatch"
+    return [Problem(reason, "; ".join(claim_.problems()))]
+
+
+async def observe_nodes(
+    rt: Runtime, cluster: meta.ClusterRef, spec: AgentServingClusterSpec, previous: list[NodeStatus] | None, allowed: frozenset[str] | None
+) -> list[NodeStatus]:
+    """Node agents of the cluster as they are now (pods, then each agent's own state)."""
+    pods = await rt.api.list(kube.POD, cluster.namespace, meta.selector_labels(cluster, meta.Component.NODE_AGENT))
+    by_node = nodes.pods_by_node(pods, rt.settings.node_agent_port, allowed)
+    gate = asyncio.Semaphore(rt.settings.agent_concurrency)
+
+    async def ask(pod: nodes.AgentPod) -> AgentState | AgentError:
+        if pod.address is None:
+            return AgentError(pod.pod, "NO_ADDRESS", "the pod has no IP yet")
+        async with gate:
+            try:
+                return await rt.agents.get_state(pod.address)
+            except AgentError as exc:
+                return exc
+
+    names = sorted(by_node)
+    answers = await asyncio.gather(*(ask(by_node[n]) for n in names))
+    return nodes.track(by_node, previous, dict(zip(names, answers, strict=True)), spec.initial_split)
+
+
+async def router_ready(rt: Runtime, cluster: meta.ClusterRef) -> bool:
+    deployment = await rt.api.get(kube.DEPLOYMENT, cluster.namespace, cluster.child_name("router"))
+    return bool(deployment and ((deployment.get("status") or {}).get("availableReplicas") or 0) >= 1)
+
+
+async def write_status(rt: Runtime, body: Mapping[str, Any], before: AgentServingClusterStatus, after: AgentServingClusterStatus) -> bool:
+    """Apply the operator's part of `after` to /status if it differs from `before`; whether it wrote."""
+    if summary.same_owned(before, after):
+        return False
+    md = body.get("metadata") or {}
+    patch = {
+        "apiVersion": meta.API_VERSION,
+        "kind": meta.KIND,
+        "metadata": {"name": md["name"], "namespace": md["namespace"]},
+        "status": summary.owned(after),
+    }
+    await rt.api.apply(patch, subresource="status")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one reconcile did (for logs and tests)."""
+
+    valid: bool
+    children: ApplyResult | None = None
+    status_written: bool = False
+    problems: tuple[str, ...] = ()
+
+
+async def fetch(rt: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
+    return await rt.api.get(kube.CLUSTER, namespace, name)
+
+
+async def reconcile(rt: Runtime, namespace: str, name: str) -> Outcome | None:
+    """Bring one cluster's children and status in line with its spec; None when it is gone or going."""
+    async with rt.lock(namespace, name):
+        body = await fetch(rt, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        return await _reconcile_locked(rt, body)
+
+
+async def _reconcile_locked(rt: Runtime, body: dict[str, Any]) -> Outcome:
+    generation = (body.get("metadata") or {}).get("generation")
+    before = parse_status(body)
+    parsed = parse(body, rt.profile_table())
+    if parsed.spec is None or parsed.problems:
+        after = summary.invalid(before, parsed.problems, rt.clock(), generation)
+        written = await write_status(rt, body, before, after)
+        return Outcome(valid=False, status_written=written, problems=parsed.problems)
+    cluster, spec = parsed.cluster, parsed.spec
+    claim_ = await claim(rt, cluster)
+    # Node agents run on the claimed nodes only: not on nodes an earlier cluster holds, nor on the surplus.
+    excluded = tuple(sorted({c.node for c in claim_.conflicts} | set(claim_.surplus))) if claim_ is not None else ()
+    ctx = BuildContext(
+        cluster,
+        spec,
+        resolve_profile(spec, rt.profile_table()),
+        rt.settings.default_image,
+        operator_namespace=rt.settings.namespace,
+        excluded_nodes=excluded,
+    )
+    applied = await apply_children(rt.api, cluster, build_children(ctx))
+    problems = claim_problems(claim_)
+    if applied.conflicts:
+        problems.append(Problem("ChildConflict", "; ".join(applied.conflicts)))
+    allowed = frozenset(claim_.nodes) if claim_ is not None else None
+    tracked = await observe_nodes(rt, cluster, spec, before.nodes, allowed)
+    expected = len(claim_.nodes) if claim_ is not None else spec.node_count
+    after = summary.summarize(
+        before,
+        tracked=tracked,
+        expected_nodes=expected,
+        router_ready=await router_ready(rt, cluster),
+        problems=problems,
+        now=rt.clock(),
+        generation=generation,
+    )
+    written = await write_status(rt, body, before, after)
+    return Outcome(valid=True, children=applied, status_written=written, problems=tuple(p.message for p in problems))

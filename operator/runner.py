@@ -1,0 +1,66 @@
+"""Running the operator: credentials, the runtime, kopf's settings and registry, and kopf itself.
+
+`run_operator(...)` is what `evolving-infra operator run` calls; tests call `operator_task(...)` with
+their own API client (pointing at an emulator) and node agent client.
+
+Boundary: process wiring; no decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import kopf
+from kubernetes import client as kclient
+
+from evolving_infra.operator.agents import GrpcNodeAgentClient, NodeAgentClient
+from evolving_infra.operator.handlers import build_registry, kopf_event_sink, kopf_settings
+from evolving_infra.operator.kube import KubeApi, load_client
+from evolving_infra.operator.reconcile import Runtime
+from evolving_infra.operator.settings import OperatorSettings
+
+
+def make_runtime(api_client: kclient.ApiClient, settings: OperatorSettings, agents: NodeAgentClient | None = None) -> Runtime:
+    """A runtime whose events go through kopf and whose agents are reached over gRPC unless given."""
+    client = agents or GrpcNodeAgentClient(settings.switch_deadline_seconds, settings.state_deadline_seconds)
+    return Runtime(api=KubeApi(api_client), agents=client, settings=settings, events=kopf_event_sink)
+
+
+async def operator_task(
+    rt: Runtime,
+    api_client: kclient.ApiClient,
+    *,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run kopf with our handlers until `stop_flag` is set (or forever); cluster-wide without namespaces."""
+    await kopf.operator(
+        registry=build_registry(rt, api_client.configuration),
+        settings=kopf_settings(),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_operator(
+    settings: OperatorSettings,
+    *,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> None:
+    """Find credentials (raises `kube.NoCredentials` with what to do), then run until interrupted."""
+    api_client = load_client(kubeconfig, context)
+    rt = make_runtime(api_client, settings)
+    try:
+        asyncio.run(operator_task(rt, api_client, namespaces=namespaces, liveness=liveness))
+    finally:
+        rt.close()
