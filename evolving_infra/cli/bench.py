@@ -8,7 +8,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES: tuple[str, ...] = ("evolving_infra.cli.bench_directory", "evolving_infra.cli.bench_transfer")
+BENCH_MODULES: tuple[str, ...] = (
+    "evolving_infra.cli.bench_directory",
+    "evolving_infra.cli.bench_transfer",
+    "evolving_infra.cli.bench_engine",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

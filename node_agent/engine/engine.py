@@ -1,0 +1,338 @@
+"""The symmetric engine core: one scheduling loop that serves prefill, decode, or both (collocated).
+
+Contract: the core is pure. Time is passed in (`now`, seconds, never decreasing), there is no I/O, no
+thread and no global random state. Every call returns what it changed (`Effects`, `SwitchBegun`,
+`StepOutput`); the driver carries those out and reports back (`fetch_completed`, `submit_decode` after a
+transfer). The simulator (virtual time) and the node agent service (wall clock) drive the same object.
+
+`step(now)` runs one iteration, or reports idle:
+1. admission at `now`, first come first served per tier (decode queue, then the prefill queue: host
+   admission and fetch starts, finished loads, GPU admission; see `prefill` and `decode`);
+2. the iteration kind: prefill if a prefill is runnable, decode if a decode runs. A collocated node with
+   both alternates (after a prefill iteration a decode iteration, and the reverse), so neither starves;
+3. the iteration's duration from the profile (eq. 1 for a prefill batch plus any HiCache load stall,
+   eq. 2 for a decode batch), times seeded log-normal noise when `noise > 0`; its results (pages written,
+   tokens, finished requests) are applied at once and stamped `now + duration`; the next `step` must
+   come at or after that time (`EngineBusy` otherwise).
+
+Invariant: each tier's pages add up (free + cached + pinned + in_use == capacity); every pin, in-use
+slot and fetch belongs to a request the engine holds; an admitted request holds exactly its footprint
+(pinned + loading + reserved L1 slots); checked by `check_invariants()` and, with
+`check_invariants=True`, after every operation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+
+from evolving_infra.core.eviction import HostEvictionPolicy
+from evolving_infra.core.itermodel import IterationRecord, decode_iteration_time, prefill_iteration_time
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
+from evolving_infra.node_agent.engine.decode import DecodeScheduler
+from evolving_infra.node_agent.engine.errors import (
+    DuplicateRequest,
+    EngineBusy,
+    PoolInvariantError,
+    RequestTooLarge,
+    TimeWentBackwards,
+    UnknownRequest,
+)
+from evolving_infra.node_agent.engine.kvpool import KvPool
+from evolving_infra.node_agent.engine.outputs import (
+    DataPlane,
+    DecodeFinished,
+    Effects,
+    EngineGauges,
+    FetchStarted,
+    IterationKind,
+    PrefillFinished,
+    StepOutput,
+    SwitchBegun,
+    SwitchReport,
+    SwitchState,
+)
+from evolving_infra.node_agent.engine.prefill import PrefillScheduler
+from evolving_infra.node_agent.engine.requests import DecodeRequest, PrefillRequest, pages_needed, validate_pages
+from evolving_infra.node_agent.engine.switch import PhaseSwitch, serves
+from evolving_infra.node_agent.profile import HardwareProfile
+
+_TIME_EPS = 1e-9
+
+
+class EngineCore:
+    """One node's engine core (contract and invariant in the module docstring)."""
+
+    def __init__(
+        self,
+        node: NodeId,
+        profile: HardwareProfile,
+        mode: NodeMode,
+        eviction: HostEvictionPolicy,
+        data_plane: DataPlane = DataPlane.ASYNC_FETCH,
+        noise: float = 0.0,
+        rng: random.Random | None = None,
+        check_invariants: bool = False,
+    ) -> None:
+        if not noise >= 0:
+            raise ValueError(f"noise must be >= 0 (relative standard deviation), got {noise}")
+        if noise > 0 and rng is None:
+            raise ValueError("noise > 0 needs a seeded random.Random passed as rng")
+        self.node = node
+        self.profile = profile
+        self.data_plane = data_plane
+        self.noise = noise
+        self.rng = rng
+        self.check = check_invariants
+        self.pool = KvPool(node, profile.l1_pages, profile.l2_pages, eviction, check=check_invariants)
+        self._prefill = PrefillScheduler(node, profile, self.pool, data_plane)
+        self._decode = DecodeScheduler(node, profile, self.pool)
+        self._switch = PhaseSwitch(node, mode)
+        self._prefill_coef = profile.prefill.coefficients()
+        self._decode_coef = profile.decode.coefficients()
+        self._now = -math.inf
+        self._busy_until = -math.inf
+        self._last_kind = IterationKind.IDLE
+        self._known: set[str] = set()
+
+    # --- state ---------------------------------------------------------------------------------------
+    @property
+    def mode(self) -> NodeMode:
+        return self._switch.mode
+
+    @property
+    def switch_state(self) -> SwitchState:
+        return self._switch.state
+
+    @property
+    def last_switch(self) -> SwitchReport | None:
+        return self._switch.last
+
+    @property
+    def busy_until(self) -> float:
+        return self._busy_until
+
+    def resident(self, tier: Tier) -> frozenset[PageHash]:
+        """Pages resident (complete) in `tier`."""
+        return self.pool.tier(tier).resident()
+
+    def gauges(self) -> EngineGauges:
+        running = len(self._prefill.running())
+        return EngineGauges(
+            mode=self.mode,
+            switch_state=self.switch_state,
+            pool=self.pool.gauges(),
+            prefill_queued=len(self._prefill.jobs) - running,
+            prefill_waiting=self._prefill.waiting(),
+            prefill_running=running,
+            decode_queued=self._decode.queued(),
+            decode_running=len(self._decode.running()),
+        )
+
+    # --- inputs --------------------------------------------------------------------------------------
+    def submit_prefill(self, req: PrefillRequest, now: float) -> Effects:
+        """Queue a prefill; its fetch starts at once if host memory has room (see `Effects.fetches`)."""
+        self._tick(now)
+        self._switch.check_accepts(Phase.PREFILL)
+        self._check_new(req.request)
+        validate_pages(req, self.profile.page_tokens)
+        local = self._switch.local_decode_ok()
+        self._check_fits(req.request, req.prompt_tokens + (req.output_tokens if local else 0))
+        self._prefill.submit(req)
+        self._known.add(req.request)
+        return self._effects(now)
+
+    def submit_decode(self, req: DecodeRequest, now: float) -> Effects:
+        """Accept a request whose prompt KV was transferred here; it joins the batch when its pages fit."""
+        self._tick(now)
+        self._switch.check_accepts(Phase.DECODE)
+        self._check_new(req.request)
+        validate_pages(req, self.profile.page_tokens)
+        self._check_fits(req.request, req.prompt_tokens + req.output_tokens)
+        self._decode.submit(req)
+        self._known.add(req.request)
+        return self._effects(now)
+
+    def fetch_completed(self, request: str, now: float) -> Effects:
+        """Every fetch run of `request` has landed. `applied` is False if the engine no longer waits
+        for it (the request was handed back, or its HiCache prefill already absorbed the fetch)."""
+        self._tick(now)
+        if request not in self._known:
+            raise UnknownRequest(f"node {self.node}: fetch_completed for request {request!r}, never submitted here")
+        if not self._prefill.fetch_completed(request, now):
+            return Effects(self.pool.drain_events(), (), applied=False)
+        return self._effects(now)
+
+    def set_counts(self, updates: Mapping[PageHash, int]) -> None:
+        """Branch counts of this node's host pages, pushed by the directory (0 = no active branch)."""
+        self.pool.set_counts(updates)
+
+    def evict(self, tier: Tier, pages: int, now: float) -> Effects:
+        """Evict up to `pages` unpinned pages of `tier` now (L1 pages are written back to L2 first)."""
+        self._tick(now)
+        if pages < 0:
+            raise ValueError(f"pages to evict must be >= 0, got {pages}")
+        self.pool.evict(tier, pages, now)
+        return self._effects(now)
+
+    def begin_switch(self, target: Phase, now: float) -> SwitchBegun:
+        """Start switching to serve `target`: queued work of the old phase is handed back, running work
+        finishes in place; the switch completes at once if nothing of the old phase runs."""
+        self._tick(now)
+        new = self._switch.begin(target, now)
+        handed: list[PrefillRequest | DecodeRequest] = []
+        if not serves(new, Phase.PREFILL):
+            handed.extend(self._prefill.hand_back(now))
+        if not serves(new, Phase.DECODE):
+            handed.extend(self._decode.hand_back(now))
+        self._switch.handed_back = len(handed)
+        completed = self._maybe_complete_switch(now)
+        self._after()
+        return SwitchBegun(tuple(handed), self.pool.drain_events(), completed)
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def step(self, now: float) -> StepOutput:
+        """Run one iteration starting at `now`, or report idle (see the module docstring)."""
+        self._tick(now)
+        if now + _TIME_EPS < self._busy_until:
+            raise EngineBusy(f"node {self.node}: step at {now} before the iteration ending at {self._busy_until}")
+        fetches = self._admit(now)
+        kind = self._choose()
+        started: tuple = ()
+        finished: list[PrefillFinished] = []
+        decodes_done: list[DecodeFinished] = []
+        tokens: dict[str, int] = {}
+        record: IterationRecord | None = None
+        duration = stall = 0.0
+        if kind is IterationKind.PREFILL:
+            plan = self._prefill.plan(now, self._switch.local_decode_ok())
+            if plan.chunks:
+                stall = plan.stall
+                duration = self._noisy(prefill_iteration_time(self._prefill_coef, plan.items)) + stall
+                end = now + duration
+                for job, done in self._prefill.apply(plan, end):
+                    finished.append(done)
+                    if done.local_decode:
+                        self._decode.adopt(job.req)
+                        if job.req.output_tokens == 0:
+                            decodes_done.append(self._decode.finish_empty(job.rid, end))
+                started = tuple(plan.started)
+                record = IterationRecord(self.node, Phase.PREFILL, now, duration, tuple(plan.items), 0)
+            else:
+                kind = IterationKind.DECODE if self._decode.has_running() else IterationKind.IDLE
+        if kind is IterationKind.DECODE:
+            batch = len(self._decode.running())
+            duration = self._noisy(decode_iteration_time(self._decode_coef, batch))
+            tokens, decodes_done = self._decode.apply(now + duration)
+            record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch)
+        end = now + duration
+        if kind is not IterationKind.IDLE:
+            self._busy_until = end
+            self._last_kind = kind
+        switched = self._maybe_complete_switch(end)
+        self._after()
+        return StepOutput(
+            now=now,
+            kind=kind,
+            duration=duration,
+            record=record,
+            events=self.pool.drain_events(),
+            fetches_started=tuple(fetches),
+            prefills_started=started,
+            prefills_finished=tuple(finished),
+            decode_tokens=tokens,
+            decodes_finished=tuple(decodes_done),
+            load_stall=stall,
+            switch_completed=switched,
+            wake_at=self._prefill.wake_at() if kind is IterationKind.IDLE else None,
+            gauges=self.gauges(),
+        )
+
+    def _choose(self) -> IterationKind:
+        prefill, decode = self._prefill.has_runnable(), self._decode.has_running()
+        if prefill and decode:
+            return IterationKind.DECODE if self._last_kind is IterationKind.PREFILL else IterationKind.PREFILL
+        if prefill:
+            return IterationKind.PREFILL
+        return IterationKind.DECODE if decode else IterationKind.IDLE
+
+    def _noisy(self, seconds: float) -> float:
+        if self.noise <= 0 or self.rng is None:
+            return seconds
+        return seconds * math.exp(self.rng.gauss(0.0, self.noise) - self.noise**2 / 2)
+
+    # --- helpers -------------------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        if not math.isfinite(now):
+            raise ValueError(f"node {self.node}: time must be a finite number of seconds, got {now}")
+        if now + _TIME_EPS < self._now:
+            raise TimeWentBackwards(f"node {self.node}: time {now} is earlier than {self._now}, passed before")
+        self._now = max(self._now, now)
+
+    def _check_new(self, request: str) -> None:
+        if request in self._prefill.jobs or request in self._decode.jobs:
+            raise DuplicateRequest(f"node {self.node} already holds request {request!r}")
+
+    def _check_fits(self, request: str, tokens: int) -> None:
+        need = pages_needed(tokens, self.profile.page_tokens)
+        if need > self.pool.l1.capacity:
+            raise RequestTooLarge(
+                f"request {request!r} needs {need} GPU pages ({tokens} tokens) but node {self.node} "
+                f"has {self.pool.l1.capacity} in all"
+            )
+
+    def _admit(self, now: float) -> list[FetchStarted]:
+        self._decode.admit(now)
+        return self._prefill.admit(now, self._switch.local_decode_ok())
+
+    def _effects(self, now: float) -> Effects:
+        fetches = self._admit(now)
+        self._after()
+        return Effects(self.pool.drain_events(), tuple(fetches))
+
+    def _old_work_left(self) -> bool:
+        old = self._switch.old_phases()
+        if Phase.PREFILL in old and self._prefill.jobs:
+            return True
+        if Phase.DECODE in old:
+            if self._decode.jobs or any(j.local_decode for j in self._prefill.running()):
+                return True
+        return False
+
+    def _maybe_complete_switch(self, now: float) -> SwitchReport | None:
+        if not self._switch.draining or self._old_work_left():
+            return None
+        self.pool.release_l1(now)
+        return self._switch.complete(now)
+
+    def _after(self) -> None:
+        if self.check:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Raise `PoolInvariantError` naming the first rule that does not hold."""
+        self.pool.check_invariants()
+        live = set(self._prefill.jobs) | set(self._decode.jobs)
+        for pool in (self.pool.l1, self.pool.l2):
+            stray = pool.owners() - live
+            if stray:
+                raise PoolInvariantError(f"{pool.tier.value}: pins or slots held by requests not on the node: {stray}")
+        pt = self.profile.page_tokens
+        l1 = self.pool.l1
+        footprints: list[tuple[str, int]] = [
+            (j.rid, pages_needed(j.req.prompt_tokens + (j.req.output_tokens if j.footprint_output else 0), pt))
+            for j in self._prefill.jobs.values()
+            if j.gpu_admitted
+        ]
+        footprints += [
+            (j.rid, pages_needed(j.prompt_tokens + j.output_tokens, pt)) for j in self._decode.running()
+        ]
+        for rid, want in footprints:
+            held = len(l1.pinned_by(rid)) + len(l1.writes_of(rid)) + l1.reserved_by(rid)
+            if held != want:
+                raise PoolInvariantError(f"gpu: request {rid!r} holds {held} page slots, its footprint is {want}")
+        for rid in set(self._decode.jobs) - {j.rid for j in self._decode.running()}:
+            if rid in l1.owners():
+                raise PoolInvariantError(f"gpu: queued decode request {rid!r} holds pages before admission")

@@ -1,0 +1,333 @@
+"""The prefill side of the engine core: the prefill queue, host/GPU admission, peer fetches, loads and
+chunked prefill iterations.
+
+A queued prefill request moves through stages (see `PrefillStage`):
+WAIT_HOST -> (FETCHING) -> WAIT_GPU -> (LOADING) -> READY -> RUNNING -> finished, with ASYNC_FETCH; with
+HICACHE_LOADBACK it is READY right after host admission (its fetch may still run) and does its GPU
+admission, the landing of its fetch and the load of its prefix when its first chunk is scheduled.
+
+- **Host admission** pins the request's reusable prefix in L2 (pages in L2 up to the first page that is
+  neither local nor in the fetch plan) and takes in-use L2 slots for the pages to fetch, all at once or
+  not at all. Planned pages that are already local, being fetched by another request, or past that
+  first gap, are not fetched.
+- Both admissions are first come, first served: a request that does not fit holds up the admissions
+  behind it (no starvation of large requests), while a request waiting for a fetch or a load never does.
+- **GPU admission** takes the whole L1 footprint at once or not at all: pins on the prefix pages in L1,
+  in-use slots for the prefix pages to load from L2 (restored tokens, charged to eq. 1's c3 once), and
+  reserved slots for every page the request will write (uncached prompt pages, the partial last page
+  and, when it decodes here, its output pages). A request whose footprint is taken always runs to the
+  end, so admission can wait but never deadlocks. The prefix stops one token short of the prompt, so a
+  prefill always computes at least one token.
+- **Chunked prefill**: a budget of `chunk_tokens` per iteration, filled with running requests first and
+  then ready ones, each in arrival order; a request waiting for a fetch or a load never blocks the
+  requests behind it. Each chunk is a `PrefillItem(t_uc=chunk, t_c=tokens before it, t_rst)`.
+
+Boundary: owns the prefill jobs; the pool, the profile and the clock come from the engine core.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from evolving_infra.core.itermodel import PrefillItem
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.kvpool import KvPool
+from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
+from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
+from evolving_infra.node_agent.profile import HardwareProfile
+
+
+class Admission(enum.Enum):
+    ADMITTED = "admitted"
+    NO_ROOM = "no-room"
+    NOT_YET = "not-yet"  # waiting for pages another request is bringing in
+
+
+class PrefillStage(enum.Enum):
+    WAIT_HOST = "wait-host"
+    FETCHING = "fetching"
+    WAIT_GPU = "wait-gpu"
+    LOADING = "loading"
+    READY = "ready"
+    RUNNING = "running"
+
+
+@dataclass(eq=False)
+class PrefillJob:
+    """Mutable state of one prefill request on this node."""
+
+    req: PrefillRequest
+    stage: PrefillStage = PrefillStage.WAIT_HOST
+    fetching: tuple[PageHash, ...] = ()
+    fetch_due: float = 0.0  # when the fetch is expected to land (profile.fetch_time), for HiCache stalls
+    fetch_pending: bool = False
+    gpu_admitted: bool = False
+    loading: tuple[tuple[int, PageHash], ...] = ()  # (prompt index, page) being loaded from L2
+    ready_at: float = 0.0
+    prefix_pages: int = 0
+    restored_tokens: int = 0
+    local_decode: bool = False
+    footprint_output: bool = False  # whether the GPU footprint taken includes the output pages
+    done: int = 0  # uncached tokens computed so far
+    rst_charged: bool = False
+    next_page: int = 0
+    started_at: float | None = None
+
+    @property
+    def rid(self) -> str:
+        return self.req.request
+
+    def parent(self, i: int) -> PageHash | None:
+        return self.req.prompt_pages[i - 1] if i > 0 else None
+
+
+@dataclass
+class PrefillPlan:
+    """One prefill iteration chosen but not yet applied."""
+
+    chunks: list[tuple[PrefillJob, int]] = field(default_factory=list)
+    items: list[PrefillItem] = field(default_factory=list)
+    started: list[PrefillStarted] = field(default_factory=list)
+    stall: float = 0.0
+
+
+class PrefillScheduler:
+    """Prefill jobs of one node (stages and rules in the module docstring)."""
+
+    def __init__(self, node: NodeId, profile: HardwareProfile, pool: KvPool, data_plane: DataPlane) -> None:
+        self.node = node
+        self.profile = profile
+        self.pool = pool
+        self.data_plane = data_plane
+        self.pt = profile.page_tokens
+        self.jobs: dict[str, PrefillJob] = {}  # insertion order is arrival order
+
+    # --- queries -------------------------------------------------------------------------------------
+    def _max_prefix(self, req: PrefillRequest) -> int:
+        return min(len(req.prompt_pages), (req.prompt_tokens - 1) // self.pt)
+
+    def running(self) -> list[PrefillJob]:
+        return [j for j in self.jobs.values() if j.stage is PrefillStage.RUNNING]
+
+    def ready(self) -> list[PrefillJob]:
+        return [j for j in self.jobs.values() if j.stage is PrefillStage.READY]
+
+    def has_runnable(self) -> bool:
+        return any(j.stage in (PrefillStage.RUNNING, PrefillStage.READY) for j in self.jobs.values())
+
+    def waiting(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.stage not in (PrefillStage.READY, PrefillStage.RUNNING))
+
+    def wake_at(self) -> float | None:
+        times = [j.ready_at for j in self.jobs.values() if j.stage is PrefillStage.LOADING]
+        return min(times) if times else None
+
+    # --- submission, fetches, admission --------------------------------------------------------------
+    def submit(self, req: PrefillRequest) -> None:
+        self.jobs[req.request] = PrefillJob(req)
+
+    def admit(self, now: float, local_ok: bool) -> list[FetchStarted]:
+        """Host admissions, finished loads and (ASYNC_FETCH) GPU admissions, in arrival order. A request
+        that does not fit stops the admissions of that tier behind it (first come, first served), while
+        requests waiting for a fetch or a load never hold up the ones behind them."""
+        fetches: list[FetchStarted] = []
+        host_open = gpu_open = True
+        for job in list(self.jobs.values()):
+            if job.stage is PrefillStage.WAIT_HOST and host_open:
+                admitted, started = self._admit_host(job, now)
+                fetches.extend(started)
+                host_open = admitted
+            if job.stage is PrefillStage.LOADING and job.ready_at <= now:
+                self._finish_load(job)
+            if job.stage is PrefillStage.WAIT_GPU and gpu_open:
+                outcome = self._admit_gpu(job, now, local_ok)
+                gpu_open = outcome is not Admission.NO_ROOM
+                if job.stage is PrefillStage.LOADING and job.ready_at <= now:
+                    self._finish_load(job)
+        return fetches
+
+    def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
+        req, l1, l2 = job.req, self.pool.l1, self.pool.l2
+        peer_of = {p: run.peer for run in req.fetch for p in run.pages}
+        pins: list[PageHash] = []
+        fetch: list[PageHash] = []
+        for page in req.prompt_pages[: self._max_prefix(req)]:
+            if len(pins) + len(fetch) >= l2.capacity:
+                break
+            if l2.contains(page):
+                pins.append(page)
+            elif l1.contains(page) or l2.is_writing(page):
+                continue  # reused from L1, or arriving with another request's fetch
+            elif page in peer_of:
+                fetch.append(page)
+            else:
+                break
+        if fetch and not self.pool.make_room(Tier.HOST, len(fetch), now, exclude=pins):
+            return False, []
+        for page in pins:
+            l2.pin(job.rid, page, now)
+        self.pool.begin_writes(Tier.HOST, job.rid, fetch)
+        job.fetching = tuple(fetch)
+        async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
+        if not fetch:
+            job.stage = PrefillStage.WAIT_GPU if async_fetch else PrefillStage.READY
+            return True, []
+        job.fetch_pending = True
+        job.stage = PrefillStage.FETCHING if async_fetch else PrefillStage.READY
+        out: list[FetchStarted] = []
+        for peer in dict.fromkeys(peer_of[p] for p in fetch):
+            pages = tuple(p for p in fetch if peer_of[p] == peer)
+            tokens = len(pages) * self.pt
+            out.append(FetchStarted(job.rid, peer, pages, tokens, tokens * self.profile.kv_bytes_per_token, now))
+            job.fetch_due = max(job.fetch_due, now + self.profile.fetch_time(tokens))
+        return True, out
+
+    def fetch_completed(self, rid: str, now: float) -> bool:
+        """The driver finished the fetch of `rid`; False if the engine no longer waits for it."""
+        job = self.jobs.get(rid)
+        if job is None or not job.fetch_pending:
+            return False
+        self._land_fetch(job, now)
+        if job.stage is PrefillStage.FETCHING:
+            job.stage = PrefillStage.WAIT_GPU
+        return True
+
+    def _land_fetch(self, job: PrefillJob, now: float) -> None:
+        index = {p: i for i, p in enumerate(job.req.prompt_pages)}
+        for page in job.fetching:
+            self.pool.land(Tier.HOST, job.rid, page, job.parent(index[page]), now)
+        job.fetch_pending = False
+
+    def _admit_gpu(self, job: PrefillJob, now: float, local_ok: bool) -> Admission:
+        req, l1, l2 = job.req, self.pool.l1, self.pool.l2
+        if l1.writing and any(l1.is_writing(p) for p in req.prompt_pages):
+            return Admission.NOT_YET  # another request is loading part of this prompt: reuse it once loaded
+        async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
+        if async_fetch and l2.writing and any(l2.is_writing(p) for p in req.prompt_pages):
+            return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
+        in_l1: list[PageHash] = []
+        from_l2: list[tuple[int, PageHash]] = []
+        for i, page in enumerate(req.prompt_pages[: self._max_prefix(req)]):
+            if l1.contains(page):
+                in_l1.append(page)
+            elif l2.contains(page):
+                from_l2.append((i, page))
+            else:
+                break
+        k = len(in_l1) + len(from_l2)
+        local = local_ok
+        total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
+        writes = total - k
+        if l1.room(in_l1) < writes + len(from_l2):
+            return Admission.NO_ROOM
+        held = l2.pinned_by(job.rid)
+        for _, page in from_l2:  # keep the sources in L2 while L1 makes room (write-backs may evict)
+            if page not in held:
+                l2.pin(job.rid, page, now)
+        if not self.pool.make_room(Tier.GPU, writes + len(from_l2), now, exclude=in_l1):
+            raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
+        for page in in_l1:
+            l1.pin(job.rid, page, now)
+        l1.reserve(job.rid, writes)
+        job.gpu_admitted = True
+        job.prefix_pages = k
+        job.next_page = k
+        job.restored_tokens = len(from_l2) * self.pt
+        job.local_decode = local
+        job.footprint_output = local
+        job.loading = tuple(from_l2)
+        if self.data_plane is DataPlane.ASYNC_FETCH and from_l2:
+            self.pool.begin_writes(Tier.GPU, job.rid, (p for _, p in from_l2))
+            job.ready_at = now + self.profile.load_time(job.restored_tokens)
+            job.stage = PrefillStage.LOADING
+        else:
+            for i, page in from_l2:
+                self.pool.store(Tier.GPU, page, job.parent(i), now, owner=job.rid, from_reservation=False)
+            l2.unpin_all(job.rid, now)
+            job.stage = PrefillStage.READY
+        return Admission.ADMITTED
+
+    def _finish_load(self, job: PrefillJob) -> None:
+        for i, page in job.loading:
+            self.pool.land(Tier.GPU, job.rid, page, job.parent(i), job.ready_at)
+        self.pool.l2.unpin_all(job.rid, job.ready_at)
+        job.stage = PrefillStage.READY
+
+    # --- iterations ----------------------------------------------------------------------------------
+    def plan(self, now: float, local_ok: bool) -> PrefillPlan:
+        """Choose this iteration's chunks; with HICACHE_LOADBACK, admit starters and price their loads."""
+        plan = PrefillPlan()
+        budget = self.profile.chunk_tokens
+        fetch_wait = 0.0
+        for job in self._in_order():
+            if budget <= 0:
+                break
+            if job.stage is PrefillStage.READY and not job.gpu_admitted:
+                pending = job.fetch_pending
+                if pending:
+                    self._land_fetch(job, now)  # the iteration waits for the rest of the fetch
+                if self._admit_gpu(job, now, local_ok) is not Admission.ADMITTED:
+                    break  # first come, first served: later requests do not overtake it
+                if pending:
+                    fetch_wait = max(fetch_wait, job.fetch_due - now)
+                plan.stall += self.profile.load_time(job.restored_tokens)
+            if job.stage is PrefillStage.READY:
+                job.local_decode = job.local_decode and local_ok
+                job.stage = PrefillStage.RUNNING
+                job.started_at = now
+                plan.started.append(self._started(job, now))
+            remaining = job.req.prompt_tokens - job.prefix_pages * self.pt - job.done
+            chunk = min(remaining, budget)
+            budget -= chunk
+            t_rst = 0 if job.rst_charged else job.restored_tokens
+            job.rst_charged = True
+            plan.chunks.append((job, chunk))
+            plan.items.append(PrefillItem(t_uc=chunk, t_c=job.prefix_pages * self.pt + job.done, t_rst=t_rst))
+        plan.stall += max(0.0, fetch_wait)
+        return plan
+
+    def _in_order(self) -> Iterator[PrefillJob]:
+        yield from self.running()
+        yield from self.ready()
+
+    def _started(self, job: PrefillJob, now: float) -> PrefillStarted:
+        cached = job.prefix_pages * self.pt
+        req = job.req
+        return PrefillStarted(
+            req.request, req.branch, now, req.prompt_tokens, cached, job.restored_tokens, job.local_decode
+        )
+
+    def apply(self, plan: PrefillPlan, end: float) -> list[tuple[PrefillJob, PrefillFinished]]:
+        """Write the chunks' full pages (L1, through to L2); finish requests whose prompt is done."""
+        finished: list[tuple[PrefillJob, PrefillFinished]] = []
+        for job, chunk in plan.chunks:
+            req = job.req
+            job.done += chunk
+            covered = job.prefix_pages * self.pt + job.done
+            while job.next_page < len(req.prompt_pages) and (job.next_page + 1) * self.pt <= covered:
+                i = job.next_page
+                self.pool.store(Tier.GPU, req.prompt_pages[i], job.parent(i), end, owner=job.rid)
+                job.next_page += 1
+            if covered < req.prompt_tokens:
+                continue
+            del self.jobs[job.rid]
+            if not job.local_decode:
+                self.pool.release(job.rid, end)
+            done = PrefillFinished(req.request, req.branch, end, req.prompt_pages, req.prompt_tokens, job.local_decode)
+            finished.append((job, done))
+        return finished
+
+    def hand_back(self, now: float) -> list[PrefillRequest]:
+        """Drop every queued (not running) request, releasing its pins, slots and fetch; arrival order."""
+        out: list[PrefillRequest] = []
+        for job in list(self.jobs.values()):
+            if job.stage is PrefillStage.RUNNING:
+                continue
+            self.pool.release(job.rid, now)
+            del self.jobs[job.rid]
+            out.append(job.req)
+        return out
