@@ -26,16 +26,18 @@ from rich.table import Table
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.node_agent.engine import DataPlane
-from evolving_infra.node_agent.profiles import ProfileError
+from evolving_infra.node_agent.profiles import ProfileError, load_profile
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.routing import DecodePolicyName
 from evolving_infra.sim.config import ModelSource, SimConfig, SimPrefillPolicy, SystemName
 from evolving_infra.sim.kernel import Progress as KernelProgress
 from evolving_infra.sim.models import WarmupTooShort
+from evolving_infra.sim.plots import write_plots
 from evolving_infra.sim.run import SimResult, simulate, workload_trace
 from evolving_infra.sim.systems import build_config
 from evolving_infra.traces.errors import TraceError
 from evolving_infra.traces.loader import load_trace
+from evolving_infra.traces.stats import ideal_hit_tokens
 from evolving_infra.workloads import KINDS
 
 
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--duration", type=float, help="scored seconds after warmup (default: until the trace ends)")
     p.add_argument("--noise", type=float, help="relative std. dev. of iteration times (default 0)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
-    p.add_argument("--out", metavar="DIR", help="write metrics.json and requests.jsonl into DIR")
+    p.add_argument("--out", metavar="DIR", help="write metrics.json, requests.jsonl and PNG plots (split, latency CDF, KV lost) into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_run)
 
@@ -134,6 +136,11 @@ def _run(args: argparse.Namespace) -> int:
             raise CliError(str(exc), USAGE_ERROR) from None
     wall = time.perf_counter() - start
     paths = result.write(args.out) if args.out else {}
+    if args.out:
+        ideal_arr = ideal_hit_tokens(trace, load_profile(cfg.profile).page_tokens)
+        ideal = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+        window = (result.metrics.window_start, result.metrics.window_end)
+        paths.update(write_plots(result.records, result.splits, ideal, window, cfg.nodes, args.out))
     if args.json:
         print(json.dumps(result.metrics.to_dict(), indent=2))
     else:
