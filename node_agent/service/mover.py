@@ -1,0 +1,108 @@
+"""`KvMover`: pulls KV pages from peers' host memory into the local arena with the node's transport.
+
+Transports are blocking (a gRPC stream or Mooncake batch reads), so every read runs in a worker thread
+and the event loop stays free. Two uses:
+- **prefill fetches** (`fetch`): the runs the engine started, one read per peer, in parallel. A failed
+  run is logged and counted; the fetch is still reported complete (the engine has no "fetch failed"
+  input), and the arena sync writes the missing pages from their emulated content, standing in for
+  recomputing that prefix, whose cost the engine does not charge (see docs/node-agent.md);
+- **decode pulls** (`pull`): the prompt KV of a decode, from the prefill node. The pages appear there
+  when its prefill ends, so a read that finds pages missing is retried with backoff until a deadline.
+
+Boundary: moving bytes and measuring them; which pages to move is the engine's (fetch) or the router's
+(decode) decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId
+from evolving_infra.node_agent.engine import FetchStarted
+from evolving_infra.node_agent.service.metrics import NodeMetrics
+from evolving_infra.node_agent.transfer.base import TransferResult, Transport
+from evolving_infra.node_agent.transfer.errors import PageAlreadyPresent, PagesMissing, TransferError
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.005
+RETRY_MAX_S = 0.1
+
+
+class UnknownPeer(ValueError):
+    """A fetch run names a peer with no address (none given, none configured)."""
+
+
+class KvMover:
+    """Reads pages from peers with `transport` on `executor` threads (see the module docstring)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        executor: Executor,
+        metrics: NodeMetrics,
+        peers: Mapping[str, str],
+    ) -> None:
+        self.transport = transport
+        self.executor = executor
+        self.metrics = metrics
+        self.peers = dict(peers)
+        self.kind = transport.kind
+
+    def address_of(self, peer: NodeId, given: str = "") -> str:
+        """The peer's gRPC address: the one given with the run, else the configured one."""
+        address = given or self.peers.get(peer, "")
+        if not address:
+            known = ", ".join(sorted(self.peers)) or "none"
+            raise UnknownPeer(
+                f"fetch run from peer {peer!r} gives no peer_address and this node knows no address for it "
+                f"(configured peers: {known})"
+            )
+        return address
+
+    async def read(self, address: str, pages: Sequence[PageHash]) -> TransferResult:
+        """One transport read in a worker thread, measured."""
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            result = await loop.run_in_executor(self.executor, self.transport.read_pages, address, list(pages))
+        except TransferError as error:
+            self.metrics.transfer_failed(self.kind, type(error).__name__)
+            raise
+        self.metrics.transferred(self.kind, result.bytes, time.perf_counter() - start, len(result.moved))
+        return result
+
+    async def fetch(self, request: str, runs: Sequence[FetchStarted], addresses: Mapping[NodeId, str]) -> None:
+        """Pull every run of one request's fetch (parallel per peer). A run that fails is logged and
+        counted, not raised: the runner reports the fetch complete either way, and the arena sync then
+        writes the pages the engine holds but the arena lacks (see the module docstring)."""
+
+        async def one(run: FetchStarted) -> None:
+            try:
+                await self.read(self.address_of(run.peer, addresses.get(run.peer, "")), run.pages)
+            except (TransferError, UnknownPeer) as error:
+                log.warning("fetch of %d page(s) for %s from %s failed: %s", len(run.pages), request, run.peer, error)
+                self.metrics.fetch_fallback(len(run.pages))
+
+        await asyncio.gather(*(one(run) for run in runs))
+
+    async def pull(self, address: str, pages: Sequence[PageHash], deadline: float, cancelled: Callable[[], bool]) -> TransferResult | None:
+        """Read `pages` from `address`, waiting (with backoff) while the peer lacks some, until `deadline`
+        (loop time). None if `cancelled()` turned True. Raises the last PagesMissing past the deadline."""
+        loop = asyncio.get_running_loop()
+        delay = RETRY_FIRST_S
+        while True:
+            if cancelled():
+                return None
+            try:
+                return await self.read(address, pages)
+            except (PagesMissing, PageAlreadyPresent):  # not there yet, or another pull is bringing it
+                if loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)

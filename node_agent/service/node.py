@@ -1,0 +1,364 @@
+"""`NodeAgent`: one node's live service, assembled: engine core, host arena, transport, runner, event
+hub, metrics, the gRPC server and the metrics endpoint. It is the runner's sink (engine outputs go to
+the arena sync, the event hub, decode streams and metrics) and carries out the servicer's operations.
+
+Lifecycle: `await start()` (binds, starts the engine loop), serve, `await drain(grace)` (refuse new work
+with UNAVAILABLE, let accepted work finish), `await close()`. Everything runs on one event loop; only
+transfers and page streaming run in worker threads.
+
+Decode path: `decode()` checks the request, stages its prompt pages (kept in the arena until the decode
+ends), pulls the missing ones from the prefill node (waiting until that node's prefill has written
+them), submits it to the engine and yields `Accepted`, `Tokens` ... `Finished` as the runner publishes.
+
+Boundary: wiring and request bookkeeping; scheduling is the engine's, wire formats the servicer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from evolving_infra.core.eviction import eviction_policy
+from evolving_infra.core.itermodel import IterationRecord
+from evolving_infra.core.kv_events import KvEvent
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.node_agent.engine import (
+    DecodeFinished,
+    DecodeRequest,
+    EngineCore,
+    EngineGauges,
+    PrefillFinished,
+    PrefillRequest,
+    SwitchReport,
+    SwitchState,
+)
+from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.node_agent.service import messages
+from evolving_infra.node_agent.service.decodes import Accepted, DecodeCheck, DecodeTable, Failed, Finished, Tokens
+from evolving_infra.node_agent.service.errors import ServiceError, to_service_error, unavailable
+from evolving_infra.node_agent.service.events import EventHub
+from evolving_infra.node_agent.service.kvsync import ArenaSync
+from evolving_infra.node_agent.service.metrics import MetricsServer, NodeMetrics
+from evolving_infra.node_agent.service.mover import KvMover
+from evolving_infra.node_agent.service.runner import EngineRunner, NodeClock
+from evolving_infra.node_agent.service.settings import NodeAgentSettings, resolve_memory
+from evolving_infra.node_agent.service.switching import Generation, SwitchAction, decide_switch
+from evolving_infra.node_agent.transfer import KvArena, Transport, TransportKind, make_transport
+from evolving_infra.node_agent.transfer.channels import PeerChannels
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+Progress = Accepted | Tokens | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchOutcome:
+    """What `switch` reports back (seconds on the node clock)."""
+
+    phase: Phase
+    generation: int
+    drain_seconds: float
+    switch_seconds: float
+    handed_back: tuple[str, ...]
+    already_serving: bool
+
+
+class NodeAgent:
+    """The live node (see the module docstring). Attributes are ready after `start()`."""
+
+    def __init__(self, settings: NodeAgentSettings) -> None:
+        self.settings = settings
+        self.node = NodeId(settings.node)
+        self.accepting = False
+        self.generation = Generation()
+        self.address = ""
+        self.metrics_address = ""
+        self.mooncake_address: str | None = None
+        self.metrics = NodeMetrics()
+        self.failed = asyncio.Event()
+        self._draining: tuple[Phase, int] | None = None
+        self._switch_done: asyncio.Future[SwitchReport] | None = None
+        self._switch_started = 0.0
+        self._state_task: asyncio.Task[None] | None = None
+        self._server: object | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._transport: Transport | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the node and start serving; on failure everything built so far is closed again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close(grace=None)
+            raise
+
+    async def _start(self) -> None:
+        from evolving_infra.node_agent.service.server import start_aio_server
+        from evolving_infra.node_agent.service.servicer import NodeAgentServicer
+
+        s = self.settings
+        memory = resolve_memory(s, load_profile(s.profile))
+        self.memory = memory
+        rng = random.Random(s.seed) if s.noise > 0 else None
+        self.engine = EngineCore(
+            self.node, memory.profile, s.mode, eviction_policy(s.eviction), s.data_plane, s.noise, rng,
+            check_invariants=s.check_invariants,
+        )
+        self.arena = KvArena(memory.arena_slots, memory.page_bytes)
+        self.channels = PeerChannels()
+        self._transport = make_transport(s.transfer, self.arena, self.channels)
+        if s.transfer.kind is TransportKind.MOONCAKE_TCP:
+            self.mooncake_address = getattr(self._transport, "address", None)
+        self.executor = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix=f"kv-{self.node}")
+        l2 = self.engine.pool.l2
+        self.sync = ArenaSync(self.arena, l2.contains, l2.is_writing)
+        self.clock = NodeClock(s.speed_up)
+        self.mover = KvMover(self._transport, self.executor, self.metrics, s.peers)
+        self.runner = EngineRunner(self.engine, self.clock, self, self.mover)
+        self.runner.on_failure = self._engine_failed
+        self.decodes = DecodeTable()
+        self.hub = EventHub(s.event_queue, self._snapshot)
+        self.hub.on_drop = lambda sub: self.metrics.dropped.inc()
+        self.metrics.state(self.engine.mode, self.engine.switch_state, 0)
+        self.metrics.engine_gauges(self.engine.gauges())
+        servicer = NodeAgentServicer(self)
+        self._server = server = await start_aio_server(
+            servicer, s.host, s.grpc_port, allow_wildcard=s.allow_wildcard_host
+        )
+        self.address = server.address
+        if s.metrics_enabled:
+            self._metrics_server = MetricsServer(self.metrics)
+            self.metrics_address = await self._metrics_server.start(s.host, s.metrics_port)
+        self.runner.start()
+        if s.state_interval_s > 0:
+            self._state_task = asyncio.get_running_loop().create_task(self._tick_state(s.state_interval_s))
+        self.accepting = True
+
+    def _engine_failed(self, error: BaseException) -> None:
+        self.accepting = False
+        self.failed.set()
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new work (UNAVAILABLE), then wait up to `grace` seconds for accepted work to finish."""
+        self.accepting = False
+        if self._server is not None:
+            await self._server.not_serving()  # type: ignore[attr-defined]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.runner.busy() or len(self.decodes):
+            if loop.time() >= deadline or self.runner.failure is not None:
+                log.warning("node %s: %d decode stream(s) and engine work left after the drain", self.node, len(self.decodes))
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def close(self, grace: float | None = 2.0) -> None:
+        """Stop everything that was started (safe to call on a partly started node)."""
+        self.accepting = False
+        if self._state_task is not None:
+            self._state_task.cancel()
+        if hasattr(self, "hub"):
+            self.hub.close()
+        if self._server is not None:
+            await self._server.stop(grace)  # type: ignore[attr-defined]
+            self._server = None
+        if hasattr(self, "runner"):
+            await self.runner.stop()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
+            self._metrics_server = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        if hasattr(self, "channels"):
+            self.channels.close()
+        if hasattr(self, "executor"):
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- operations (called by the servicer) ---------------------------------------------------------
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise unavailable(self.node)
+
+    def _draining_now(self) -> bool:
+        return self.engine.switch_state is SwitchState.DRAINING
+
+    def submit_prefill(self, req: PrefillRequest, addresses: dict[NodeId, str]) -> int:
+        self._check_accepting()
+        resolved = {run.peer: self.mover.address_of(run.peer, addresses.get(run.peer, "")) for run in req.fetch}
+        try:
+            ahead = self.runner.submit_prefill(req, resolved)
+        except Exception as error:
+            self.metrics.request("prefill", "rejected")
+            raise to_service_error(error, self._draining_now()) from error
+        self.metrics.request("prefill", "accepted")
+        return ahead
+
+    async def decode(self, req: DecodeRequest, runs: Sequence[tuple[str, tuple[PageHash, ...]]]) -> AsyncIterator[Progress]:
+        """Run one decode (module docstring); `runs` are (peer address, pages). Raises ServiceError."""
+        self._check_accepting()
+        try:
+            check = DecodeCheck(self.engine, self.arena)
+            check.validate(req, runs, self.decodes, self._draining[0] if self._draining else None)
+        except Exception as error:
+            self.metrics.request("decode", "rejected")
+            raise to_service_error(error, self._draining_now()) from error
+        entry = self.decodes.add(req)
+        self.sync.stage(req.prompt_pages)
+        try:
+            await self._pull(entry.request, runs)
+            if entry.cancelled:
+                raise ServiceError(grpc.StatusCode.ABORTED, entry.cancel_reason)
+            position = self.runner.submit_decode(req)
+        except BaseException as error:
+            self._end_decode(req.request)
+            if not isinstance(error, Exception):
+                raise
+            if not entry.cancelled:  # a cancelled one was counted as handed back by the switch
+                self.metrics.request("decode", "rejected")
+            raise to_service_error(error, self._draining_now()) from error
+        entry.submitted = True
+        self.metrics.request("decode", "accepted")
+        yield Accepted(position)
+        while True:
+            item = await entry.queue.get()
+            if isinstance(item, Failed):
+                raise ServiceError(item.code, item.message)
+            yield item
+            if isinstance(item, Finished):
+                return
+
+    async def _pull(self, request: str, runs: Sequence[tuple[str, tuple[PageHash, ...]]]) -> None:
+        entry = self.decodes.get(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.decode_pull_timeout_s
+        cancelled = lambda: entry is None or entry.cancelled  # noqa: E731
+        await asyncio.gather(*(self.mover.pull(address, pages, deadline, cancelled) for address, pages in runs))
+
+    def _end_decode(self, request: str) -> None:
+        entry = self.decodes.pop(request)
+        if entry is not None:
+            self.sync.unstage(entry.pages)
+
+    def push_counts(self, counts: dict[PageHash, int]) -> None:
+        self.runner.set_counts(counts)
+
+    def state(self) -> pb.NodeState:
+        return messages.node_state(self.engine, self.generation.value, self.clock.now())
+
+    async def switch(self, target: Phase, generation: int) -> SwitchOutcome:
+        self._check_accepting()
+        decision = decide_switch(self.generation, self.engine.mode, self._draining, target, generation, self.node)
+        action = decision.action
+        if action in (SwitchAction.STALE, SwitchAction.CONFLICT):
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, decision.message)
+        if action is SwitchAction.BUSY:
+            raise ServiceError(grpc.StatusCode.ABORTED, decision.message)
+        if action is SwitchAction.ALREADY:
+            return SwitchOutcome(target, generation, 0.0, 0.0, (), True)
+        if action is SwitchAction.ADOPT:
+            self.generation = Generation(generation, True)
+            self.metrics.generation.set(generation)
+            return SwitchOutcome(target, generation, 0.0, 0.0, (), True)
+        if action is SwitchAction.JOIN:
+            assert self._switch_done is not None
+            report = await asyncio.shield(self._switch_done)
+            return SwitchOutcome(target, generation, report.drain, self.clock.now() - report.began, (), False)
+        return await self._switch(target, generation)
+
+    async def _switch(self, target: Phase, generation: int) -> SwitchOutcome:
+        started = self.clock.now()
+        self._switch_done = asyncio.get_running_loop().create_future()
+        self._draining = (target, generation)
+        self._switch_started = started
+        self.generation = Generation(generation, True)
+        self.metrics.generation.set(generation)
+        try:
+            begun = self.runner.begin_switch(target)
+        except Exception as error:  # the decision ruled out every refusal the engine knows; a bug if reached
+            self._draining = None
+            raise to_service_error(error) from error
+        handed = [str(getattr(r, "request", "")) for r in begun.handed_back]
+        for req in begun.handed_back:
+            if isinstance(req, DecodeRequest):
+                self._fail_decode(req.request, grpc.StatusCode.ABORTED, f"handed back by a switch to {target.value}")
+        if target is Phase.PREFILL:
+            handed.extend(self.decodes.cancel_pending(f"handed back by a switch to prefill (generation {generation})"))
+        self.metrics.request("prefill", "handed_back", sum(isinstance(r, PrefillRequest) for r in begun.handed_back))
+        self.metrics.request("decode", "handed_back", len(handed) - sum(isinstance(r, PrefillRequest) for r in begun.handed_back))
+        self.hub.publish(messages.state_body(self.state()))
+        report = await asyncio.shield(self._switch_done)
+        return SwitchOutcome(target, generation, report.drain, self.clock.now() - started, tuple(handed), False)
+
+    def _fail_decode(self, request: str, code: grpc.StatusCode, message: str) -> None:
+        entry = self.decodes.get(request)
+        if entry is not None:
+            entry.queue.put_nowait(Failed(code, message))
+            self._end_decode(request)
+
+    # --- the runner's sink ---------------------------------------------------------------------------
+    def kv_events(self, events: tuple[KvEvent, ...]) -> None:
+        self.sync.apply_events(events)
+        for body in messages.kv_bodies(events):
+            self.hub.publish(body)
+
+    def iteration(self, record: IterationRecord) -> None:
+        self.metrics.iteration(record)
+        self.hub.publish(messages.iteration_body(record))
+
+    def decode_tokens(self, request: str, new: int, time: float) -> None:
+        self.metrics.tokens.inc(new)
+        entry = self.decodes.get(request)
+        if entry is not None:
+            entry.produced += new
+            entry.queue.put_nowait(Tokens(new, entry.produced, time))
+
+    def decode_finished(self, done: DecodeFinished) -> None:
+        self.metrics.request("decode", "finished")
+        entry = self.decodes.get(done.request)
+        if entry is not None:
+            entry.queue.put_nowait(Finished(done.output_tokens, done.time))
+            self._end_decode(done.request)
+
+    def prefill_finished(self, done: PrefillFinished) -> None:
+        self.metrics.request("prefill", "finished")
+
+    def switch_completed(self, report: SwitchReport) -> None:
+        took = self.clock.now() - self._switch_started
+        self.metrics.switched(report, took)
+        self.metrics.state(self.engine.mode, self.engine.switch_state, self.generation.value)
+        self.hub.publish(messages.switch_body(report, self.generation.value))
+        self.hub.publish(messages.state_body(self.state()))
+        self._draining = None
+        if self._switch_done is not None and not self._switch_done.done():
+            self._switch_done.set_result(report)
+
+    def gauges(self, gauges: EngineGauges) -> None:
+        self.metrics.engine_gauges(gauges)
+        self.metrics.arena_gauges(self.arena.gauges())
+        self.sync.retry()
+
+    def fetch_settled(self, pages: Sequence[PageHash]) -> None:
+        self.sync.reconcile(pages)
+
+    # --- events --------------------------------------------------------------------------------------
+    def _snapshot(self) -> list[dict[str, object]]:
+        now = self.clock.now()
+        return [messages.state_body(self.state()), *messages.kv_bodies(messages.kv_snapshot(self.engine, now))]
+
+    async def _tick_state(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.metrics.subscribers.set(len(self.hub))
+            self.metrics.arena_gauges(self.arena.gauges())
+            if len(self.hub):
+                self.hub.publish(messages.state_body(self.state()))
