@@ -1,5 +1,5 @@
-"""Build a simulated cluster from a `SimConfig` and a trace: engines, directory, branch table, router, binder,
-planner, replayer and pause rule, wired onto the kernel (`initial_commands`).
+"""Build a simulated cluster from a `SimConfig` and a trace: engines, the router core (directory, branch table,
+prefill router, decode binder), planner, replayer and pause rule, wired onto the kernel (`initial_commands`).
 
 Nodes are named `n0 .. n{N-1}` (zero-padded so that name order is index order); the first P nodes of the
 initial split serve prefill. With a collocated warmup every node starts in collocated mode and switches to its
@@ -22,11 +22,12 @@ from evolving_infra.node_agent.engine import EngineCore
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.router.branches import BranchTable
+from evolving_infra.router.core import CoreSettings, RouterCore
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.planner import PlannerName, make_planner
 from evolving_infra.router.routing import CoefficientPrefillModel, make_decode_binder, make_prefill_router
 from evolving_infra.sim import flow, phases, stepping
-from evolving_infra.sim.config import ModelSource, PauseRuleName, SimConfig, SimPrefillPolicy
+from evolving_infra.sim.config import DecodeReservation, ModelSource, PauseRuleName, SimConfig, SimPrefillPolicy
 from evolving_infra.sim.kernel import Command, Event, Priority
 from evolving_infra.sim.least_loaded import LeastLoadedRouter
 from evolving_infra.sim.models import PROVISIONAL, make_fitter, profile_planner_model, profile_router_model
@@ -80,18 +81,28 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         directory.add_node(nid)
         mode = NodeMode.COLLOCATED if collocated else NodeMode.of(phase)
         fitter = make_fitter(nid, profile) if collocated and cfg.models is ModelSource.FITTED else None
-        nodes[nid] = SimNode(nid, make_engine(nid, mode), None if collocated else phase, fitter=fitter,
-                             span_phase=None if collocated else phase)
+        nodes[nid] = SimNode(id=nid, phase=None if collocated else phase, engine=make_engine(nid, mode),
+                             fitter=fitter, span_phase=None if collocated else phase)
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
     mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
+    core = RouterCore(
+        nodes,  # type: ignore[arg-type]
+        router=_router(cfg, streams),
+        binder=make_decode_binder(cfg.decode_routing, _seeded(streams, "decode-binder")),
+        settings=CoreSettings(
+            shared_pool=cfg.shared_pool,
+            reserve_on_bind=cfg.decode_reservation is DecodeReservation.AT_PREFILL_START,
+            context_length_tokens=cfg.context_length_tokens,
+            kv_capacity_tokens=profile.l1_tokens,
+        ),
+        directory=directory,
+        branches=branches,
+    )
     state = ClusterState(
         cfg=cfg,
         profile=profile,
         nodes=nodes,
-        directory=directory,
-        branches=branches,
-        router=_router(cfg, streams),
-        binder=make_decode_binder(cfg.decode_routing, _seeded(streams, "decode-binder")),
+        core=core,
         planner=_planner(cfg, streams),
         replayer=AgentReplayer(trace, mode),
         content=content,
@@ -104,10 +115,10 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
     )
     for nid in nodes:
         if cfg.models is ModelSource.FITTED:
-            state.router_models[nid] = CoefficientPrefillModel(PROVISIONAL, t_bar=float(profile.chunk_tokens))
+            core.router_models[nid] = CoefficientPrefillModel(PROVISIONAL, t_bar=float(profile.chunk_tokens))
         else:
-            state.router_models[nid] = profile_router_model(profile)
-            state.planner_models[nid] = profile_planner_model(profile)
+            core.router_models[nid] = profile_router_model(profile)
+            core.planner_models[nid] = profile_planner_model(profile)
     state.on_step = lambda e: stepping.on_step(state, e)
     return state
 

@@ -16,18 +16,16 @@ Boundary: the request path; iterations are driven by `stepping`, switches and th
 
 from __future__ import annotations
 
-from evolving_infra.core.itermodel import Work
-from evolving_infra.core.types import BranchId, NodeId, Phase, RequestId
+from evolving_infra.core.types import BranchId, Phase, RequestId
 from evolving_infra.node_agent.engine import DecodeRequest, FetchRun, FetchStarted, PrefillRequest
-from evolving_infra.router.fitting import UsageCounts
-from evolving_infra.router.routing import FetchTiming, RouteRequest, RoutingDecision
-from evolving_infra.sim.config import DecodeReservation, SimPrefillPolicy
+from evolving_infra.router.routing import RouteRequest
+from evolving_infra.sim.config import DecodeReservation
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority, StopRun
 from evolving_infra.sim.pause import ProgramRecord
 from evolving_infra.sim.records import RequestRecord
 from evolving_infra.sim.replay import AgentFinished, AgentStarted, BranchEnded, Effect, IssueRequest
-from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, kick, push_counts
-from evolving_infra.sim.views import decode_need, decode_view, kv_room_tokens, prefill_view
+from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, apply_counts, kick
+from evolving_infra.sim.views import decode_need, kv_room_tokens
 
 WAKE = "replayer-wake"
 
@@ -39,9 +37,7 @@ def react(state: ClusterState, effects: list[Effect], now: float) -> list[Comman
         if isinstance(effect, IssueRequest):
             out += issue(state, effect, now)
         elif isinstance(effect, BranchEnded):
-            state.branches.end(BranchId(effect.branch))
-            state.router.on_branch_finished(BranchId(effect.branch), now)
-            push_counts(state)
+            apply_counts(state, state.core.end_branch(BranchId(effect.branch), now))
         elif isinstance(effect, AgentStarted):
             if state.pause is not None:
                 state.programs[effect.agent] = ProgramRecord()
@@ -64,7 +60,7 @@ def issue(state: ClusterState, effect: IssueRequest, now: float) -> list[Command
     context = state.content.context_pages(spec.id)
     pt = state.profile.page_tokens
     generated = tuple(int(h) for h in context[len(pages) : (spec.prompt_tokens + spec.output_tokens) // pt])
-    version = state.branches.request(BranchId(spec.branch), pages).version
+    version = state.core.admit(BranchId(spec.branch), pages)
     route = RouteRequest(
         id=RequestId(spec.id),
         branch=BranchId(spec.branch),
@@ -75,7 +71,8 @@ def issue(state: ClusterState, effect: IssueRequest, now: float) -> list[Command
         page_tokens=pt,
         parent_branch=BranchId(state.parents[spec.branch]) if spec.branch in state.parents else None,
     )
-    req = SimRequest(spec, route, pages, generated, version, issued=effect.at, since=effect.since)  # type: ignore[arg-type]
+    req = SimRequest(route=route, prompt_pages=pages, version=version, spec=spec, generated=generated,  # type: ignore[arg-type]
+                     issued=effect.at, since=effect.since)
     state.requests[spec.id] = req
     state.stats.issued += 1
     program = state.programs.get(spec.agent)
@@ -91,26 +88,16 @@ def issue(state: ClusterState, effect: IssueRequest, now: float) -> list[Command
 # -- routing ----------------------------------------------------------------------------------------------
 def route_request(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
     """Choose the prefill node (and, under SGLang's reservation, the decode node) and send the request."""
-    candidates = state.accepting(Phase.PREFILL)
-    if not candidates:
+    routed = state.core.route(req, now)
+    if routed is None:
         req.stage = Stage.HELD
         state.parked.append(req)
         return []
-    match = state.directory.lookup(req.prompt_pages)
-    views = [prefill_view(state, n, req, match, now) for n in candidates]
-    decision: RoutingDecision = state.router.route(req.route, views, now)
-    state.router.on_routed(req.route, decision, now)
-    node = state.nodes[decision.node]
-    view = next(v for v in views if v.node == node.id)
-    req.prefill_node = node.id
+    node = state.nodes[routed.node]
     req.queued = now
-    req.routed_cached = decision.cached_tokens
-    req.routed_restore = max(0, decision.cached_tokens - view.own_gpu_pages * req.route.page_tokens)
-    req.fetch = _fetch_plan(state, req, decision, view.fetch_sources or ())
+    req.fetch = tuple(FetchRun(r.peer, r.pages) for r in routed.fetch)
     req.fetched = 0
-    if BranchId(req.spec.branch) in state.branches:
-        state.branches.place(BranchId(req.spec.branch), node.id, held=False)
-        push_counts(state)
+    apply_counts(state, routed.counts)
     program = state.programs.get(req.spec.agent)
     if program is not None:
         program.node = node.id
@@ -128,19 +115,6 @@ def route_request(state: ClusterState, req: SimRequest, now: float) -> list[Comm
     return submit_prefill(state, req, now)
 
 
-def _fetch_plan(state: ClusterState, req: SimRequest, decision: RoutingDecision, runs: tuple) -> tuple[FetchRun, ...]:
-    """What the prefill node pulls from peers: the policy's plan, or the pool's whole reachable prefix when
-    the policy does not move KV itself but the host memory is a shared pool."""
-    pages = req.prompt_pages
-    if decision.fetch_timing is not FetchTiming.NONE and decision.fetch_from:
-        chosen = decision.fetch_from
-    elif state.cfg.shared_pool and state.cfg.prefill_routing is not SimPrefillPolicy.TTFT:
-        chosen = runs
-    else:
-        return ()
-    return tuple(FetchRun(min(r.peers), tuple(pages[r.first_page : r.first_page + r.pages])) for r in chosen)
-
-
 def submit_prefill(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
     node = state.nodes[req.prefill_node]  # type: ignore[index]
     assert node.engine is not None
@@ -156,7 +130,7 @@ def submit_prefill(state: ClusterState, req: SimRequest, now: float) -> list[Com
         generated_pages=req.generated if local else None,
     )
     req.stage = Stage.PREFILL
-    node.sent[req.id] = req
+    state.core.prefill_sent(req)
     effects = node.engine.submit_prefill(pr, now)
     absorb(state, node.id, effects.events)
     return start_fetches(state, node, effects.fetches, now) + kick(state, node, now)
@@ -194,9 +168,8 @@ def on_fetch_done(state: ClusterState, event: Event) -> list[Command]:
 # -- decode binding and reservations ----------------------------------------------------------------------
 def bind(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
     """Bind the request's decode node now, or queue it until some node has room."""
-    nodes = state.accepting(Phase.DECODE)
-    binding = state.binder.bind(req.route, [decode_view(n) for n in nodes], now)
-    if binding.node is None:
+    bound = state.core.bind(req, now)
+    if bound.node is None:
         if req not in state.wait_bind:
             req_stage = req.stage
             state.wait_bind.append(req)
@@ -204,31 +177,14 @@ def bind(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
             if req_stage is Stage.TRANSFER:
                 req.stage = Stage.WAIT_BIND
         return []
-    state.binder.on_bound(req.route, binding, now)
-    target = state.nodes[binding.node]
-    req.decode_node = target.id
-    target.bound[req.id] = req
-    if state.cfg.decode_reservation is DecodeReservation.AT_PREFILL_START:
-        req.reserved = decode_need(req)
-        target.reserved_tokens += req.reserved
-    if BranchId(req.spec.branch) in state.branches:
-        state.branches.place(BranchId(req.spec.branch), target.id, held=False)
-        push_counts(state)
+    apply_counts(state, bound.counts)
     if req.prefill_done:
         return start_transfer(state, req, now)
     return []
 
 
 def unbind(state: ClusterState, req: SimRequest) -> None:
-    if req.decode_node is None:
-        return
-    node = state.nodes[req.decode_node]
-    node.bound.pop(req.id, None)
-    if req in node.prealloc:
-        node.prealloc.remove(req)
-    node.reserved_tokens -= req.reserved
-    req.reserved = 0
-    req.decode_node = None
+    state.core.unbind(req)
 
 
 def grant_reservations(state: ClusterState, node: SimNode, now: float) -> list[Command]:
@@ -241,8 +197,7 @@ def grant_reservations(state: ClusterState, node: SimNode, now: float) -> list[C
             state.stats.reservation_waits += 1
             break
         node.prealloc.popleft()
-        req.reserved = need
-        node.reserved_tokens += need
+        state.core.reserve(req)
         out += submit_prefill(state, req, now)
     return out
 
@@ -273,14 +228,7 @@ def on_prefill_started(state: ClusterState, node: SimNode, started, now: float) 
         return []
     req.prefill_start = started.time
     req.cached = started.cached_tokens
-    restored = min(started.restored_tokens, started.cached_tokens)
-    node.usage = node.usage + UsageCounts.of_request(started.cached_tokens, restored)
-    if node.fitter is not None and not node.fitter.frozen:
-        node.fitter.observe_request(started.cached_tokens, restored)
-    if state.recorder is not None and not state.collocated:
-        work = Work(req.route.prompt_tokens - started.cached_tokens, started.cached_tokens, req.route.output_tokens,
-                    req.route.t_acc)
-        state.recorder.record_request(work, now)
+    state.core.prefill_started(node.id, req, started.cached_tokens, started.restored_tokens, now)
     if started.local_decode or req.decode_node is not None:
         return []
     return bind(state, req, now)
@@ -288,14 +236,10 @@ def on_prefill_started(state: ClusterState, node: SimNode, started, now: float) 
 
 def on_prefill_finished(state: ClusterState, node: SimNode, finished, now: float) -> list[Command]:  # type: ignore[no-untyped-def]
     req = state.requests.get(finished.request)
-    node.sent.pop(finished.request, None)
+    apply_counts(state, state.core.prefill_finished(node.id, finished.request, req, now))
     if req is None:
         return []
-    req.prefill_done = True
     req.first_token = finished.time
-    state.router.on_first_token(req.route.id, now)
-    state.branches.confirm_held(BranchId(req.spec.branch), node.id, req.version)
-    push_counts(state)
     if finished.local_decode:
         req.stage = Stage.DECODE
         req.decode_node = node.id
@@ -333,23 +277,12 @@ def on_transfer_done(state: ClusterState, event: Event) -> list[Command]:
         t_acc=req.route.t_acc,
         generated_pages=req.generated,
     )
-    target.bound.pop(rid, None)
-    target.reserved_tokens -= req.reserved
-    req.reserved = 0
+    state.core.decode_handover(req)
     effects = target.engine.submit_decode(dr, now)  # type: ignore[union-attr]
     absorb(state, target.id, effects.events)
-    target.decode_jobs[rid] = req
     req.stage = Stage.DECODE
-    set_occupancy(state, state.decode_occupancy + 1, now)
-    state.branches.confirm_held(BranchId(req.spec.branch), target.id, req.version)
-    push_counts(state)
+    apply_counts(state, state.core.decode_submitted(req, now))
     return kick(state, target, now)
-
-
-def set_occupancy(state: ClusterState, count: int, now: float) -> None:
-    state.decode_occupancy = count
-    if state.recorder is not None:
-        state.recorder.record_decode_occupancy(count, now)
 
 
 # -- completion -------------------------------------------------------------------------------------------
@@ -357,8 +290,7 @@ def on_decode_finished(state: ClusterState, node: SimNode, done, now: float) -> 
     req = state.requests.pop(done.request, None)
     if req is None:
         return []
-    if node.decode_jobs.pop(done.request, None) is not None:
-        set_occupancy(state, state.decode_occupancy - 1, now)
+    state.core.decode_finished(node.id, req, now)
     assert req.queued is not None and req.prefill_start is not None and req.first_token is not None
     state.records.append(
         RequestRecord(
@@ -382,7 +314,6 @@ def on_decode_finished(state: ClusterState, node: SimNode, done, now: float) -> 
         )
     )
     state.stats.finished += 1
-    state.router.on_finished(req.route.id, now)
     program = state.programs.get(req.spec.agent)
     if program is not None:
         program.in_flight -= 1

@@ -13,21 +13,21 @@ Boundary: building model objects; a new object per change (the TTFT router memoi
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from evolving_infra.core.itermodel import PrefillCoefficients
 from evolving_infra.core.types import NodeId
 from evolving_infra.node_agent.profile import HardwareProfile
-from evolving_infra.router.fitting import FittedNodeModel, ModelFitter, UsageCounts
+from evolving_infra.router.core.models import WarmupTooShort, freeze_all
+from evolving_infra.router.fitting import ModelFitter, UsageCounts
 from evolving_infra.router.planner import CoefficientNodeModel
 from evolving_infra.router.routing import CoefficientPrefillModel
 
+__all__ = [
+    "PROVISIONAL", "WarmupTooShort", "freeze_all", "make_fitter", "profile_planner_model", "profile_router_model",
+    "provisional_model",
+]
+
 PROVISIONAL = PrefillCoefficients(c0=0.0, c1=1e-5, c2=0.0, c3=0.0)
 """Stand-in before the first warmup fit: time proportional to uncached tokens (only the ranking matters)."""
-
-
-class WarmupTooShort(RuntimeError):
-    """No node saw enough iterations of a phase during warmup to fit its model."""
 
 
 def make_fitter(node: NodeId, profile: HardwareProfile) -> ModelFitter:
@@ -44,30 +44,6 @@ def provisional_model(fitter: ModelFitter, profile: HardwareProfile) -> Coeffici
     return CoefficientPrefillModel(
         result.prefill, t_bar=usage.t_bar or float(profile.chunk_tokens), f_restore=usage.f_restore or 0.0
     )
-
-
-def freeze_all(fitters: dict[NodeId, ModelFitter]) -> tuple[dict[NodeId, FittedNodeModel], list[str]]:
-    """Freeze every node's fit; fill a missing phase from another node. Returns the models and messages."""
-    frozen = {n: f.freeze() for n, f in fitters.items()}
-    messages: list[str] = []
-    donor_p = next((m for m in frozen.values() if m.prefill is not None), None)
-    donor_d = next((m for m in frozen.values() if m.decode is not None), None)
-    if donor_p is None or donor_d is None:
-        missing = "prefill" if donor_p is None else "decode"
-        raise WarmupTooShort(
-            f"no node saw enough {missing} iterations during warmup to fit its model; lengthen --warmup, add "
-            "agents, or use --models profile"
-        )
-    out: dict[NodeId, FittedNodeModel] = {}
-    for n, m in frozen.items():
-        if m.prefill is None:
-            m = replace(m, prefill=donor_p.prefill, usage=donor_p.usage)
-            messages.append(f"{n}: prefill model borrowed from {donor_p.node}")
-        if m.decode is None:
-            m = replace(m, decode=donor_d.decode)
-            messages.append(f"{n}: decode model borrowed from {donor_d.node}")
-        out[n] = m
-    return out, messages
 
 
 def profile_router_model(profile: HardwareProfile, usage: UsageCounts | None = None) -> CoefficientPrefillModel:

@@ -20,16 +20,13 @@ Boundary: switching and planning; the request path is `flow`.
 
 from __future__ import annotations
 
-from evolving_infra.core.kv_events import KvCleared
 from evolving_infra.core.types import NodeMode, Phase, Tier
 from evolving_infra.node_agent.engine import DecodeRequest, PrefillRequest
 from evolving_infra.router.fitting import UsageCounts
+from evolving_infra.router.core import NodeTrack
 from evolving_infra.router.planner import (
-    NodeStatus,
     Outcome,
     PlannerDecision,
-    PlannerObservation,
-    SliceRecorder,
     SwitchMode,
     WindowConfig,
 )
@@ -40,8 +37,8 @@ from evolving_infra.sim.models import freeze_all, profile_planner_model, profile
 from evolving_infra.sim.pause import ProgramView
 from evolving_infra.sim.records import SwitchRecord
 from evolving_infra.sim.spans import close_span, stop_span
-from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, kick, push_counts
-from evolving_infra.sim.views import capacity_tokens, decode_need, move_cost, node_load, serving_phase
+from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, apply_counts, kick, push_counts
+from evolving_infra.sim.views import capacity_tokens
 
 
 def _done(state: ClusterState) -> bool:
@@ -55,7 +52,7 @@ def on_fit_tick(state: ClusterState, event: Event) -> list[Command]:
         return []
     for node in state.nodes.values():
         if node.fitter is not None:
-            state.router_models[node.id] = provisional_model(node.fitter, state.profile)
+            state.core.router_models[node.id] = provisional_model(node.fitter, state.profile)
     nxt = event.time + state.cfg.fit_interval_s
     if nxt < state.cfg.warmup_s and not _done(state):
         return [Event(nxt, Priority.CONTROL, lambda e: on_fit_tick(state, e), label="fit tick")]
@@ -72,8 +69,8 @@ def start_disaggregation(state: ClusterState, phases: dict[str, Phase], now: flo
         state.fitted = fitted
         for node in state.nodes.values():
             node.usage = UsageCounts()
-            state.router_models[node.id] = fitted[node.id]
-            state.planner_models[node.id] = fitted[node.id]
+            state.core.router_models[node.id] = fitted[node.id]
+            state.core.planner_models[node.id] = fitted[node.id]
         state.collocated = False
         for node in state.nodes.values():
             state.branches.set_phase(node.id, phases[node.id])
@@ -82,8 +79,7 @@ def start_disaggregation(state: ClusterState, phases: dict[str, Phase], now: flo
             out += begin_in_place(state, node, phases[node.id], now, strand=False, record=False)
     state.disaggregated_at = now
     window = getattr(getattr(state.planner, "settings", None), "window", None)
-    state.recorder = SliceRecorder.for_window(window if isinstance(window, WindowConfig) else WindowConfig(), now)
-    flow.set_occupancy(state, state.decode_occupancy, now)
+    state.core.start_window(window if isinstance(window, WindowConfig) else WindowConfig(), now)
     state.record_split(now)
     if state.planner is not None and not _done(state):
         out.append(Event(now + state.planner.interval_s, Priority.CONTROL, lambda e: on_planner_tick(state, e),
@@ -94,17 +90,15 @@ def start_disaggregation(state: ClusterState, phases: dict[str, Phase], now: flo
 # -- planner ------------------------------------------------------------------------------------------------
 def refresh_models(state: ClusterState) -> None:
     """Remeasure t̄_n and f_n of every node from the window's usage counts (new model objects)."""
-    for node in state.nodes.values():
-        usage = node.usage if node.usage.prefill_iterations or node.usage.cached_tokens else None
+
+    def refresh(node: NodeTrack, usage: UsageCounts | None) -> tuple[object, object]:
         if state.cfg.models is ModelSource.FITTED:
             base = state.fitted[node.id]
-            model = base.remeasured(usage) if usage is not None else state.planner_models.get(node.id, base)
-            state.planner_models[node.id] = model
-            state.router_models[node.id] = model
-        else:
-            state.planner_models[node.id] = profile_planner_model(state.profile, usage)
-            state.router_models[node.id] = profile_router_model(state.profile, usage)
-        node.usage = UsageCounts()
+            model = base.remeasured(usage) if usage is not None else state.core.planner_models.get(node.id, base)
+            return model, model
+        return profile_router_model(state.profile, usage), profile_planner_model(state.profile, usage)
+
+    state.core.refresh_models(refresh)
 
 
 def on_planner_tick(state: ClusterState, event: Event) -> list[Command]:
@@ -113,14 +107,7 @@ def on_planner_tick(state: ClusterState, event: Event) -> list[Command]:
         return []
     state.stats.planner_ticks += 1
     refresh_models(state)
-    nodes = state.nodes.values()
-    observation = PlannerObservation(
-        nodes={n.id: NodeStatus(serving_phase(n), n.target is not None, move_cost(n)) for n in nodes},
-        last_switch_end=state.last_switch_end,
-        slices=state.recorder.completed(now) if state.recorder is not None else (),
-        models=dict(state.planner_models),
-        load={n.id: node_load(state, n) for n in nodes},
-    )
+    observation = state.core.observation(now)
     decision: PlannerDecision = state.planner.decide(observation, now)
     out: list[Command] = []
     if decision.outcome is Outcome.SWITCH:
@@ -134,16 +121,15 @@ def on_planner_tick(state: ClusterState, event: Event) -> list[Command]:
 
 
 def apply_decision(state: ClusterState, decision: PlannerDecision, now: float) -> list[Command]:
-    assert decision.target is not None
+    change = state.core.split_change(decision)
+    assert change is not None
     out: list[Command] = []
-    for node_id, phase in sorted(decision.target.items()):
-        node = state.nodes[node_id]
-        if node.target is not None or serving_phase(node) is phase:
-            continue
+    for switch in change.switches:
+        node = state.nodes[switch.node]
         if decision.mode is SwitchMode.RELAUNCH:
-            out += relaunch(state, node, phase, decision.relaunch_s, now)
+            out += relaunch(state, node, switch.phase, decision.relaunch_s, now)
         else:
-            out += begin_in_place(state, node, phase, now, strand=decision.mode is SwitchMode.IN_PLACE_STRAND_KV)
+            out += begin_in_place(state, node, switch.phase, now, strand=decision.mode is SwitchMode.IN_PLACE_STRAND_KV)
     return out
 
 
@@ -152,7 +138,7 @@ def begin_in_place(
     state: ClusterState, node: SimNode, phase: Phase, now: float, *, strand: bool, record: bool = True
 ) -> list[Command]:
     assert node.engine is not None
-    node.target = NodeMode.of(phase)
+    state.core.switch_begun(node.id, phase)
     node.switch_decided = now
     node.switch_from = node.phase if record else None
     node.strand_on_switch = strand
@@ -180,9 +166,7 @@ def on_switch_completed(state: ClusterState, node: SimNode, now: float) -> list[
     if node.target is None or node.engine is None:
         return []
     phase = Phase(node.target.value)
-    node.phase = phase
-    node.target = None
-    state.branches.set_phase(node.id, phase)
+    state.core.switch_completed(node.id, phase, now)
     if node.strand_on_switch:
         engine = node.engine
         engine.evict(Tier.GPU, engine.pool.l1.capacity, now)
@@ -191,7 +175,7 @@ def on_switch_completed(state: ClusterState, node: SimNode, now: float) -> list[
     push_counts(state)
     if node.switch_from is not None:
         state.switches.append(SwitchRecord(node.id, node.switch_from, phase, node.switch_decided, now))
-        state.last_switch_end = now
+        state.core.last_switch_end = now
     node.switch_from = None
     close_span(state, node, now, phase)
     node.busy = 0.0
@@ -206,22 +190,20 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
     stop_span(state, node, now)
     node.engine = None
     node.phase = None
-    node.target = NodeMode.of(phase)
+    state.core.switch_begun(node.id, phase)
     node.switch_decided = now
     node.switch_from = old
     node.step_at = None
     node.iterating = False
-    state.directory.apply(KvCleared(node.id, None, now))
-    state.branches.drop_node(node.id)
-    push_counts(state)
+    apply_counts(state, state.core.clear_node(node.id, now))
     state.record_split(now)
     out: list[Command] = [Cancel(("step", node.id))]
     lost = list(node.sent.values()) + list(node.decode_jobs.values())
     if node.decode_jobs:
-        flow.set_occupancy(state, state.decode_occupancy - len(node.decode_jobs), now)
+        state.core.set_occupancy(state.core.decode_occupancy - len(node.decode_jobs), now)
     node.sent.clear()
     node.decode_jobs.clear()
-    node.report_running, node.report_queue, node.report_ids, node.report_time = (), (), frozenset(), None
+    node.forget_report()
     state.stats.aborted_by_relaunch += len(lost)
     for req in lost:
         if state.requests.get(req.id) is req:
@@ -236,8 +218,7 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
             req.stage = Stage.TRANSFER
         out += flow.bind(state, req, now)
         if req.decode_node is not None and req.reserved == 0:
-            req.reserved = decode_need(req)
-            state.nodes[req.decode_node].reserved_tokens += req.reserved
+            state.core.reserve(req)
     ready = Event(now + downtime, Priority.CONTROL, lambda e: on_relaunched(state, node.id, phase, e),
                   label=f"relaunched {node.id}")
     return [*out, ready]
@@ -248,13 +229,11 @@ def on_relaunched(state: ClusterState, node_id: str, phase: Phase, event: Event)
     now = event.time
     assert state.make_engine is not None
     node.engine = state.make_engine(node.id, NodeMode.of(phase))
-    node.phase = phase
-    node.target = None
-    state.branches.set_phase(node.id, phase)
+    state.core.switch_completed(node.id, phase, now)
     if node.switch_from is not None:
         state.switches.append(SwitchRecord(node.id, node.switch_from, phase, node.switch_decided, now))
     node.switch_from = None
-    state.last_switch_end = now
+    state.core.last_switch_end = now
     close_span(state, node, now, phase)
     state.record_split(now)
     return flow.retry_waiting(state, now) + kick(state, node, now)
@@ -287,27 +266,17 @@ def on_pause_tick(state: ClusterState, event: Event) -> list[Command]:
 # -- moving requests (hand-backs and relaunches) ------------------------------------------------------------
 def reroute(state: ClusterState, req: SimRequest, now: float, *, lost_kv: bool = False) -> list[Command]:
     """Send a request's prefill again (handed back by a switching node, or its node relaunched)."""
-    req.attempt += 1
     state.stats.rerouted += 1
-    if req.prefill_node is not None:
-        state.nodes[req.prefill_node].sent.pop(req.id, None)
+    state.core.release_prefill(req, lost_kv=lost_kv)
     if lost_kv:
-        if req.decode_node is not None:
-            state.nodes[req.decode_node].decode_jobs.pop(req.id, None)
-        flow.unbind(state, req)
-        req.prefill_done = False
         req.prefill_start = None
         req.first_token = None
-    req.prefill_node = None
     return flow.route_request(state, req, now)
 
 
 def rebind_decode(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
     """A queued decode handed back by a switching decode node: bind elsewhere and transfer again."""
-    req.attempt += 1
     state.stats.rebound += 1
-    if req.decode_node is not None and state.nodes[req.decode_node].decode_jobs.pop(req.id, None) is not None:
-        flow.set_occupancy(state, state.decode_occupancy - 1, now)
-    req.decode_node = None
+    state.core.release_decode(req, now)
     req.stage = Stage.TRANSFER
     return flow.bind(state, req, now)

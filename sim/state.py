@@ -1,9 +1,10 @@
 """The mutable state of one simulated cluster, shared by the event handlers (`flow`, `stepping`, `phases`).
 
-One `ClusterState` holds the pure objects the live services also drive (engine cores, KV directory, branch
-table, router, decode binder, planner, slice recorder, model fitters) plus the simulator's own bookkeeping:
-requests in flight (`SimRequest`), per-node driver state (`SimNode`: step scheduling, what the router sent and
-the node's last report, decode jobs, reservations, spans) and the records of the run.
+One `ClusterState` holds the pure objects the live services also drive: the engine cores, the router core
+(`RouterCore`: KV directory, branch table, routing policies, planner window, the router's record of nodes and
+requests) and the planner, plus the simulator's own bookkeeping: requests in flight (`SimRequest`, the router's
+`RoutedRequest` plus measured times), per-node driver state (`SimNode`, the router's `NodeTrack` plus the engine,
+step scheduling and busy-time spans) and the records of the run.
 
 Invariant: every request in `requests` is in exactly one stage, and a node's `step_at` is set exactly when a
 step event for it is pending.
@@ -16,17 +17,18 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evolving_infra.core.kv_events import KvEvent, KvRemoved
+from evolving_infra.core.kv_events import KvEvent
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier, Work
+from evolving_infra.core.types import NodeId, NodeMode, Phase
 from evolving_infra.node_agent.engine import EngineCore, FetchRun
-from evolving_infra.node_agent.engine.switch import serves
-from evolving_infra.router.fitting import ModelFitter, UsageCounts
-from evolving_infra.router.routing import QueuedPrefill, RouteRequest, RunningPrefill
+from evolving_infra.router.branches import BranchTable
+from evolving_infra.router.core import NodeTrack, PoolSnapshot, PushCounts, RoutedRequest, RouterCore
+from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.planner import SliceRecorder
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority
 from evolving_infra.sim.records import NodeSpan, RequestRecord, SplitRecord, SwitchRecord
 from evolving_infra.sim.replay import RequestSpec
@@ -46,95 +48,48 @@ class Stage(enum.Enum):
     DECODE = "decode"
 
 
-@dataclass(eq=False)
-class SimRequest:
-    """One request in flight and everything the handlers learned about it."""
+@dataclass(eq=False, kw_only=True)
+class SimRequest(RoutedRequest):
+    """One request in flight: the router's record (`RoutedRequest`) plus what the simulator measures."""
 
     spec: RequestSpec
-    route: RouteRequest
-    prompt_pages: tuple[PageHash, ...]
     generated: tuple[PageHash, ...]
-    version: int
     issued: float
     since: float
     stage: Stage = Stage.PREFILL
-    attempt: int = 0
-    prefill_node: NodeId | None = None
-    decode_node: NodeId | None = None
     queued: float | None = None
     prefill_start: float | None = None
     first_token: float | None = None
-    prefill_done: bool = False
-    routed_cached: int = 0
-    routed_restore: int = 0
     fetch: tuple[FetchRun, ...] = ()
     fetched: int = 0
     cached: int = 0
-    reserved: int = 0
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    def queued_view(self) -> QueuedPrefill:
-        """The request as the router records it: its routed work."""
-        cached = self.routed_cached
-        work = Work(self.route.prompt_tokens - cached, cached, self.route.output_tokens, self.route.t_acc)
-        return QueuedPrefill(self.spec.id, work, min(self.routed_restore, cached))  # type: ignore[arg-type]
 
 
-@dataclass(eq=False)
-class SimNode:
-    """Driver-side state of one node (the engine itself is `engine`; None while a relaunch runs)."""
+@dataclass(eq=False, kw_only=True)
+class SimNode(NodeTrack):
+    """One node: the router's record (`NodeTrack`) plus the driver's state (the engine itself is `engine`;
+    None while a relaunch runs)."""
 
-    id: NodeId
     engine: EngineCore | None
-    phase: Phase | None
-    """Phase served; None while collocated (warmup) or relaunching."""
-    target: NodeMode | None = None
-    """Mode being switched to (draining or relaunching); None otherwise."""
     strand_on_switch: bool = False
     switch_decided: float = 0.0
     switch_from: Phase | None = None
     step_at: float | None = None
     iterating: bool = False
-    sent: dict[str, SimRequest] = field(default_factory=dict)
-    """Prefill requests sent to the node whose prefill has not finished, in sending order."""
-    report_time: float | None = None
-    report_running: tuple[RunningPrefill, ...] = ()
-    report_queue: tuple[QueuedPrefill, ...] = ()
-    report_ids: frozenset[str] = frozenset()
-    decode_jobs: dict[str, SimRequest] = field(default_factory=dict)
-    """Decode requests submitted here and not finished."""
-    bound: dict[str, SimRequest] = field(default_factory=dict)
-    """Requests bound to this decode node whose KV has not been submitted here yet."""
-    reserved_tokens: int = 0
-    """KV tokens of `bound` requests (taken from the room offered to new bindings)."""
-    prealloc: deque[SimRequest] = field(default_factory=deque)
-    """Requests bound at routing that wait for their KV reservation here (SGLang's pre-allocation)."""
-    fitter: ModelFitter | None = None
-    usage: UsageCounts = field(default_factory=UsageCounts)
     span_start: float = 0.0
     span_phase: Phase | None = None
     busy: float = 0.0
     carry: float = 0.0
 
-    def accepts(self, phase: Phase) -> bool:
-        """Whether new work of `phase` may be sent now (mirrors the engine's refusal rules)."""
-        if self.engine is None:
-            return False
-        mode = self.engine.mode
-        if self.target is None:
-            return serves(mode, phase)
-        return serves(self.target, phase) and serves(mode, phase)
+    def current_mode(self) -> NodeMode | None:
+        return None if self.engine is None else self.engine.mode
 
-    @property
-    def serving(self) -> bool:
-        return self.engine is not None
-
-    @property
-    def draining(self) -> bool:
-        return self.engine is not None and self.target is not None
+    def current_pool(self) -> PoolSnapshot | None:
+        engine = self.engine
+        if engine is None:
+            return None
+        g = engine.pool.gauges()
+        return PoolSnapshot(engine.profile.page_tokens, g.l1.free, g.l1.cached, g.l1.pinned, g.l2.cached, g.l2.pinned)
 
 
 @dataclass
@@ -165,30 +120,22 @@ class ClusterState:
     cfg: Any
     profile: Any
     nodes: dict[NodeId, SimNode]
-    directory: Any
-    branches: Any
-    router: Any
-    binder: Any
+    core: RouterCore
     planner: Any
     replayer: Any
     content: Any
     trace: Any
     parents: dict[str, str]
     pause: Any = None
-    recorder: Any = None
-    router_models: dict[NodeId, Any] = field(default_factory=dict)
     fitted: dict[NodeId, Any] = field(default_factory=dict)
     """Frozen warmup fits (models FITTED), the base that t̄_n and f_n are remeasured on."""
     make_engine: Callable[[NodeId, NodeMode], EngineCore] | None = None
-    planner_models: dict[NodeId, Any] = field(default_factory=dict)
     collocated: bool = False
     disaggregated_at: float | None = None
     requests: dict[str, SimRequest] = field(default_factory=dict)
     wait_bind: deque[SimRequest] = field(default_factory=deque)
     parked: deque[SimRequest] = field(default_factory=deque)
     """Requests with no node accepting prefill right now (retried when a switch or relaunch completes)."""
-    decode_occupancy: int = 0
-    last_switch_end: float | None = None
     programs: dict[str, Any] = field(default_factory=dict)
     held: dict[str, list[Any]] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
@@ -200,6 +147,27 @@ class ClusterState:
     on_step: Callable[[Event], list[Command]] | None = None
     scored_end: float | None = None
 
+    # -- the router core's parts ---------------------------------------------------------------------
+    @property
+    def directory(self) -> KvDirectory:
+        return self.core.directory
+
+    @property
+    def branches(self) -> BranchTable:
+        return self.core.branches
+
+    @property
+    def router(self) -> Any:
+        return self.core.router
+
+    @property
+    def binder(self) -> Any:
+        return self.core.binder
+
+    @property
+    def recorder(self) -> SliceRecorder | None:
+        return self.core.recorder
+
     # -- queries -------------------------------------------------------------------------------------
     def node_ids(self) -> list[NodeId]:
         return list(self.nodes)
@@ -209,9 +177,7 @@ class ClusterState:
 
     def split_now(self) -> tuple[int, int]:
         """(prefill, decode) nodes serving a phase now (relaunching and collocated nodes excluded)."""
-        p = sum(1 for n in self.nodes.values() if n.serving and n.phase is Phase.PREFILL)
-        d = sum(1 for n in self.nodes.values() if n.serving and n.phase is Phase.DECODE)
-        return p, d
+        return self.core.split_now()
 
     def record_split(self, now: float) -> None:
         p, d = self.split_now()
@@ -241,19 +207,17 @@ def wake_at(state: ClusterState, node: SimNode, at: float) -> list[Command]:
 
 def absorb(state: ClusterState, node: NodeId, events: tuple[KvEvent, ...]) -> None:
     """KV events of `node` to the directory; host removals to the branch counts; counts back to the engines."""
-    if not events:
-        return
-    directory, branches = state.directory, state.branches
-    for event in events:
-        directory.apply(event)
-        if isinstance(event, KvRemoved) and event.tier is Tier.HOST:
-            branches.evicted(event.node, event.pages)
-    push_counts(state)
+    apply_counts(state, state.core.absorb(events))
 
 
 def push_counts(state: ClusterState) -> None:
     """Send every changed branch count to its node's engine (`take_updates` -> `set_counts`)."""
-    for node in state.nodes.values():
-        updates = state.branches.take_updates(node.id)
-        if updates and node.engine is not None:
-            node.engine.set_counts(updates)
+    apply_counts(state, state.core.take_counts())
+
+
+def apply_counts(state: ClusterState, pushes: Iterable[PushCounts]) -> None:
+    """Carry out the core's count pushes (a relaunching node has no engine to take them)."""
+    for push in pushes:
+        engine = state.nodes[push.node].engine
+        if engine is not None:
+            engine.set_counts(dict(push.counts))

@@ -15,7 +15,6 @@ Boundary: iteration bookkeeping; the request path is `flow`, switches are `phase
 from __future__ import annotations
 
 from evolving_infra.node_agent.engine import IterationKind, StepOutput
-from evolving_infra.router.fitting import UsageCounts
 from evolving_infra.sim import flow, phases
 from evolving_infra.sim.kernel import Command, Event, Priority
 from evolving_infra.sim.spans import account_busy
@@ -59,12 +58,8 @@ def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:
     now = event.time
     node.iterating = False
     absorb(state, node.id, out.events)
-    record = out.record
-    if record is not None:
-        if node.fitter is not None and not node.fitter.frozen and record.duration > 0:
-            node.fitter.observe(record)
-        if record.prefill:
-            node.usage = node.usage + UsageCounts.of_iteration(record.prefill)
+    if out.record is not None:
+        state.core.iteration(node.id, out.record)
     commands: list[Command] = []
     for finished in out.prefills_finished:
         commands += flow.on_prefill_finished(state, node, finished, now)

@@ -1,0 +1,177 @@
+"""What the router keeps per request and per node between decisions (its own record, beside the nodes' reports).
+
+- `RoutedRequest`: one request from its admission (E.1) until it leaves: where its prefill and decode run,
+  what the routing decision assumed (cached and restored tokens), the decode KV it reserved.
+- `NodeTrack`: one node as the router knows it: the mode it serves (None while it serves nothing), a switch in
+  flight (`target`), the prefill requests sent and not finished (`sent`, in sending order), the node's last
+  report of its prefill batch and queue (`report_*`, taken at an iteration launch), the decode requests
+  running there or bound to it, its pool gauges (`PoolSnapshot`), its model fitter during warmup and the usage
+  counts t̄_n and f_n are remeasured from.
+
+A driver supplies the node's mode and pool: the live service from the node's state reports, the simulator
+from the engine itself (it overrides `current_mode` and `current_pool`).
+
+Invariant: a request is in at most one node's `sent` (its `prefill_node`) and at most one node's
+`decode_jobs` or `bound` (its `decode_node`); `reserved_tokens` is the sum of `reserved` over `bound`.
+
+Boundary: plain state and small queries; decisions are `RouterCore`'s.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Work
+from evolving_infra.router.core.effects import FetchPlanRun
+from evolving_infra.router.fitting import ModelFitter, UsageCounts
+from evolving_infra.router.routing import QueuedPrefill, RouteRequest, RunningPrefill
+
+
+def serves(mode: NodeMode, phase: Phase) -> bool:
+    """Whether a node in `mode` serves `phase` (collocated serves both)."""
+    return mode is NodeMode.COLLOCATED or mode.value == phase.value
+
+
+@dataclass(eq=False)
+class RoutedRequest:
+    """The router's record of one request (see the module docstring)."""
+
+    route: RouteRequest
+    prompt_pages: tuple[PageHash, ...]
+    version: int
+    attempt: int = 0
+    """Bumped every time the request is re-routed or re-bound (stale replies of earlier attempts are ignored)."""
+    prefill_node: NodeId | None = None
+    decode_node: NodeId | None = None
+    routed_cached: int = 0
+    routed_restore: int = 0
+    prefill_started: bool = False
+    prefill_done: bool = False
+    reserved: int = 0
+    """Decode KV tokens reserved on `decode_node` until the KV is submitted there."""
+    fetch_plan: tuple[FetchPlanRun, ...] = ()
+    """What its prefill node pulls from peers (the last routing's plan)."""
+
+    @property
+    def id(self) -> str:
+        return str(self.route.id)
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.route.id
+
+    @property
+    def branch(self) -> BranchId:
+        return self.route.branch
+
+    def queued_view(self) -> QueuedPrefill:
+        """The request as the router records it: its routed work."""
+        cached = self.routed_cached
+        work = Work(self.route.prompt_tokens - cached, cached, self.route.output_tokens, self.route.t_acc)
+        return QueuedPrefill(self.route.id, work, min(self.routed_restore, cached))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """Page counts of a node's KV tiers the router reads (from a state report)."""
+
+    page_tokens: int
+    l1_free: int = 0
+    l1_cached: int = 0
+    l1_pinned: int = 0
+    l2_cached: int = 0
+    l2_pinned: int = 0
+
+    @property
+    def cached_pages(self) -> int:
+        """Everything the node caches (a tie-break of the Dynamo baseline)."""
+        return self.l1_cached + self.l1_pinned + self.l2_cached + self.l2_pinned
+
+    @property
+    def room_tokens(self) -> int:
+        """KV tokens a decode node can still take: its free and evictable GPU pages."""
+        return (self.l1_free + self.l1_cached) * self.page_tokens
+
+
+@dataclass(eq=False)
+class NodeTrack:
+    """The router's record of one node (see the module docstring)."""
+
+    id: NodeId
+    phase: Phase | None
+    """Phase served; None while collocated (warmup) or serving nothing."""
+    target: NodeMode | None = None
+    """Mode being switched to (draining or relaunching); None otherwise."""
+    mode: NodeMode | None = None
+    """Mode last reported; None while the node serves nothing (down, relaunching, never reported)."""
+    pool: PoolSnapshot | None = None
+    sent: dict[str, RoutedRequest] = field(default_factory=dict)
+    """Prefill requests sent to the node whose prefill has not finished, in sending order."""
+    report_time: float | None = None
+    report_running: tuple[RunningPrefill, ...] = ()
+    report_queue: tuple[QueuedPrefill, ...] = ()
+    report_ids: frozenset[str] = frozenset()
+    decode_jobs: dict[str, RoutedRequest] = field(default_factory=dict)
+    """Decode requests submitted here and not finished."""
+    bound: dict[str, RoutedRequest] = field(default_factory=dict)
+    """Requests bound to this decode node whose KV has not been submitted here yet."""
+    reserved_tokens: int = 0
+    prealloc: deque[RoutedRequest] = field(default_factory=deque)
+    """Requests bound at routing that wait for their KV reservation here (the SGLang baseline's pre-allocation)."""
+    fitter: ModelFitter | None = None
+    usage: UsageCounts = field(default_factory=UsageCounts)
+
+    # -- what the driver supplies --------------------------------------------------------------------
+    def current_mode(self) -> NodeMode | None:
+        """The mode the node serves now (None: it serves nothing)."""
+        return self.mode
+
+    def current_pool(self) -> PoolSnapshot | None:
+        return self.pool
+
+    # -- queries -------------------------------------------------------------------------------------
+    @property
+    def serving(self) -> bool:
+        return self.current_mode() is not None
+
+    @property
+    def draining(self) -> bool:
+        return self.serving and self.target is not None
+
+    def accepts(self, phase: Phase) -> bool:
+        """Whether new work of `phase` may be sent now (mirrors the engine's refusal rules)."""
+        mode = self.current_mode()
+        if mode is None:
+            return False
+        if self.target is None:
+            return serves(mode, phase)
+        return serves(self.target, phase) and serves(mode, phase)
+
+    def serving_phase(self) -> Phase:
+        """The phase the node counts in for the planner: its switch target while switching."""
+        if self.target is not None:
+            return Phase(self.target.value)
+        if self.phase is None:
+            raise ValueError(f"node {self.id} serves no phase yet (collocated or down)")
+        return self.phase
+
+    def move_cost(self) -> float:
+        """Requests the node would have to finish (or lose) if it moved now."""
+        return float(len(self.sent) + len(self.decode_jobs))
+
+    def record_report(self, now: float, running: tuple[RunningPrefill, ...], queued_ids: tuple[str, ...]) -> None:
+        """The node's report at an iteration launch: its running prefills and the ids queued, in order."""
+        queue: list[QueuedPrefill] = []
+        for rid in queued_ids:
+            req = self.sent.get(rid)
+            if req is not None:
+                queue.append(req.queued_view())
+        self.report_time = now
+        self.report_running = running
+        self.report_queue = tuple(queue)
+        self.report_ids = frozenset(self.sent)
+
+    def forget_report(self) -> None:
+        self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), frozenset(), None

@@ -1,0 +1,364 @@
+"""`LiveRouter`: the `RouterBackend` of the HTTP front end, driving the router core against live node agents.
+
+Request path (`complete`): the prompt's token ids become page hashes (`token_page_hashes`); the core admits the
+request (E.1) and routes it; the prefill goes to its node with the fetch plan (SubmitPrefill); the core binds a
+decode node with KV room as soon as the prefill node accepted the request (the node reports no prefill start
+yet); the decode goes to that node naming the prefill node as the KV source (SubmitDecode), and its progress
+comes back as `TokenChunk`s, the first with `cached_tokens` (the routing decision's reuse). Count changes are
+pushed to the nodes as they happen; a branch finish releases its counts.
+
+Failures: before the first token an attempt that fails (a node unreachable or refusing, a queued request handed
+back by a switch, the node's event stream lost) is re-routed from scratch, up to `max_attempts`, within the
+request's deadline; after it, the stream ends with `NodeUnavailable`. No node accepting prefill, or no decode
+room within `bind_wait_s`, is `NoCapacity` (503). A node whose event stream breaks is taken out of routing, its
+pages leave the directory and its counts are released; it comes back when its stream does.
+
+Node reports (`StreamEvents`) and availability are applied by `reports.NodeReports`.
+
+Boundary: asyncio I/O around `RouterCore`; every routing decision is the core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import xxhash
+
+from evolving_infra.core.pages import token_page_hashes
+from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.router.core import CoreSettings, FetchPlanRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
+from evolving_infra.router.fitting import FittedNodeModel
+from evolving_infra.router.http.backend import (
+    BranchRef, CompletionRequest, FinishOutcome, FinishReason, ModelCard, Readiness, TokenChunk,
+)  # fmt: skip
+from evolving_infra.router.http.errors import DeadlineExceeded, InvalidRequest, NoCapacity, NodeUnavailable
+from evolving_infra.router.routing import RouteRequest, make_decode_binder, make_prefill_router
+from evolving_infra.router.service.client import NodeClient, NodeEndpoint
+from evolving_infra.router.service.metrics import RouterServiceMetrics
+from evolving_infra.router.service.models import ModelShape
+from evolving_infra.router.service.reports import NodeReports
+from evolving_infra.router.service.settings import RouterSettings
+from evolving_infra.router.service.wire import decode_to, prefill_to
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ALREADY_EXISTS,
+}  # fmt: skip
+
+
+class _Retry(Exception):
+    """This attempt failed in a way a fresh routing may fix."""
+
+
+@dataclass(eq=False)
+class Flight:
+    """One request being served: the core's record, and what interrupts its current attempt."""
+
+    req: RoutedRequest
+    interrupted: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    tokens_sent: int = 0
+    finished: bool = False
+
+    @property
+    def wire_id(self) -> str:
+        """The request id the nodes see for this attempt (the request's own id on the first)."""
+        return self.req.id if self.req.attempt == 0 else f"{self.req.id}~{self.req.attempt}"
+
+    def interrupt(self, reason: str) -> None:
+        self.reason = reason
+        self.interrupted.set()
+
+
+class LiveRouter:
+    """See the module docstring. `start()` connects to the nodes; `close()` disconnects."""
+
+    def __init__(
+        self, settings: RouterSettings, shape: ModelShape, endpoints: Sequence[NodeEndpoint],
+        metrics: RouterServiceMetrics | None = None,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.shape = shape
+        self.metrics = metrics or RouterServiceMetrics()
+        rng = random.Random(settings.seed)
+        routing = dict(settings.routing_settings)
+        if settings.prefill_routing.value.startswith("dynamo-kv"):
+            routing.setdefault("rng", random.Random(rng.getrandbits(62)))
+        core_settings = CoreSettings(shared_pool=settings.shared_pool, reserve_on_bind=True, kv_capacity_tokens=shape.l1_tokens)
+        self.core = RouterCore(
+            {},
+            router=make_prefill_router(settings.prefill_routing, **routing),
+            binder=make_decode_binder(settings.decode_routing, random.Random(rng.getrandbits(62))),
+            settings=core_settings,
+        )
+        self.push_enabled = settings.eviction.value == "branch-count"
+        self.endpoints = {e.node: e for e in endpoints}
+        self.clients: dict[NodeId, NodeClient] = {}
+        self.generations: dict[NodeId, int] = {}
+        self.flights: dict[str, Flight] = {}
+        self._wire: dict[str, Flight] = {}
+        self.fitted: dict[NodeId, FittedNodeModel] = {}
+        self._t0 = time.monotonic()
+        self.reports = NodeReports(self)
+        for node in self.endpoints:
+            self.core.nodes[node] = NodeTrack(node, None)
+            self.core.router_models[node] = shape.router_model()
+            self.core.planner_models[node] = shape.planner_model()
+            if settings.warmup_s > 0:
+                self.core.nodes[node].fitter = shape.fitter(node)
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def now(self) -> float:
+        """Router time: seconds since the router started."""
+        return time.monotonic() - self._t0
+
+    async def start(self) -> None:
+        for endpoint in self.endpoints.values():
+            client = NodeClient(
+                endpoint, rpc_timeout_s=self.settings.rpc_timeout_s, on_event=self.reports.on_event,
+                on_down=self.reports.on_down, on_up=self.reports.on_up,
+            )  # fmt: skip
+            self.clients[endpoint.node] = client
+            client.start()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait until every node reported its state (at most `timeout` seconds)."""
+        end = asyncio.get_running_loop().time() + timeout
+        while any(t.current_mode() is None for t in self.core.nodes.values()):
+            if asyncio.get_running_loop().time() > end:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def close(self) -> None:
+        for flight in list(self.flights.values()):
+            flight.interrupt("the router is shutting down")
+        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    # --- RouterBackend --------------------------------------------------------------------------------
+    def models(self) -> Sequence[ModelCard]:
+        return [ModelCard(id=self.settings.model_name)]
+
+    def readiness(self) -> Readiness:
+        if not self.core.accepting(Phase.PREFILL):
+            return Readiness(False, "no node agent serves prefill")
+        if not self.core.accepting(Phase.DECODE):
+            return Readiness(False, "no node agent serves decode")
+        return Readiness(True)
+
+    async def finish_branch(self, branch: BranchRef) -> FinishOutcome:
+        scoped = branch.scoped_id()
+        if scoped not in self.core.branches:
+            return FinishOutcome.NOT_FOUND
+        self.push(self.core.end_branch(scoped, self.now()))
+        return FinishOutcome.FINISHED
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:  # type: ignore[override]
+        flight = self._admit(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (request.timeout_s or self.settings.request_timeout_s)
+        try:
+            for attempt in range(1, self.settings.max_attempts + 1):
+                try:
+                    async for chunk in self._attempt(flight, request, deadline):
+                        yield chunk
+                    return
+                except _Retry as retry:
+                    if flight.tokens_sent:
+                        raise NodeUnavailable(f"request {flight.req.id}: {retry}") from None
+                    self.metrics.retries.labels(reason=_reason(str(retry))).inc()
+                    self.core.release_prefill(flight.req, lost_kv=True, now=self.now())
+                    if attempt == self.settings.max_attempts or loop.time() >= deadline:
+                        raise NodeUnavailable(
+                            f"request {flight.req.id} failed {attempt} time(s) before its first token; last: {retry}",
+                            retry_after_s=1.0,
+                        ) from None
+                    log.info("request %s: attempt %d failed (%s); routing again", flight.req.id, attempt, retry)
+        finally:
+            self._end(flight)
+
+    # --- request path ---------------------------------------------------------------------------------
+    def _admit(self, request: CompletionRequest) -> Flight:
+        ids = request.prompt_token_ids
+        if not ids:
+            raise InvalidRequest("the prompt has no tokens", "prompt")
+        if request.request_id in self.flights:
+            raise InvalidRequest(f"request id {request.request_id} is already in flight", "X-Request-Id")
+        pt = self.shape.page_tokens
+        pages = tuple(token_page_hashes(ids, pt))
+        output = request.max_tokens or self.settings.default_max_tokens
+        branch = request.branch.scoped_id()
+        route = RouteRequest(
+            id=request.request_id, branch=branch, page_hashes=pages, prompt_tokens=len(ids), output_tokens=output,
+            t_acc=self.shape.t_acc, page_tokens=pt,
+            parent_branch=request.parent.scoped_id() if request.parent is not None else None,
+        )  # fmt: skip
+        version = self.core.admit(branch, pages)
+        flight = Flight(RoutedRequest(route, pages, version))
+        self.flights[flight.req.id] = flight
+        return flight
+
+    def _route(self, flight: Flight) -> tuple[NodeId, int, tuple[FetchPlanRun, ...]]:
+        req = flight.req
+        started = time.perf_counter()
+        routed = self.core.route(req, self.now())
+        if routed is None:
+            raise NoCapacity("no node agent accepts prefill work now", retry_after_s=1.0)
+        self.metrics.routing_seconds.observe(time.perf_counter() - started)
+        d = routed.decision
+        self.metrics.prompt_tokens.inc(req.route.prompt_tokens)
+        self.metrics.cached_tokens.inc(d.cached_tokens)
+        self.metrics.lost_reuse.inc(d.recompute_tokens)
+        self.metrics.fetch_pages.inc(sum(len(r.pages) for r in routed.fetch))
+        self.push(routed.counts)
+        send = self.core.prefill_sent(req)
+        return send.node, d.cached_tokens, send.fetch
+
+    async def _attempt(self, flight: Flight, request: CompletionRequest, deadline: float) -> AsyncIterator[TokenChunk]:
+        req = flight.req
+        flight.interrupted.clear()
+        node, cached, fetch = self._route(flight)
+        wire = flight.wire_id
+        self._wire[wire] = flight
+        addresses = {n: e.address for n, e in self.endpoints.items()}
+        trace = pb.TraceContext(traceparent=request.traceparent or "", tracestate=request.tracestate or "")
+        try:
+            await self.clients[node].submit_prefill(prefill_to(req, wire, fetch, addresses, trace))
+        except grpc.aio.AioRpcError as error:
+            raise self._classify(error, node) from None
+        self.core.prefill_started(node, req, cached, req.routed_restore, self.now())
+        await self._bind(flight, deadline)
+        target = req.decode_node
+        assert target is not None
+        self.core.decode_handover(req)
+        loop = asyncio.get_running_loop()
+        call = self.clients[target].submit_decode(decode_to(req, wire, node, addresses[node], trace), deadline - loop.time())
+        it = call.__aiter__()
+        try:
+            while True:
+                try:
+                    message = await self._next(flight, it, deadline)
+                except StopAsyncIteration:
+                    raise _Retry(f"decode stream of node {target} ended early") from None
+                except grpc.aio.AioRpcError as error:
+                    raise self._classify(error, target) from None
+                kind = message.WhichOneof("progress")
+                if kind == "accepted":
+                    self.push(self.core.prefill_finished(node, req.id, req, self.now()))
+                    self.push(self.core.decode_submitted(req, self.now()))
+                elif kind == "tokens":
+                    n = message.tokens.new_tokens
+                    ids = tuple(message.tokens.token_ids) or self._stand_in(request, flight.tokens_sent, n)
+                    first = flight.tokens_sent == 0
+                    flight.tokens_sent += len(ids)
+                    yield TokenChunk(ids, cached_tokens=cached if first else None)
+                elif kind == "finished":
+                    flight.finished = True
+                    self.core.decode_finished(target, req, self.now())
+                    reason = FinishReason.LENGTH if request.max_tokens else FinishReason.STOP
+                    yield TokenChunk((), finish_reason=reason, cached_tokens=cached if flight.tokens_sent == 0 else None)
+                    return
+        finally:
+            self._wire.pop(wire, None)
+            if not flight.finished:
+                call.cancel()
+
+    async def _next(self, flight: Flight, it: AsyncIterator[pb.DecodeProgress], deadline: float) -> pb.DecodeProgress:
+        loop = asyncio.get_running_loop()
+        nxt = asyncio.ensure_future(it.__anext__())
+        stop = asyncio.ensure_future(flight.interrupted.wait())
+        try:
+            done, _ = await asyncio.wait({nxt, stop}, timeout=max(0.0, deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            stop.cancel()
+            if not nxt.done():
+                nxt.cancel()
+        if nxt in done:
+            return nxt.result()
+        if stop in done:
+            raise _Retry(flight.reason)
+        raise DeadlineExceeded(f"request {flight.req.id} passed its deadline")
+
+    async def _bind(self, flight: Flight, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        end = min(deadline, loop.time() + self.settings.bind_wait_s)
+        while True:
+            bound = self.core.bind(flight.req, self.now())
+            if bound.node is not None:
+                self.push(bound.counts)
+                return
+            if flight.interrupted.is_set():
+                raise _Retry(flight.reason)
+            if loop.time() >= end:
+                raise NoCapacity(f"no decode node has KV room for request {flight.req.id} ({bound.binding.reason.value})",
+                                 retry_after_s=1.0)  # fmt: skip
+            await asyncio.sleep(0.02)
+
+    def _classify(self, error: grpc.aio.AioRpcError, node: NodeId) -> Exception:
+        code = error.code()
+        metadata = dict(error.trailing_metadata() or ())
+        too_large = metadata.get("evolving-reject-reason") == "REJECT_REASON_TOO_LARGE"
+        if code in _RETRYABLE and not too_large:
+            return _Retry(f"node {node}: {code.name}: {error.details()}")
+        return InvalidRequest(f"node {node} refused the request: {error.details()}")
+
+    def _stand_in(self, request: CompletionRequest, start: int, count: int) -> tuple[int, ...]:
+        """Token ids for an engine that produces none (the emulated one): a hash of prompt and position."""
+        seed = xxhash.xxh3_64_intdigest(repr(request.prompt_token_ids).encode())
+        return tuple(xxhash.xxh3_64_intdigest(f"{seed}:{i}".encode()) & 0x7FFFFFFF for i in range(start, start + count))
+
+    def _end(self, flight: Flight) -> None:
+        self.flights.pop(flight.req.id, None)
+        if not flight.finished:
+            self.push(self.core.forget(flight.req, self.now()))
+        self.refresh_gauges()
+
+    def push(self, pushes: Sequence[PushCounts]) -> None:
+        if not self.push_enabled:
+            return
+        for push in pushes:
+            client = self.clients.get(push.node)
+            if client is not None:
+                client.push_counts(push.counts)
+
+    def handed_back(self, node: NodeId, request_ids: Sequence[str]) -> None:
+        """A switching node handed these queued requests back: their attempts are routed again."""
+        for rid in request_ids:
+            flight = self._wire.get(rid)
+            if flight is not None and node in (flight.req.prefill_node, flight.req.decode_node):
+                flight.interrupt(f"handed back by node {node}'s phase switch")
+
+    def switch_done(self, node: NodeId, phase: Phase) -> None:
+        self.core.switch_completed(node, phase, self.now())
+        self.core.last_switch_end = self.now()
+        self.push(self.core.take_counts())
+        self.refresh_gauges()
+
+    def refresh_gauges(self) -> None:
+        m = self.metrics
+        p, d = self.core.split_now()
+        m.split.labels(phase="prefill").set(p)
+        m.split.labels(phase="decode").set(d)
+        m.directory_pages.set(self.core.directory.page_count)
+        m.directory_nodes.set(len(self.core.directory.nodes()))
+        for track in self.core.nodes.values():
+            m.inflight.labels(node=track.id, phase="prefill").set(len(track.sent))
+            m.inflight.labels(node=track.id, phase="decode").set(len(track.decode_jobs) + len(track.bound))
+
+
+def _reason(message: str) -> str:
+    for word in ("handed back", "unavailable", "UNAVAILABLE", "ABORTED", "NOT_FOUND", "FAILED_PRECONDITION"):
+        if word in message:
+            return word.lower().replace(" ", "_")
+    return "other"

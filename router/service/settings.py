@@ -1,0 +1,166 @@
+"""`RouterSettings`: the one validated settings object of a live router process.
+
+Sources, later ones winning: the field defaults, a YAML file (`--settings FILE`), environment variables with
+the prefix `EVOLVING_ROUTER_` (nested fields with `__`), then command-line flags. `load_settings(file, flags)`
+merges them; a bad value raises `SettingsError` naming every field at fault. Nothing is read at import time.
+
+Node addresses: a static map `nodes` (node id -> host:port, for a local cluster) or `nodes_dns`, a headless
+Service name with port (`name.namespace.svc:50051`) whose addresses are resolved and asked for their node id.
+
+Boundary: configuration values only.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.router.planner import PlannerName
+from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+
+_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("router_settings_file", default={})
+
+
+class ApplierKind(enum.Enum):
+    """Who carries out the planner's split changes."""
+
+    LOCAL = "local"
+    """The router calls SwitchPhase on the nodes itself (local cluster)."""
+    KUBERNETES = "kubernetes"
+    """The router writes the CR's status.targetSplit; the operator switches the nodes."""
+    NONE = "none"
+    """Decisions are logged and counted only."""
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used: `problems` holds one `(field, reason)` per failure."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(f"{field}: {reason}" for field, reason in problems))
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get())
+
+
+def _address(value: str, where: str) -> str:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{where}: address {value!r} must be host:port with a port 1-65535")
+    return value
+
+
+class RouterSettings(BaseSettings):
+    """Settings of the live router (sources in the module docstring)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EVOLVING_ROUTER_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="HTTP address to bind (0.0.0.0 inside a pod).")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0: any free port).")
+    metrics_port: int = Field(default=9401, ge=0, le=65535, description="Prometheus /metrics port (0: any free port).")
+    metrics_enabled: bool = Field(default=True, description="Serve the router's own /metrics endpoint.")
+    model_name: str = Field(default="evolving-emulated", min_length=1, description="The model served.")
+    request_timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="Deadline of one request, seconds.")
+    default_max_tokens: int = Field(default=256, ge=1, le=1_000_000, description="Output tokens when a request sets no max_tokens.")
+    nodes: dict[str, str] = Field(default_factory=dict, description="Static node agents: node id -> gRPC host:port.")
+    nodes_dns: str | None = Field(
+        default=None, description="Headless Service name:port whose addresses are the node agents (Kubernetes)."
+    )
+    planner: PlannerName = Field(default=PlannerName.OURS, description="Phase-split planner.")
+    planner_settings: dict[str, Any] = Field(default_factory=dict, description="Keyword settings of the planner.")
+    window_s: float = Field(default=600.0, gt=0, le=86_400, description="Planning window, seconds (paper: 600).")
+    slices: int = Field(default=10, ge=1, le=1000, description="Slices per planning window (paper: 10).")
+    prefill_routing: PrefillPolicyName = Field(default=PrefillPolicyName.TTFT, description="Prefill routing policy.")
+    routing_settings: dict[str, Any] = Field(default_factory=dict, description="Keyword settings of the prefill router.")
+    decode_routing: DecodePolicyName = Field(default=DecodePolicyName.FEWEST_REQUESTS, description="Decode binder.")
+    eviction: EvictionPolicyName = Field(
+        default=EvictionPolicyName.BRANCH_COUNT, description="Host eviction order of the nodes; counts are pushed only for branch-count."
+    )
+    shared_pool: bool = Field(default=True, description="Host memory of all nodes is one pool (prefill nodes fetch from peers).")
+    warmup_s: float = Field(default=0.0, ge=0, le=86_400, description="Collocated warmup for fitting the node models (0: profile models).")
+    profile: str = Field(default="deepseek-v4-flash-4xh200-tp4", min_length=1, description="Hardware profile: the models' shape and coefficients.")
+    applier: ApplierKind = Field(default=ApplierKind.LOCAL, description="Who applies split changes: local, kubernetes or none.")
+    cluster_name: str | None = Field(default=None, description="The AgentServingCluster whose status the kubernetes applier writes.")
+    namespace: str = Field(default="default", min_length=1, description="Namespace of that cluster.")
+    rpc_timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Deadline of one unary call to a node agent.")
+    switch_timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="Deadline of one SwitchPhase call.")
+    max_attempts: int = Field(default=3, ge=1, le=20, description="Tries per request before its first token (re-routed after a failure).")
+    bind_wait_s: float = Field(default=30.0, gt=0, le=3600, description="How long a request waits for a decode node with KV room.")
+    seed: int = Field(default=0, ge=0, description="Seed of the policies' random tie-breaks.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_addresses(cls, value: dict[str, str]) -> dict[str, str]:
+        for node, address in value.items():
+            _address(address, f"node {node!r}")
+        return value
+
+    @field_validator("nodes_dns")
+    @classmethod
+    def _dns(cls, value: str | None) -> str | None:
+        return None if value is None else _address(value, "nodes_dns")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouterSettings:
+        if bool(self.nodes) == (self.nodes_dns is not None):
+            raise ValueError("give exactly one of nodes (static id -> host:port) and nodes_dns (headless Service name:port)")
+        if self.applier is ApplierKind.KUBERNETES and not self.cluster_name:
+            raise ValueError("applier 'kubernetes' needs cluster_name (the AgentServingCluster to write status to)")
+        return self
+
+
+def load_settings(file: Path | None = None, flags: Mapping[str, Any] | None = None) -> RouterSettings:
+    """Defaults < YAML `file` < `EVOLVING_ROUTER_*` environment < `flags` (None values in flags are ignored)."""
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SettingsError(str(file), [("file", f"cannot read it: {exc.strerror or exc}")]) from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(str(file), [("file", f"invalid YAML: {exc}")]) from exc
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise SettingsError(str(file), [("file", f"must hold a mapping of settings, got {type(loaded).__name__}")])
+        data = dict(loaded or {})
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    token = _FILE_DATA.set(data)
+    try:
+        return RouterSettings(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error.get("loc", ())) or "settings"
+            message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+            if error.get("type") == "extra_forbidden":
+                message = "unknown setting; allowed: " + ", ".join(RouterSettings.model_fields)
+            problems.append((field, message))
+        raise SettingsError(str(file) if file is not None else "settings", problems) from exc
+    finally:
+        _FILE_DATA.reset(token)

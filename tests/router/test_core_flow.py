@@ -1,0 +1,177 @@
+"""The pure router core: routing flow (views with unreported and in-flight requests, placement, fetch plan),
+decode binding with reservations, handed-back re-routing, count pushes, planner observation and split changes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolving_infra.core.kv_events import KvRemoved, KvStored
+from evolving_infra.core.pages import chain_hashes
+from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Tier
+from evolving_infra.router.core import CoreSettings, NodeTrack, PoolSnapshot, PushCounts, RoutedRequest, RouterCore
+from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
+from evolving_infra.router.routing import (
+    PrefillNodeView,
+    PrefillPolicyName,
+    RouteReason,
+    RouteRequest,
+    RoutingDecision,
+    make_decode_binder,
+)
+from evolving_infra.router.routing.base import RouterHooks, decision_without_fetch
+
+PT = 64
+
+
+class FirstNodeRouter(RouterHooks):
+    """Picks the first view; records every call's views."""
+
+    name = PrefillPolicyName.ROUND_ROBIN
+
+    def __init__(self) -> None:
+        self.seen: list[Sequence[PrefillNodeView]] = []
+
+    def route(self, request: RouteRequest, nodes: Sequence[PrefillNodeView], now: float) -> RoutingDecision:
+        self.seen.append(nodes)
+        return decision_without_fetch(request, nodes[0], self.name, RouteReason.ROUND_ROBIN)
+
+
+def make_core(phases: dict[str, Phase], shared_pool: bool = True) -> tuple[RouterCore, FirstNodeRouter]:
+    tracks = {}
+    for n, phase in phases.items():
+        tracks[NodeId(n)] = NodeTrack(NodeId(n), phase, mode=NodeMode.of(phase), pool=PoolSnapshot(PT, l1_free=1000))
+    router = FirstNodeRouter()
+    core = RouterCore(tracks, router=router, binder=make_decode_binder("fewest-requests", random.Random(0)),  # type: ignore[arg-type]
+                      settings=CoreSettings(shared_pool=shared_pool))
+    return core, router
+
+
+def request(core: RouterCore, rid: str, branch: str, pages: int, name: str = "p") -> RoutedRequest:
+    hashes = tuple(chain_hashes(f"{name}:{i}".encode() for i in range(pages)))
+    route = RouteRequest(RequestId(rid), BranchId(branch), hashes, pages * PT + 5, 10, page_tokens=PT)
+    return RoutedRequest(route, hashes, core.admit(BranchId(branch), hashes))
+
+
+def held(core: RouterCore, pushes: list[PushCounts]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for p in pushes:
+        out.setdefault(p.node, {}).update(p.counts)
+    return out
+
+
+def test_route_places_the_branch_and_views_carry_the_unreported_and_in_flight_requests() -> None:
+    core, router = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE})
+    a = request(core, "a", "b1", 4)
+    routed = core.route(a, 0.0)
+    assert routed is not None and routed.node == "p0" and a.prefill_node == "p0"
+    assert [p.node for p in routed.counts] == ["p0"] and set(routed.counts[0].counts.values()) == {1}
+    assert [v.node for v in router.seen[0]] == ["p0", "p1"]  # the decode node is no candidate
+    core.prefill_sent(a)
+    b = request(core, "b", "b2", 2, "q")
+    core.route(b, 1.0)
+    p0_view = router.seen[1][0]
+    assert [q.request for q in p0_view.unreported] == ["a"] and [q.request for q in p0_view.router_in_flight] == ["a"]
+    assert p0_view.state_age_s is None  # never reported
+    core.nodes[NodeId("p0")].record_report(1.5, (), ("a",))
+    core.route(b, 2.0)
+    view = router.seen[2][0]
+    assert view.unreported == () and [q.request for q in view.queue] == ["a"] and view.state_age_s == 0.5
+
+
+def test_the_pool_fetches_the_reachable_prefix_only_with_a_shared_pool() -> None:
+    for shared, expected in ((True, 3), (False, 0)):
+        core, _ = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE}, shared_pool=shared)
+        a = request(core, "a", "b1", 3)
+        core.absorb([KvStored(NodeId("p1"), Tier.HOST, None, a.prompt_pages, 0.0)])
+        routed = core.route(a, 0.0)
+        assert routed is not None and routed.node == "p0"
+        assert sum(len(r.pages) for r in routed.fetch) == expected
+        assert all(r.peer == "p1" for r in routed.fetch)
+        send = core.prefill_sent(a)
+        assert (send.node, send.request, send.fetch) == ("p0", "a", routed.fetch)
+
+
+def test_binding_reserves_kv_and_the_handover_releases_it() -> None:
+    core, _ = make_core({"p0": Phase.PREFILL, "d0": Phase.DECODE, "d1": Phase.DECODE})
+    a = request(core, "a", "b1", 4)
+    core.route(a, 0.0)
+    core.prefill_sent(a)
+    core.prefill_started(NodeId("p0"), a, 0, 0, 0.1)
+    bound = core.bind(a, 0.1)
+    target = core.nodes[bound.node]  # type: ignore[index]
+    assert a.reserved == a.route.prompt_tokens + a.route.output_tokens == target.reserved_tokens
+    assert bound.counts and bound.counts[0].node == bound.node
+    core.prefill_finished(NodeId("p0"), "a", a, 0.2)
+    core.decode_handover(a)
+    assert target.reserved_tokens == 0 and not target.bound
+    core.decode_submitted(a, 0.3)
+    assert core.decode_occupancy == 1 and "a" in target.decode_jobs
+    core.decode_finished(target.id, a, 0.4)
+    assert core.decode_occupancy == 0 and not target.decode_jobs and not core.nodes[NodeId("p0")].sent
+
+
+def test_a_switching_node_gets_no_new_work_and_its_handed_back_requests_go_elsewhere() -> None:
+    core, _ = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE})
+    a = request(core, "a", "b1", 2)
+    core.route(a, 0.0)
+    core.prefill_sent(a)
+    assert a.prefill_node == "p0"
+    decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
+                               Outcome.SWITCH, "t", None)  # type: ignore[arg-type]
+    change = core.split_change(decision)
+    assert change is not None and [(s.node, s.phase) for s in change.switches] == [("p0", Phase.DECODE)]
+    core.switch_begun(NodeId("p0"), Phase.DECODE)
+    assert core.split_change(decision).switches == ()  # type: ignore[union-attr]
+    obs = core.observation(1.0)
+    assert obs.nodes["p0"].switching and obs.nodes["p0"].phase is Phase.DECODE and obs.nodes["p0"].move_cost == 1.0
+    assert obs.load["p0"].queued_prefill_tokens == a.route.prompt_tokens
+    core.release_prefill(a)
+    assert a.attempt == 1 and a.prefill_node is None and not core.nodes[NodeId("p0")].sent
+    again = core.route(a, 1.0)
+    assert again is not None and again.node == "p1"
+    core.switch_completed(NodeId("p0"), Phase.DECODE, 2.0)
+    assert core.nodes[NodeId("p0")].phase is Phase.DECODE and core.split_now() == (1, 2)
+
+
+def test_branch_end_and_host_evictions_release_counts_and_a_cleared_node_leaves_the_directory() -> None:
+    core, _ = make_core({"p0": Phase.PREFILL, "d0": Phase.DECODE})
+    a = request(core, "a", "b1", 3)
+    routed = core.route(a, 0.0)
+    assert routed is not None
+    assert core.absorb([]) == []
+    evicted = core.absorb([KvRemoved(NodeId("p0"), Tier.HOST, a.prompt_pages[2:], 1.0)])
+    assert held(core, evicted) == {"p0": {a.prompt_pages[2]: 0}}
+    assert held(core, core.end_branch(BranchId("b1"), 2.0)) == {"p0": {p: 0 for p in a.prompt_pages[:2]}}
+    core.absorb([KvStored(NodeId("p0"), Tier.HOST, None, a.prompt_pages, 3.0)])
+    core.clear_node(NodeId("p0"), 4.0)
+    assert core.directory.held_count(NodeId("p0"), Tier.HOST) == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.booleans()), min_size=1, max_size=25))
+def test_every_count_change_is_pushed_once_to_the_node_it_is_on(ops: list[tuple[int, int, bool]]) -> None:
+    core, _ = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE})
+    mirror: dict[str, dict[int, int]] = {}
+    pushes: list[PushCounts] = []
+    for i, (branch, pages, end) in enumerate(ops):
+        if end:
+            pushes += core.end_branch(BranchId(f"b{branch}"), float(i))
+            continue
+        req = request(core, f"r{i}", f"b{branch}", pages, f"b{branch}")
+        routed = core.route(req, float(i))
+        assert routed is not None
+        pushes += routed.counts
+        bound = core.bind(req, float(i))
+        pushes += bound.counts
+    pushes += core.take_counts()
+    for p in pushes:
+        mirror.setdefault(p.node, {}).update(p.counts)
+    for node in core.nodes:
+        expected = core.branches.counts_for(node)
+        got: dict[Any, int] = {k: v for k, v in mirror.get(node, {}).items() if v}
+        assert got == expected
+    assert core.take_counts() == []
