@@ -1,0 +1,194 @@
+"""`evolving-infra local [TRACE] [--preset P] ...`: run the whole system on this machine and replay a workload.
+
+Starts N node agents and the router as local processes (evolving_infra.local), replays a trace file or a
+built-in preset through the router's HTTP API, shows live progress (requests, throughput, TTFT, KV hit rate,
+the split and switches), and writes `report.md`, `report.json`, `requests.jsonl` and plots into `--out`
+(default `runs/local-<timestamp>`). With no arguments it runs the `shift` preset (about two minutes), which
+makes the planner re-split the cluster.
+
+Exit status: 0 when the run finished with every request answered; 1 when requests failed or the cluster broke
+(the message names the process and its last log lines); 2 for bad arguments; 130 after Ctrl-C (a partial
+report is still written).
+
+Boundary: arguments, terminal output and files; the run is `evolving_infra.local.run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.local.agents import ClientSettings
+from evolving_infra.local.cluster import ClusterSpec, parse_split
+from evolving_infra.local.presets import PRESETS, Preset, PresetName, preset
+from evolving_infra.local.report import write_report
+from evolving_infra.local.run import LocalRunConfig, LocalRunError, RunStatus, run_local
+from evolving_infra.router.planner import PlannerName
+from evolving_infra.router.routing import PrefillPolicyName
+from evolving_infra.sim.replay import ReplayMode
+from evolving_infra.traces import TraceError, load_trace
+from evolving_infra.traces.records import Trace
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("local", help="run node agents and a router locally and replay an agent workload through it",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)  # fmt: skip
+    p.add_argument("trace", nargs="?", type=Path, default=None, metavar="TRACE", help="trace file (.jsonl / .jsonl.gz)")
+    p.add_argument("--preset", choices=[n.value for n in PresetName], default=None,
+                   help="built-in workload (default: shift, unless TRACE is given): "
+                   + "; ".join(f"{p.name.value}: {p.summary}" for p in PRESETS.values()))  # fmt: skip
+    p.add_argument("--nodes", type=int, default=None, help="node agents (default: the preset's, 4)")
+    p.add_argument("--split", default=None, help="initial split, e.g. 2P2D (default: half and half)")
+    p.add_argument("--agents", type=int, default=None, help="closed loop: agents kept active (preset: its scale)")
+    p.add_argument("--speed-up", type=float, default=None, help="emulated time runs this many times faster than wall time")
+    p.add_argument("--duration", type=float, default=None, help="stop issuing after this many wall seconds")
+    p.add_argument("--planner", choices=[n.value for n in PlannerName], default="ours", help="phase-split planner")
+    p.add_argument("--routing", choices=[n.value for n in PrefillPolicyName], default="ttft", help="prefill routing")
+    p.add_argument("--window", type=float, default=None, help="planner window, emulated seconds (preset's: 40)")
+    p.add_argument("--slices", type=int, default=None, help="slices per planner window")
+    p.add_argument("--cooldown", type=float, default=None, help="no re-split this long after one, emulated seconds")
+    p.add_argument("--max-in-flight", type=int, default=64, help="requests open at once (default 64)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default runs/local-<timestamp>)")
+    p.add_argument("--work-dir", type=Path, default=None, help="keep settings files and process logs here")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated workload and the cluster")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.set_defaults(handler=_run)
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise CliError(f"{name} must be > 0, got {value:g}", USAGE_ERROR)
+
+
+def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
+    if args.trace is not None and args.preset is not None:
+        raise CliError("give a TRACE file or --preset, not both", USAGE_ERROR)
+    for name in ("nodes", "agents", "speed_up", "duration", "window", "slices", "cooldown", "max_in_flight"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    base: Preset = preset(PresetName.SHIFT if args.trace is None and args.preset is None else (args.preset or "shift"))
+    if args.trace is not None:
+        try:
+            trace = load_trace(args.trace)
+        except TraceError as exc:
+            raise CliError(str(exc), USAGE_ERROR) from exc
+        except OSError as exc:
+            raise CliError(f"cannot read {args.trace}: {exc.strerror or exc}", USAGE_ERROR) from exc
+        label = str(args.trace)
+        mode = ReplayMode.closed_loop(args.agents) if args.agents else ReplayMode.open_loop()
+        duration = args.duration
+    else:
+        trace = base.trace(args.seed, args.agents)
+        label = f"preset {base.name.value} ({base.summary}), seed {args.seed}"
+        mode = ReplayMode.closed_loop(args.agents or base.agents) if base.closed_loop else ReplayMode.open_loop()
+        duration = args.duration if args.duration is not None else base.duration_s
+    if not trace.requests:
+        raise CliError(f"{label} has no requests to replay", USAGE_ERROR)
+    nodes = args.nodes or base.nodes
+    try:
+        if args.split is not None:
+            prefill, _ = parse_split(args.split, nodes if args.nodes else None)
+            nodes = prefill + _
+        else:
+            prefill = base.prefill if nodes == base.nodes else max(1, nodes // 2)
+        speed = args.speed_up or base.speed_up
+        cluster = ClusterSpec(
+            nodes=nodes, prefill=prefill, speed_up=speed, planner=args.planner, routing=args.routing,
+            window_s=args.window or base.window_s, slices=args.slices or base.slices,
+            cooldown_s=args.cooldown if args.cooldown is not None else base.cooldown_s, seed=args.seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from exc
+    client = ClientSettings(speed_up=speed, max_in_flight=args.max_in_flight)
+    config = LocalRunConfig(cluster=cluster, mode=mode, client=client, duration_s=duration, workdir=args.work_dir)
+    return config, trace, label
+
+
+def _render(status: RunStatus, config: LocalRunConfig, total: int) -> Table:
+    p = status.progress
+    table = Table(title=f"evolving-infra local: {status.stage}", show_header=False, min_width=60)
+    table.add_column(style="bold")
+    table.add_column()
+    limit = f" of {config.duration_s:g} s" if config.duration_s else ""
+    table.add_row("elapsed", f"{status.wall_s:6.1f} s wall{limit}  ({p.now:7.1f} s emulated)")
+    table.add_row("requests", f"{p.done} done, {p.in_flight} in flight, {p.failed} failed  ({p.issued} issued of {total})")
+    rate = p.done / status.wall_s if status.wall_s > 0 else 0.0
+    table.add_row("throughput", f"{rate:5.2f} req/s wall, {p.output_tokens / max(status.wall_s, 1e-9):7.0f} output tok/s wall")
+    ttft = "-" if p.mean_ttft is None else f"{p.mean_ttft:.3f} s (emulated)"
+    table.add_row("mean TTFT", ttft)
+    table.add_row("KV hit rate", "-" if p.hit_rate is None else f"{p.hit_rate:.1%}")
+    table.add_row("split", f"{status.split or config.cluster.split}   switches so far: {status.switches}")
+    table.add_row("agents", f"{p.agents_started} started, {p.agents_finished} finished")
+    if p.errors:
+        table.add_row("last error", p.errors[-1][:120])
+    return table
+
+
+def _summary(report: dict[str, Any], out: Path) -> Table:
+    t = Table(title=f"report: {out / 'report.md'}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    run, lat, kv = report["run"], report["latency_s"], report["kv"]
+    t.add_row("outcome", f"{report['outcome']}: {run['finished']} requests finished, {run['failed']} failed")
+    t.add_row("TTFT mean / p95", f"{_fmt(lat['ttft']['mean'])} / {_fmt(lat['ttft']['p95'])} s (emulated)")
+    t.add_row("E2E mean / p95", f"{_fmt(lat['e2e']['mean'])} / {_fmt(lat['e2e']['p95'])} s (emulated)")
+    t.add_row("KV hit rate", f"{_fmt(kv['hit_rate'])} (ideal {_fmt(kv['ideal_hit_rate'])})")
+    t.add_row("split", " -> ".join(f"{e['split']}@{e['at_s']:.0f}s" for e in report["split_timeline"]) or "-")
+    sw = report["switch_after_drain_wall_s"]
+    t.add_row("phase switches", f"{sw['count']} (after drain: mean {_fmt(sw['mean'], 4)} s, max {_fmt(sw['max'], 4)} s wall)")
+    return t
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    config, trace, label = _configure(args)
+    out = args.out or Path("runs") / f"local-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    console = Console(stderr=True)
+    command = "evolving-infra local " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["local"] else "evolving-infra local"
+    console.print(f"[bold]evolving-infra local[/]: {label}; {config.cluster.nodes} nodes ({config.cluster.split}), "
+                  f"speed-up {config.cluster.speed_up:g}x; report in {out}")  # fmt: skip
+    live = None if args.quiet else Live(console=console, refresh_per_second=4, transient=False)
+    shown = [0.0]
+
+    def on_status(status: RunStatus) -> None:
+        now = time.monotonic()
+        if live is not None and (now - shown[0] >= 0.25 or status.stage != "replaying"):
+            shown[0] = now
+            live.update(_render(status, config, len(trace.requests)))
+
+    try:
+        if live is not None:
+            live.start()
+        try:
+            result = run_local(config, trace, on_status)
+        finally:
+            if live is not None:
+                live.stop()
+    except LocalRunError as exc:
+        raise CliError(str(exc), 1) from exc
+    except KeyboardInterrupt:
+        console.print("interrupted: the cluster was shut down (no report)")
+        return 130
+    report = write_report(result, trace, out, trace_label=label, command=command)
+    Console().print(_summary(report, out))
+    failed = report["run"]["failed"]
+    if result.stopped_by == "interrupted":
+        console.print(f"interrupted: partial report in {out}")
+        return 130
+    if failed:
+        raise CliError(f"{failed} of {report['run']['issued']} requests failed (see {out / 'report.md'})", 1)
+    if not result.replay.records:
+        raise CliError("no request finished during the run", 1)
+    return 0

@@ -1,0 +1,213 @@
+"""The local cluster: N node agents and a router as child processes on 127.0.0.1.
+
+`ClusterSpec` says what to run; `LocalCluster.start()` writes one settings file per process into the work folder,
+starts every node agent at once (each binds port 0, so the OS picks free ports with no race, and reports them on
+its JSON line), waits for all of them, then starts the router with the node addresses and waits until its
+`/readyz` answers 200. `stop()` stops the router first (it finishes in-flight requests), then the nodes.
+
+Peers: the nodes start with no peer map. The router names the peer's address in every fetch run it sends (prefill
+prefix fetches and decode KV pulls), so a node never needs one; this keeps port choice race-free.
+
+Time: the nodes run emulated time at `speed_up` x the wall clock; the router's clock (planner windows, cooldown,
+switch deadlines) is the wall clock. The planner's decisions depend only on per-slice means and time averages,
+which are the same on either clock, so the spec keeps windows in emulated seconds and hands the router
+`window / speed_up` wall seconds (and likewise the cooldown): a window then covers the same emulated time on the
+router as on the nodes.
+
+Boundary: process orchestration and settings files; what runs inside is `evolving-infra node-agent serve` and
+`evolving-infra router serve`.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evolving_infra.core.types import NodeMode, Phase
+from evolving_infra.local.processes import Child, StartError, python_command, stop_all
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What the local cluster runs. Times marked "emulated" are node-clock seconds."""
+
+    nodes: int = 4
+    prefill: int = 2
+    speed_up: float = 10.0
+    profile: str = "deepseek-v4-flash-4xh200-tp4"
+    l2_pages: int = 8192
+    page_bytes: int = 1024
+    planner: str = "ours"
+    routing: str = "ttft"
+    window_s: float = 600.0
+    """Planning window, emulated seconds."""
+    slices: int = 10
+    cooldown_s: float = 120.0
+    """No new decision this long after a switch, emulated seconds."""
+    seed: int = 0
+    request_timeout_s: float = 120.0
+    """Router deadline per request, wall seconds."""
+    start_timeout_s: float = 60.0
+    """How long each process may take to report ready, wall seconds."""
+    stop_grace_s: float = 10.0
+    node_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Extra settings per node id (tests use it to break one node)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2:
+            raise ValueError(f"a local cluster needs at least 2 nodes (one per phase), got {self.nodes}")
+        if not 1 <= self.prefill <= self.nodes - 1:
+            raise ValueError(f"prefill nodes must be 1..{self.nodes - 1} of {self.nodes}, got {self.prefill}")
+        if not self.speed_up > 0:
+            raise ValueError(f"speed_up must be > 0, got {self.speed_up}")
+
+    @property
+    def split(self) -> str:
+        return f"{self.prefill}P{self.nodes - self.prefill}D"
+
+    def node_ids(self) -> list[str]:
+        return [f"n{i}" for i in range(self.nodes)]
+
+    def initial_phase(self, index: int) -> Phase:
+        return Phase.PREFILL if index < self.prefill else Phase.DECODE
+
+
+def parse_split(text: str, nodes: int | None = None) -> tuple[int, int]:
+    """`"2P2D"` -> (2, 2); checks both counts are >= 1 and, if given, that they add up to `nodes`."""
+    raw = text.strip().upper()
+    head, p_sep, rest = raw.partition("P")
+    tail, d_sep, extra = rest.partition("D")
+    if not (p_sep and d_sep and not extra and head.isdigit() and tail.isdigit()):
+        raise ValueError(f"split {text!r} must look like 2P2D (prefill nodes, P, decode nodes, D)")
+    p, d = int(head), int(tail)
+    if p < 1 or d < 1:
+        raise ValueError(f"split {text!r} needs at least one prefill and one decode node")
+    if nodes is not None and p + d != nodes:
+        raise ValueError(f"split {text!r} has {p + d} nodes but --nodes is {nodes}")
+    return p, d
+
+
+class LocalCluster:
+    """The running cluster (see the module docstring). Use as a context manager or call start/stop."""
+
+    def __init__(self, spec: ClusterSpec, workdir: Path) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.nodes: dict[str, Child] = {}
+        self.router: Child | None = None
+        self.router_url = ""
+        self.router_metrics_url = ""
+        self.node_metrics: dict[str, str] = {}
+        self.node_addresses: dict[str, str] = {}
+        self.exit_codes: dict[str, int | None] = {}
+
+    # -- settings ------------------------------------------------------------------------------------
+    def node_settings(self, index: int) -> dict[str, Any]:
+        s = self.spec
+        node = s.node_ids()[index]
+        settings: dict[str, Any] = {
+            "node": node, "host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0, "profile": s.profile,
+            "mode": NodeMode(s.initial_phase(index).value).value, "speed_up": s.speed_up, "l2_pages": s.l2_pages,
+            "page_bytes": s.page_bytes, "seed": s.seed + index, "shutdown_grace_s": 5.0, "workers": 2,
+        }  # fmt: skip
+        settings.update(dict(s.node_settings.get(node, {})))
+        return settings
+
+    def router_settings(self) -> dict[str, Any]:
+        s = self.spec
+        planner_settings: dict[str, Any] = {}
+        if s.planner == "ours":
+            planner_settings["cooldown_s"] = s.cooldown_s / s.speed_up
+        return {
+            "host": "127.0.0.1", "port": 0, "metrics_port": 0, "nodes": dict(self.node_addresses),
+            "planner": s.planner, "planner_settings": planner_settings, "window_s": s.window_s / s.speed_up,
+            "slices": s.slices, "prefill_routing": s.routing, "profile": s.profile, "applier": "local",
+            "request_timeout_s": s.request_timeout_s, "switch_timeout_s": 60.0, "bind_wait_s": 30.0,
+            "rpc_timeout_s": 10.0, "seed": s.seed,
+        }  # fmt: skip
+
+    def _write(self, name: str, data: Mapping[str, Any]) -> Path:
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(dict(data), sort_keys=True), encoding="utf-8")
+        return path
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the nodes, then the router; raises `StartError` naming the process that failed."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, node in enumerate(self.spec.node_ids()):
+                path = self._write(f"node-{node}", self.node_settings(i))
+                child = Child(f"node-agent {node}", python_command("node-agent", "serve", "--settings", str(path),
+                                                                  "--log-level", "WARNING"), self.workdir)  # fmt: skip
+                self.nodes[node] = child
+                child.start()
+            deadline = time.monotonic() + self.spec.start_timeout_s
+            for node, child in self.nodes.items():
+                info = child.wait_ready(deadline)
+                self.node_addresses[node] = str(info["address"])
+                if info.get("metrics_address"):
+                    self.node_metrics[node] = f"http://{info['metrics_address']}/metrics"
+            path = self._write("router", self.router_settings())
+            self.router = Child("router", python_command("router", "serve", "--settings", str(path),
+                                                         "--log-level", "WARNING"), self.workdir)  # fmt: skip
+            self.router.start()
+            info = self.router.wait_ready(time.monotonic() + self.spec.start_timeout_s)
+            self.router_url = str(info["url"]).rstrip("/")
+            self.router_metrics_url = str(info.get("metrics_url") or "")
+            self._wait_router_ready(time.monotonic() + self.spec.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_router_ready(self, deadline: float) -> None:
+        assert self.router is not None
+        last = ""
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.router_url}/readyz", timeout=2.0) as answer:
+                    if answer.status == 200:
+                        return
+            except urllib.error.HTTPError as error:
+                last = f"HTTP {error.code}: {error.read()[:300].decode('utf-8', 'replace')}"
+            except (urllib.error.URLError, OSError) as error:
+                last = str(error)
+            if not self.router.alive():
+                raise self.router.failure(f"exited with status {self.router.proc.returncode if self.router.proc else '?'}")
+            if time.monotonic() >= deadline:
+                raise self.router.failure(f"/readyz never answered 200 (last: {last or 'no answer'})")
+            time.sleep(0.1)
+
+    def children(self) -> list[Child]:
+        out = [self.router] if self.router is not None else []
+        return out + list(self.nodes.values())
+
+    def dead(self) -> list[Child]:
+        """Children that exited while they should be running."""
+        return [c for c in self.children() if c.proc is not None and not c.alive()]
+
+    def stop(self) -> dict[str, int | None]:
+        """Router first (in-flight requests finish), then the nodes; SIGKILL after the grace period."""
+        codes: dict[str, int | None] = {}
+        if self.router is not None:
+            codes.update(stop_all([self.router], self.spec.stop_grace_s))
+        codes.update(stop_all(list(self.nodes.values()), self.spec.stop_grace_s))
+        self.exit_codes.update(codes)
+        return codes
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["ClusterSpec", "LocalCluster", "StartError", "parse_split"]
