@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from evolving_infra.core.types import NodeId
 
@@ -70,6 +71,7 @@ class PrefixMatch:
     _masks: list[int] = field(repr=False, compare=False)  # directory masks of the held prefix
     _index: Mapping[NodeId, int] = field(repr=False, compare=False)  # node -> its GPU bit index (3i)
     _ids: tuple[NodeId | None, ...] = field(repr=False, compare=False)
+    _stretch_cache: list[tuple[int, int]] = field(default_factory=list, repr=False, compare=False)
 
     def reachable_for(self, node: NodeId) -> int:
         """Reachable prefix of `node`; for a node the directory does not know, the pooled prefix."""
@@ -84,16 +86,28 @@ class PrefixMatch:
         runs: list[FetchRun] = []
         start = -1
         current = 0
-        for i in range(reachable):
-            mask = self._masks[i]
+        # Page i's peers depend only on its mask: walk the stretches of equal masks, not the pages.
+        for lo, mask in self._stretches():
+            if lo >= reachable:
+                break
             peers = 0 if mask & own else mask & host_bits
             if peers != current:
                 if current:
-                    runs.append(FetchRun(start, i, self._nodes(current)))
-                start, current = i, peers
+                    runs.append(FetchRun(start, lo, self._nodes(current)))
+                start, current = lo, peers
         if current:
             runs.append(FetchRun(start, reachable, self._nodes(current)))
         return FetchPlan(node=node, cached=self.either.get(node, 0), reachable=reachable, runs=tuple(runs))
+
+    def _stretches(self) -> list[tuple[int, int]]:
+        """(first page, mask) of each maximal stretch of equal masks, computed once per match."""
+        out = self._stretch_cache
+        if not out and self._masks:
+            lo = 0
+            for mask, same in groupby(self._masks):
+                out.append((lo, mask))
+                lo += len(list(same))
+        return out
 
     def _nodes(self, mask: int) -> frozenset[NodeId]:
         out = []

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS, ROOT_PARENT, PageHash, hash_page, validate_page_tokens
 from evolving_infra.traces.records import Relation, Trace
@@ -37,6 +38,7 @@ ProgressFn = Callable[[int, int], None]
 """Called as `progress(done, total)` while a long computation runs."""
 
 _SPAN = struct.Struct("<BIII")
+_PAGE = struct.Struct("<QBIII")  # a page of one span as `hash_page` hashes it: parent (u64) then the span
 
 
 class Origin(enum.IntEnum):
@@ -153,13 +155,15 @@ class ContentModel:
         out: list[int] = []
         pieces: list[bytes] = []
         fill = 0
+        pack_page, digest = _PAGE.pack, xxhash.xxh3_64_intdigest
         for kind, oid, lo, hi in spans:
             while lo < hi and len(out) < pages:
                 if fill == 0 and hi - lo >= size:
-                    for _ in range(min((hi - lo) // size, pages - len(out))):
-                        parent = hash_page(parent, _SPAN.pack(kind, oid, lo, lo + size))
+                    # Whole pages of one span: hash_page(parent, _SPAN.pack(...)) inlined (one pack, one call).
+                    for lo in range(lo, lo + min((hi - lo) // size, pages - len(out)) * size, size):
+                        parent = digest(pack_page(parent, kind, oid, lo, lo + size))
                         out.append(parent)
-                        lo += size
+                    lo += size
                     continue
                 take = min(hi - lo, size - fill)
                 pieces.append(_SPAN.pack(kind, oid, lo, lo + take))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, Tier
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DecodeFinished
 from evolving_infra.node_agent.engine.requests import (
@@ -65,6 +66,8 @@ class DecodeScheduler:
         self.pool = pool
         self.pt = profile.page_tokens
         self.jobs: dict[str, DecodeJob] = {}  # insertion order is arrival order
+        self._queue: dict[str, DecodeJob] = {}  # the jobs not admitted yet, in arrival order
+        self._running: list[DecodeJob] | None = None  # admitted jobs in arrival order; None: recompute
 
     def _job(self, req: DecodeRequest | PrefillRequest, origin: DecodeRequest | None) -> DecodeJob:
         gen = generated_pages(req, self.pt)
@@ -81,17 +84,21 @@ class DecodeScheduler:
 
     # --- queries -------------------------------------------------------------------------------------
     def running(self) -> list[DecodeJob]:
-        return [j for j in self.jobs.values() if j.admitted]
+        """Admitted jobs in arrival order (a cached list: do not change it)."""
+        if self._running is None:
+            self._running = [j for j in self.jobs.values() if j.admitted]
+        return self._running
 
     def queued(self) -> int:
-        return sum(1 for j in self.jobs.values() if not j.admitted)
+        return len(self._queue)
 
     def has_running(self) -> bool:
-        return any(j.admitted for j in self.jobs.values())
+        return len(self.jobs) > len(self._queue)
 
     # --- admission -----------------------------------------------------------------------------------
     def submit(self, req: DecodeRequest) -> None:
-        self.jobs[req.request] = self._job(req, req)
+        job = self.jobs[req.request] = self._job(req, req)
+        self._queue[job.rid] = job
 
     def adopt(self, req: PrefillRequest) -> None:
         """Continue a prefill finished on this node; its pins and reserved slots carry over."""
@@ -99,52 +106,61 @@ class DecodeScheduler:
         job.admitted = True
         job.next_page = job.prompt_pages
         self.jobs[job.rid] = job
+        self._running = None
 
     def admit(self, now: float) -> None:
+        if not self._queue:
+            return
         l1 = self.pool.l1
-        for job in list(self.jobs.values()):
-            if job.admitted:
-                continue
+        for job in list(self._queue.values()):
             prompt = job.pages[: job.prompt_pages]
-            if l1.writing and any(l1.is_writing(p) for p in prompt):
+            if l1.writing and not l1.writing_set().isdisjoint(prompt):
                 continue  # a load into L1 is bringing some of these pages: reuse them once it lands
-            resident = [p for p in prompt if l1.contains(p)]
-            total = pages_needed(job.prompt_tokens + job.output_tokens, self.pt)
-            if not self.pool.make_room(Tier.GPU, total - len(resident), now, exclude=resident):
+            resident = l1.resident_set() & prompt
+            need = pages_needed(job.prompt_tokens + job.output_tokens, self.pt) - len(resident)
+            if need > l1.free and l1.room(resident) < need:
                 break  # first come, first served: later requests do not overtake it
-            for page in resident:
-                l1.pin(job.rid, page, now)
-            l1.reserve(job.rid, total - len(resident))
-            for i, page in enumerate(prompt):
-                if page not in resident:
-                    self.pool.store(Tier.GPU, page, job.parent(i), now, owner=job.rid)
+            # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
+            l1.pin_all(job.rid, resident, now)
+            if not self.pool.make_room(Tier.GPU, need, now):
+                raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
+            l1.reserve(job.rid, need)
+            received = [(page, job.parent(i)) for i, page in enumerate(prompt) if page not in resident]
+            self.pool.store_all(Tier.GPU, received, now, owner=job.rid)
             job.admitted = True
             job.next_page = job.prompt_pages
+            del self._queue[job.rid]
+            self._running = None
 
     # --- iterations ----------------------------------------------------------------------------------
     def apply(self, end: float) -> tuple[dict[str, int], list[DecodeFinished]]:
         """One decode iteration ending at `end`: tokens per running request, and those that finished."""
         tokens: dict[str, int] = {}
         finished: list[DecodeFinished] = []
+        pt, floor = self.pt, math.floor
         for job in self.running():
-            job.iterations += 1
-            total = min(job.output_tokens, math.floor(job.iterations * job.t_acc + _EPS))
+            job.iterations = i = job.iterations + 1
+            total = min(job.output_tokens, floor(i * job.t_acc + _EPS))
             tokens[job.rid] = total - job.produced
             job.produced = total
-            self._write_pages(job, end)
-            if job.produced >= job.output_tokens:
+            if (job.prompt_tokens + total) // pt > job.next_page < len(job.pages):
+                self._write_pages(job, end)
+            if total >= job.output_tokens:
                 finished.append(self._finish(job, end))
         return tokens, finished
 
     def _write_pages(self, job: DecodeJob, end: float) -> None:
-        full = (job.prompt_tokens + job.produced) // self.pt
-        while job.next_page < min(full, len(job.pages)):
-            i = job.next_page
-            self.pool.store(Tier.GPU, job.pages[i], job.parent(i), end, owner=job.rid)
-            job.next_page += 1
+        full = min((job.prompt_tokens + job.produced) // self.pt, len(job.pages))
+        first = job.next_page
+        if full - first == 1:
+            self.pool.store(Tier.GPU, job.pages[first], job.parent(first), end, owner=job.rid)
+        elif full > first:
+            self.pool.store_all(Tier.GPU, [(job.pages[i], job.parent(i)) for i in range(first, full)], end, owner=job.rid)
+        job.next_page = max(first, full)
 
     def _finish(self, job: DecodeJob, end: float) -> DecodeFinished:
         del self.jobs[job.rid]
+        self._running = None
         self.pool.release(job.rid, end)
         return DecodeFinished(job.rid, job.branch, end, job.produced)
 
@@ -160,5 +176,6 @@ class DecodeScheduler:
                 continue
             self.pool.release(job.rid, now)
             del self.jobs[job.rid]
+            del self._queue[job.rid]
             out.append(job.origin)
         return out

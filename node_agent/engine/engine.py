@@ -96,6 +96,7 @@ class EngineCore:
         self._busy_until = -math.inf
         self._last_kind = IterationKind.IDLE
         self._known: set[str] = set()
+        self._gauges: tuple[tuple[object, ...], EngineGauges | None] = ((), None)
 
     # --- state ---------------------------------------------------------------------------------------
     @property
@@ -119,17 +120,15 @@ class EngineCore:
         return self.pool.tier(tier).resident()
 
     def gauges(self) -> EngineGauges:
-        running = len(self._prefill.running())
-        return EngineGauges(
-            mode=self.mode,
-            switch_state=self.switch_state,
-            pool=self.pool.gauges(),
-            prefill_queued=len(self._prefill.jobs) - running,
-            prefill_waiting=self._prefill.waiting(),
-            prefill_running=running,
-            decode_queued=self._decode.queued(),
-            decode_running=len(self._decode.running()),
-        )
+        running, waiting = self._prefill.stage_counts() if self._prefill.jobs else (0, 0)
+        queued = len(self._prefill.jobs) - running
+        decode_queued = self._decode.queued()
+        decode_running = len(self._decode.jobs) - decode_queued
+        pool = self.pool.gauges()
+        key = (self.mode, self.switch_state, pool, queued, waiting, running, decode_queued, decode_running)
+        if key != self._gauges[0]:  # gauges are immutable: the last ones are handed out again if unchanged
+            self._gauges = (key, EngineGauges(*key))
+        return self._gauges[1]
 
     # --- inputs --------------------------------------------------------------------------------------
     def submit_prefill(self, req: PrefillRequest, now: float) -> Effects:
@@ -251,7 +250,8 @@ class EngineCore:
         )
 
     def _choose(self) -> IterationKind:
-        prefill, decode = self._prefill.has_runnable(), self._decode.has_running()
+        prefill = bool(self._prefill.jobs) and self._prefill.has_runnable()
+        decode = self._decode.has_running()
         if prefill and decode:
             return IterationKind.DECODE if self._last_kind is IterationKind.PREFILL else IterationKind.PREFILL
         if prefill:
@@ -285,6 +285,8 @@ class EngineCore:
 
     def _admit(self, now: float) -> list[FetchStarted]:
         self._decode.admit(now)
+        if not self._prefill.jobs:
+            return []
         return self._prefill.admit(now, self._switch.local_decode_ok())
 
     def _effects(self, now: float) -> Effects:

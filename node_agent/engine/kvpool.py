@@ -16,8 +16,12 @@ Rules:
   the changes happen within each tier, so replaying the events per tier gives exactly the resident set.
 
 Eviction order is ascending `(policy.key(page), page hash)` over the unpinned pages, the order the keyed
-policies' `victims` give; each tier keeps it in a lazy heap (choosing k victims costs O(k log n)); with
+policies' `victims` give; each tier keeps it as lazy buckets of equal key (`evictindex`); with
 `check=True` every choice is compared with `policy.victims` over a full snapshot.
+
+Runs: `store_all`, `land_all` and evictions handle a whole run of pages at once (C-level set and dict
+operations) with exactly the state and the event sequence of the page-by-page calls; a run that would need
+an L2 eviction, or meets a page being written, falls back to page by page.
 
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
@@ -68,6 +72,7 @@ class KvPool:
         self._outbox: list[tuple[str, Tier, PageHash | None, list[PageHash], float]] = []
         self._last: dict[Tier, int] = {}  # index in the outbox of each tier's latest event
         self._skipped = 0
+        self._gauges: PoolGauges | None = None
         self.check = check
 
     def tier(self, tier: Tier) -> TierPool:
@@ -76,16 +81,22 @@ class KvPool:
     # --- counts --------------------------------------------------------------------------------------
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
         """Branch counts of host pages as the directory computes them; 0 forgets a page's count."""
-        for page, count in updates.items():
-            if not isinstance(count, int) or count < 0:
-                raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
+        values = updates.values()
+        if not (set(map(type, values)) <= {int} and min(values, default=0) >= 0):
+            for page, count in updates.items():
+                if not isinstance(count, int) or count < 0:
+                    raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
+        counts = self._counts
+        flipped: list[PageHash] = []  # pages whose count went from 0 to positive or back
         for page, count in updates.items():
             if count:
-                self._counts[page] = count
-            else:
-                self._counts.pop(page, None)
-            self.l2.rekey(page)
-            self.l1.rekey(page)
+                if page not in counts:
+                    flipped.append(page)
+                counts[page] = count
+            elif counts.pop(page, None) is not None:
+                flipped.append(page)
+        self.l2.counts_changed(updates, flipped)
+        self.l1.counts_changed(updates, flipped)
 
     def count(self, page: PageHash) -> int:
         return self._counts.get(page, 0)
@@ -111,8 +122,36 @@ class KvPool:
         self._last[tier] = len(self._outbox)
         self._outbox.append(("R", tier, None, [page], time))
 
+    def _stored_run(
+        self, tier: Tier, items: list[tuple[PageHash, PageHash | None]], missing: set[PageHash], time: float
+    ) -> None:
+        """For each (page, parent) of `items` in order: `_stored` in `tier`, then in L2 if the page is in
+        `missing` (write-through). Each tier's latest event grows while its chain continues."""
+        first: list[PageHash] | None = None  # page lists of each tier's latest event, once this run made one
+        host: list[PageHash] | None = None
+        outbox, last = self._outbox, self._last
+        for page, parent in items:
+            if first is not None and first[-1] == parent:
+                first.append(page)
+            else:
+                self._stored(tier, page, parent, time)
+                first = outbox[last[tier]][3]
+            if page in missing:
+                if host is not None and host[-1] == parent:
+                    host.append(page)
+                else:
+                    self._stored(Tier.HOST, page, parent, time)
+                    host = outbox[last[Tier.HOST]][3]
+
+    def _removed_all(self, tier: Tier, pages: list[PageHash], time: float) -> None:
+        """`_removed` for each page of `pages` (non-empty), in order: they all join one event."""
+        self._removed(tier, pages[0], time)
+        self._outbox[self._last[tier]][3].extend(pages[1:])
+
     def drain_events(self) -> tuple[KvEvent, ...]:
         """KV events since the last drain, oldest first."""
+        if not self._outbox:
+            return ()
         out: list[KvEvent] = []
         for kind, tier, parent, pages, time in self._outbox:
             if kind == "S":
@@ -144,9 +183,41 @@ class KvPool:
             raise PoolInvariantError(f"{tier.value}: eviction order {victims} differs from the policy's {expected}")
         if len(victims) != n:
             raise PoolInvariantError(f"{tier.value}: found {len(victims)} pages to evict, {n} needed")
+        if not victims:
+            return victims
+        if tier is Tier.HOST:
+            pool.remove_all(victims)
+            self._removed_all(tier, victims, now)
+            return victims
+        missing = self._through_room(victims)
+        if missing is None:  # the write-backs need L2 evictions or meet a fetch: page by page
+            for page in victims:
+                self._evict_one(tier, page, now)
+            return victims
+        # The run at once, with the same state and events as page by page (no L2 eviction happens).
+        parents = {page: pool.parent(page) for page in victims}
+        self.l2.touch_all(parents.keys() - missing, now)
+        if missing:
+            self.l2.insert_all({p: parents[p] for p in victims if p in missing}, now)
+        pool.remove_all(victims)
+        if not missing:
+            self._removed_all(tier, victims, now)
+            return victims
         for page in victims:
-            self._evict_one(tier, page, now)
+            if page in missing:
+                self._stored(Tier.HOST, page, parents[page], now)
+            self._removed(tier, page, now)
         return victims
+
+    def _through_room(self, pages: Iterable[PageHash]) -> set[PageHash] | None:
+        """The pages of `pages` that L2 lacks, if writing them all through to L2 needs no L2 eviction and
+        completes no fetch; else None."""
+        l2 = self.l2
+        wanted = set(pages)
+        missing = wanted - (l2.resident_set() & wanted)
+        if len(missing) > l2.free or (l2.writing and not l2.writing_set().isdisjoint(missing)):
+            return None
+        return missing
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -220,11 +291,64 @@ class KvPool:
             self._skipped += 1
         self._after()
 
+    def store_all(
+        self,
+        tier: Tier,
+        items: list[tuple[PageHash, PageHash | None]],
+        now: float,
+        *,
+        owner: Owner,
+        from_reservation: bool = True,
+    ) -> None:
+        """`store` (pinned) each (page, parent) of `items`, in order: the same state and events, done as
+        one run when no page is resident or being written in `tier` and the write-through needs no L2
+        eviction."""
+        if not items:
+            return
+        pool = self.tier(tier)
+        run = dict(items)
+        if (
+            len(run) == len(items)
+            and pool.resident_set().isdisjoint(run)
+            and (not pool.writing or pool.writing_set().isdisjoint(run))
+        ):
+            missing = self._through_room(run) if tier is Tier.GPU else set()
+            if missing is not None:
+                pool.insert_all(run, now, owner=owner, slots="reserved" if from_reservation else "free")
+                self._after_run(tier, items, missing, now)
+                return
+        for page, parent in items:
+            self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
+
+    def land_all(self, tier: Tier, owner: Owner, items: list[tuple[PageHash, PageHash | None]], now: float) -> None:
+        """`land` each (page, parent) of `items`, in order (as one run when `owner` is writing them all and
+        the write-through needs no L2 eviction)."""
+        if not items:
+            return
+        pool = self.tier(tier)
+        run = dict(items)
+        if len(run) == len(items) and pool.writes_all(owner, run):
+            missing = self._through_room(run) if tier is Tier.GPU else set()
+            if missing is not None:
+                pool.insert_all(run, now, owner=owner, slots="writing")
+                self._after_run(tier, items, missing, now)
+                return
+        for page, parent in items:
+            self.land(tier, owner, page, parent, now)
+
+    def _after_run(
+        self, tier: Tier, items: list[tuple[PageHash, PageHash | None]], missing: set[PageHash], now: float
+    ) -> None:
+        """The write-through and the events of a run just made resident in `tier` (L2 lacks `missing`)."""
+        if tier is Tier.GPU:
+            self.l2.touch_all({page for page, _ in items if page not in missing}, now)
+            self.l2.insert_all({page: parent for page, parent in items if page in missing}, now)
+        self._stored_run(tier, items, missing, now)
+        self._after()
+
     def begin_writes(self, tier: Tier, owner: Owner, pages: Iterable[PageHash]) -> None:
         """Free slots of `tier` start receiving `pages` for `owner` (caller made room)."""
-        pool = self.tier(tier)
-        for page in pages:
-            pool.begin_write(owner, page)
+        self.tier(tier).begin_write_all(owner, pages)
         self._after()
 
     def land(self, tier: Tier, owner: Owner, page: PageHash, parent: PageHash | None, now: float) -> None:
@@ -233,7 +357,7 @@ class KvPool:
         if pool.writer(page) == owner:
             pool.insert(page, parent, now, source=owner, pin_owner=owner)
             self._stored(tier, page, parent, now)
-        elif pool.contains(page) and page in pool.pinned_by(owner):
+        elif pool.contains(page) and pool.is_pinned_by(owner, page):
             pool.touch(page, now)  # another owner completed it first, pinned for us
         else:
             raise PoolInvariantError(f"{tier.value}: {owner} lands page {page:#x} it was not writing")
@@ -252,7 +376,10 @@ class KvPool:
 
     # --- gauges and invariants -----------------------------------------------------------------------
     def gauges(self) -> PoolGauges:
-        return PoolGauges(self.l1.gauges(), self.l2.gauges(), self._skipped)
+        l1, l2, last = self.l1.gauges(), self.l2.gauges(), self._gauges
+        if last is None or last.l1 is not l1 or last.l2 is not l2 or last.skipped_write_throughs != self._skipped:
+            last = self._gauges = PoolGauges(l1, l2, self._skipped)
+        return last  # immutable: handed out again while nothing changed
 
     def check_invariants(self) -> None:
         self.l1.check()

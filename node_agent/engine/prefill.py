@@ -119,6 +119,17 @@ class PrefillScheduler:
     def has_runnable(self) -> bool:
         return any(j.stage in (PrefillStage.RUNNING, PrefillStage.READY) for j in self.jobs.values())
 
+    def stage_counts(self) -> tuple[int, int]:
+        """(running, waiting): jobs running, and queued jobs not yet runnable."""
+        running = waiting = 0
+        for job in self.jobs.values():
+            stage = job.stage
+            if stage is PrefillStage.RUNNING:
+                running += 1
+            elif stage is not PrefillStage.READY:
+                waiting += 1
+        return running, waiting
+
     def waiting(self) -> int:
         return sum(1 for j in self.jobs.values() if j.stage not in (PrefillStage.READY, PrefillStage.RUNNING))
 
@@ -155,21 +166,25 @@ class PrefillScheduler:
         peer_of = {p: run.peer for run in req.fetch for p in run.pages}
         pins: list[PageHash] = []
         fetch: list[PageHash] = []
+        in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
+        capacity = l2.capacity
         for page in req.prompt_pages[: self._max_prefix(req)]:
-            if len(pins) + len(fetch) >= l2.capacity:
+            if len(pins) + len(fetch) >= capacity:
                 break
-            if l2.contains(page):
+            if page in in_l2:
                 pins.append(page)
-            elif l1.contains(page) or l2.is_writing(page):
+            elif page in in_l1 or page in arriving:
                 continue  # reused from L1, or arriving with another request's fetch
             elif page in peer_of:
                 fetch.append(page)
             else:
                 break
-        if fetch and not self.pool.make_room(Tier.HOST, len(fetch), now, exclude=pins):
+        if fetch and len(fetch) > l2.free and l2.room(pins) < len(fetch):
             return False, []
-        for page in pins:
-            l2.pin(job.rid, page, now)
+        # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
+        l2.pin_all(job.rid, pins, now)
+        if not self.pool.make_room(Tier.HOST, len(fetch), now):
+            raise PoolInvariantError(f"host: room for {job.rid} vanished while making it")
         self.pool.begin_writes(Tier.HOST, job.rid, fetch)
         job.fetching = tuple(fetch)
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
@@ -198,23 +213,24 @@ class PrefillScheduler:
 
     def _land_fetch(self, job: PrefillJob, now: float) -> None:
         index = {p: i for i, p in enumerate(job.req.prompt_pages)}
-        for page in job.fetching:
-            self.pool.land(Tier.HOST, job.rid, page, job.parent(index[page]), now)
+        landed = [(page, job.parent(index[page])) for page in job.fetching]
+        self.pool.land_all(Tier.HOST, job.rid, landed, now)
         job.fetch_pending = False
 
     def _admit_gpu(self, job: PrefillJob, now: float, local_ok: bool) -> Admission:
         req, l1, l2 = job.req, self.pool.l1, self.pool.l2
-        if l1.writing and any(l1.is_writing(p) for p in req.prompt_pages):
+        if l1.writing and not l1.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # another request is loading part of this prompt: reuse it once loaded
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
-        if async_fetch and l2.writing and any(l2.is_writing(p) for p in req.prompt_pages):
+        if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
         in_l1: list[PageHash] = []
         from_l2: list[tuple[int, PageHash]] = []
+        l1_has, l2_has = l1.resident_set(), l2.resident_set()
         for i, page in enumerate(req.prompt_pages[: self._max_prefix(req)]):
-            if l1.contains(page):
+            if page in l1_has:
                 in_l1.append(page)
-            elif l2.contains(page):
+            elif page in l2_has:
                 from_l2.append((i, page))
             else:
                 break
@@ -225,13 +241,12 @@ class PrefillScheduler:
         if l1.room(in_l1) < writes + len(from_l2):
             return Admission.NO_ROOM
         held = l2.pinned_by(job.rid)
-        for _, page in from_l2:  # keep the sources in L2 while L1 makes room (write-backs may evict)
-            if page not in held:
-                l2.pin(job.rid, page, now)
-        if not self.pool.make_room(Tier.GPU, writes + len(from_l2), now, exclude=in_l1):
+        # keep the sources in L2 while L1 makes room (write-backs may evict)
+        l2.pin_all(job.rid, [page for _, page in from_l2 if page not in held], now)
+        # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
+        l1.pin_all(job.rid, in_l1, now)
+        if not self.pool.make_room(Tier.GPU, writes + len(from_l2), now):
             raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
-        for page in in_l1:
-            l1.pin(job.rid, page, now)
         l1.reserve(job.rid, writes)
         job.gpu_admitted = True
         job.prefix_pages = k
@@ -245,15 +260,15 @@ class PrefillScheduler:
             job.ready_at = now + self.profile.load_time(job.restored_tokens)
             job.stage = PrefillStage.LOADING
         else:
-            for i, page in from_l2:
-                self.pool.store(Tier.GPU, page, job.parent(i), now, owner=job.rid, from_reservation=False)
+            loaded = [(page, job.parent(i)) for i, page in from_l2]
+            self.pool.store_all(Tier.GPU, loaded, now, owner=job.rid, from_reservation=False)
             l2.unpin_all(job.rid, now)
             job.stage = PrefillStage.READY
         return Admission.ADMITTED
 
     def _finish_load(self, job: PrefillJob) -> None:
-        for i, page in job.loading:
-            self.pool.land(Tier.GPU, job.rid, page, job.parent(i), job.ready_at)
+        loaded = [(page, job.parent(i)) for i, page in job.loading]
+        self.pool.land_all(Tier.GPU, job.rid, loaded, job.ready_at)
         self.pool.l2.unpin_all(job.rid, job.ready_at)
         job.stage = PrefillStage.READY
 
@@ -308,10 +323,11 @@ class PrefillScheduler:
             req = job.req
             job.done += chunk
             covered = job.prefix_pages * self.pt + job.done
-            while job.next_page < len(req.prompt_pages) and (job.next_page + 1) * self.pt <= covered:
-                i = job.next_page
-                self.pool.store(Tier.GPU, req.prompt_pages[i], job.parent(i), end, owner=job.rid)
-                job.next_page += 1
+            full = min(len(req.prompt_pages), covered // self.pt)
+            if full > job.next_page:
+                computed = [(req.prompt_pages[i], job.parent(i)) for i in range(job.next_page, full)]
+                self.pool.store_all(Tier.GPU, computed, end, owner=job.rid)
+                job.next_page = full
             if covered < req.prompt_tokens:
                 continue
             del self.jobs[job.rid]

@@ -12,7 +12,14 @@ Each of the tier's `capacity` page slots is in exactly one of four states:
 Invariant (checked by `check`): free + cached + pinned + in_use == capacity, with `free` a counter kept
 by every operation and the other three recounted from the page tables; free >= 0; a page is never both
 resident and writing; an owner's pin set and the pages' pin counts agree; the eviction candidates are
-exactly the unpinned resident pages.
+exactly the unpinned resident pages, each entered in the eviction index under its current key.
+
+Representation (chosen so that a whole run of pages is pinned, unpinned or touched with C-level set and
+dict operations): per resident page its parent and last access (`_parent`, `_access`); the pinned pages as a
+set, with the pin count kept only for pages pinned by two or more owners (`_shared`); the cached pages as a
+set; `_max_access`, an upper bound of every last access, so that touching pages at a time `now` at or past
+it sets every last access to `now` without reading them. The eviction order lives in an `EvictionOrder`;
+the operations on a whole run of pages at once are inherited from `tierruns.TierRuns`.
 
 Boundary: bookkeeping of one tier; what moves between tiers, eviction order and KV events live in
 `kvpool`. Operations assume the caller checked room first and raise `PoolInvariantError` if not.
@@ -20,7 +27,7 @@ Boundary: bookkeeping of one tier; what moves between tiers, eviction order and 
 
 from __future__ import annotations
 
-import heapq
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -28,9 +35,10 @@ from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.evictindex import EvictionOrder
+from evolving_infra.node_agent.engine.tierruns import Owner, TierRuns
 
-Owner = str
-"""Who holds pins and in-use slots: a request id."""
+__all__ = ["Owner", "TierGauges", "TierPool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +52,7 @@ class TierGauges:
     in_use: int
 
 
-@dataclass(slots=True)
-class _Entry:
-    parent: PageHash | None
-    last_access: float
-    pins: int = 0
-
-
-class TierPool:
+class TierPool(TierRuns):
     """Page accounting of one tier (see the module docstring for the four states)."""
 
     def __init__(self, tier: Tier, capacity: int, policy: HostEvictionPolicy, counts: dict[PageHash, int]) -> None:
@@ -60,21 +61,25 @@ class TierPool:
         self.tier = tier
         self.capacity = capacity
         self.policy = policy
-        self._counts = counts  # shared with the pool, which pushes updates through `rekey`
-        self._heap: list[tuple[tuple[float, ...], PageHash, int]] = []  # lazy: stale entries skipped
-        self._stamp: dict[PageHash, int] = {}
-        self._pages: dict[PageHash, _Entry] = {}
-        self._cached: dict[PageHash, None] = {}  # unpinned resident pages (ordered set)
+        self._counts = counts  # shared with the pool (positive counts only), which pushes updates via `rekey`
+        self._parent: dict[PageHash, PageHash | None] = {}  # resident pages
+        self._access: dict[PageHash, float] = {}  # last access of resident pages
+        self._max_access = -math.inf  # >= every last access
+        self._pinned: set[PageHash] = set()
+        self._shared: dict[PageHash, int] = {}  # pin count of pages pinned by two or more owners
+        self._cached: set[PageHash] = set()  # unpinned resident pages
+        self._order = EvictionOrder(policy, self._cached, self._access, counts)
         self._writing: dict[PageHash, Owner] = {}
         self._reserved: dict[Owner, int] = {}
         self._owner_pins: dict[Owner, set[PageHash]] = {}
         self._free = capacity
         self._n_reserved = 0
+        self._gauges = TierGauges(capacity, capacity, 0, 0, 0)
 
     # --- queries -------------------------------------------------------------------------------------
     def contains(self, page: PageHash) -> bool:
         """Whether `page` is resident and complete (readable)."""
-        return page in self._pages
+        return page in self._parent
 
     def is_writing(self, page: PageHash) -> bool:
         return page in self._writing
@@ -83,20 +88,33 @@ class TierPool:
         return self._writing.get(page)
 
     def parent(self, page: PageHash) -> PageHash | None:
-        return self._pages[page].parent
+        return self._parent[page]
 
     def pins(self, page: PageHash) -> int:
-        entry = self._pages.get(page)
-        return entry.pins if entry else 0
+        if page not in self._pinned:
+            return 0
+        return self._shared.get(page, 1)
 
     def resident(self) -> frozenset[PageHash]:
-        return frozenset(self._pages)
+        return frozenset(self._parent)
+
+    def resident_set(self) -> Iterable[PageHash]:
+        """A live, read-only view of the resident pages (supports `in` and set operations; do not keep)."""
+        return self._parent.keys()
+
+    def writing_set(self) -> Iterable[PageHash]:
+        """A live, read-only view of the pages being written (supports `in` and set operations)."""
+        return self._writing.keys()
 
     def pinned_pages(self) -> frozenset[PageHash]:
-        return frozenset(p for p, e in self._pages.items() if e.pins > 0)
+        return frozenset(self._pinned)
 
     def pinned_by(self, owner: Owner) -> frozenset[PageHash]:
         return frozenset(self._owner_pins.get(owner, ()))
+
+    def is_pinned_by(self, owner: Owner, page: PageHash) -> bool:
+        pins = self._owner_pins.get(owner)
+        return pins is not None and page in pins
 
     def reserved_by(self, owner: Owner) -> int:
         return self._reserved.get(owner, 0)
@@ -111,7 +129,7 @@ class TierPool:
 
     def evictable(self, exclude: Iterable[PageHash] = ()) -> int:
         """Cached pages, not counting those in `exclude` (pages the caller is about to pin)."""
-        return len(self._cached) - sum(1 for p in set(exclude) if p in self._cached)
+        return len(self._cached) - len(self._cached.intersection(exclude))
 
     def room(self, exclude: Iterable[PageHash] = ()) -> int:
         """Slots obtainable now: free ones plus evictable cached ones."""
@@ -119,10 +137,10 @@ class TierPool:
 
     def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
         """Snapshots of the evictable pages for an eviction policy: cached ones not in `exclude`."""
-        pages = self._pages
+        access = self._access
         for page in self._cached:
             if page not in exclude:
-                yield HostPage(page, counts.get(page, 0), pages[page].last_access)
+                yield HostPage(page, counts.get(page, 0), access[page])
 
     @property
     def writing(self) -> int:
@@ -130,71 +148,56 @@ class TierPool:
         return len(self._writing)
 
     def gauges(self) -> TierGauges:
-        pinned = len(self._pages) - len(self._cached)
-        return TierGauges(self.capacity, self._free, len(self._cached), pinned, len(self._writing) + self._n_reserved)
-
-    # --- pins ----------------------------------------------------------------------------------------
-    def touch(self, page: PageHash, now: float) -> None:
-        entry = self._pages.get(page)
-        if entry is not None and now > entry.last_access:
-            entry.last_access = now
-            if page in self._cached:
-                self._index(page)
+        cached = len(self._cached)
+        last = self._gauges
+        in_use = len(self._writing) + self._n_reserved
+        pinned = len(self._parent) - cached
+        if last.free != self._free or last.cached != cached or last.pinned != pinned or last.in_use != in_use:
+            last = self._gauges = TierGauges(self.capacity, self._free, cached, pinned, in_use)
+        return last  # an immutable value: the last one is handed out again while nothing changed
 
     # --- eviction order ------------------------------------------------------------------------------
-    def _index(self, page: PageHash) -> None:
-        """(Re)enter cached `page` in the eviction heap under its current key."""
-        stamp = self._stamp.get(page, 0) + 1
-        self._stamp[page] = stamp
-        snap = HostPage(page, self._counts.get(page, 0), self._pages[page].last_access)
-        heapq.heappush(self._heap, (self.policy.key(snap), page, stamp))
-        if len(self._heap) > 4 * len(self._cached) + 64:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._heap = []
-        self._stamp = {}
-        for page in self._cached:
-            self._stamp[page] = 1
-            snap = HostPage(page, self._counts.get(page, 0), self._pages[page].last_access)
-            self._heap.append((self.policy.key(snap), page, 1))
-        heapq.heapify(self._heap)
-
     def rekey(self, page: PageHash) -> None:
         """The branch count of `page` changed."""
-        if page in self._cached:
-            self._index(page)
+        if page in self._cached and self._order.keyed_by_count:
+            self._order.enter(page)
+
+    def counts_changed(self, pages: Iterable[PageHash], flipped: Iterable[PageHash]) -> None:
+        """The branch counts of `pages` changed; those of `flipped` (a subset) went from 0 to positive or
+        back."""
+        self._order.recount(pages, flipped)
+
+    @property
+    def keyed_by_count(self) -> bool:
+        return self._order.keyed_by_count
 
     def victims(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> list[PageHash]:
         """Take the first `n` cached pages not in `exclude`, in ascending (policy key, page hash) order
-        (the order `policy.victims` gives), from a lazy heap so choosing costs O(n log size). The caller
-        evicts every page returned."""
-        out: list[PageHash] = []
-        skipped: list[tuple[tuple[float, ...], PageHash, int]] = []
-        heap = self._heap
-        while heap and len(out) < n:
-            item = heapq.heappop(heap)
-            _, page, stamp = item
-            if page not in self._cached or self._stamp.get(page) != stamp:
-                continue  # stale: pinned, evicted or re-keyed since
-            if page in exclude:
-                skipped.append(item)
-                continue
-            out.append(page)
-        for item in skipped:
-            heapq.heappush(heap, item)
-        return out
+        (the order `policy.victims` gives), from the eviction order. The caller evicts every page returned."""
+        return self._order.victims(n, exclude)
+
+    # --- access and pins -----------------------------------------------------------------------------
+    def touch(self, page: PageHash, now: float) -> None:
+        access = self._access.get(page)
+        if access is not None and now > access:
+            self._access[page] = now
+            if now > self._max_access:
+                self._max_access = now
+            if page in self._cached:
+                self._order.enter(page)
 
     def pin(self, owner: Owner, page: PageHash, now: float) -> None:
         """`owner` pins resident `page` (once per owner); the page leaves the eviction candidates."""
-        entry = self._pages.get(page)
-        if entry is None:
+        if page not in self._parent:
             raise PoolInvariantError(f"{self.tier.value}: cannot pin page {page:#x}: not resident")
         pins = self._owner_pins.setdefault(owner, set())
         if page not in pins:
             pins.add(page)
-            entry.pins += 1
-            self._cached.pop(page, None)
+            if page in self._pinned:
+                self._shared[page] = self._shared.get(page, 1) + 1
+            else:
+                self._pinned.add(page)
+                self._cached.discard(page)
         self.touch(page, now)
 
     def unpin(self, owner: Owner, page: PageHash) -> None:
@@ -205,36 +208,54 @@ class TierPool:
         pins.discard(page)
         if not pins:
             del self._owner_pins[owner]
-        entry = self._pages[page]
-        entry.pins -= 1
-        if entry.pins == 0:
-            self._cached[page] = None
-            self._index(page)
+        left = self._shared.get(page, 1) - 1
+        if left > 1:
+            self._shared[page] = left
+        elif left == 1:
+            del self._shared[page]
+        else:
+            self._pinned.discard(page)
+            self._cached.add(page)
+            self._order.enter(page)
 
     def unpin_all(self, owner: Owner, now: float) -> list[PageHash]:
         """Drop every pin of `owner`; pages nobody else pins become cached (touched at `now`)."""
-        pages = self._owner_pins.pop(owner, set())
-        for page in pages:
-            entry = self._pages[page]
-            entry.pins -= 1
-            if now > entry.last_access:
-                entry.last_access = now
-            if entry.pins == 0:
-                self._cached[page] = None
-                self._index(page)
-        return sorted(pages)
+        pages = self._owner_pins.pop(owner, None)
+        if not pages:
+            return []
+        shared = self._shared
+        still = pages.intersection(shared) if shared else ()
+        for page in still:
+            left = shared[page] - 1
+            if left > 1:
+                shared[page] = left
+            else:
+                del shared[page]
+        freed = pages.difference(still) if still else pages
+        self._pinned -= freed
+        self._cached |= freed
+        if self._all_at_most(pages, now):
+            self._set_access(pages, now)
+            self._order.enter_all(freed, now)
+        else:
+            access = self._access
+            for page in pages:
+                if now > access[page]:
+                    access[page] = now
+            self._order.enter_each(freed)
+        return list(pages)
 
     # --- in-use slots --------------------------------------------------------------------------------
-    def _take_free(self, n: int, what: str) -> None:
-        if n > self._free:
-            raise PoolInvariantError(f"{self.tier.value}: {what} needs {n} free page(s), only {self._free} free")
-        self._free -= n
+    def _no_free(self, n: int, what: str) -> None:
+        raise PoolInvariantError(f"{self.tier.value}: {what} needs {n} free page(s), only {self._free} free")
 
     def reserve(self, owner: Owner, n: int) -> None:
         """Reserve `n` anonymous in-use slots for pages `owner` will write."""
         if n <= 0:
             return
-        self._take_free(n, f"reserving for {owner}")
+        if n > self._free:
+            self._no_free(n, f"reserving for {owner}")
+        self._free -= n
         self._reserved[owner] = self._reserved.get(owner, 0) + n
         self._n_reserved += n
 
@@ -254,9 +275,11 @@ class TierPool:
 
     def begin_write(self, owner: Owner, page: PageHash) -> None:
         """A free slot starts receiving `page` (known hash) for `owner`."""
-        if page in self._pages or page in self._writing:
+        if page in self._parent or page in self._writing:
             raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is already resident or being written")
-        self._take_free(1, f"writing page {page:#x}")
+        if self._free < 1:
+            self._no_free(1, f"writing page {page:#x}")
+        self._free -= 1
         self._writing[page] = owner
 
     def writes_of(self, owner: Owner) -> list[PageHash]:
@@ -278,45 +301,60 @@ class TierPool:
     ) -> None:
         """Make `page` resident. Its slot comes from `source`'s writing slot for this page, else from
         `source`'s reservation, else (source None) from a free slot. Pinned by `pin_owner` if given."""
-        if page in self._pages:
+        if page in self._parent:
             raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is already resident")
         if source is not None and self._writing.get(page) == source:
             del self._writing[page]
-        elif source is not None:
-            if self._reserved.get(source, 0) < 1:
+        elif source is not None:  # the reserved slot becomes the page's: free does not change
+            held = self._reserved.get(source, 0)
+            if held < 1:
                 raise PoolInvariantError(f"{self.tier.value}: {source} stores page {page:#x} without a reserved slot")
-            self.unreserve(source, 1)
-            self._take_free(1, "storing a reserved page")
+            if held > 1:
+                self._reserved[source] = held - 1
+            else:
+                del self._reserved[source]
+            self._n_reserved -= 1
         else:
             if page in self._writing:
                 raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is being written by another owner")
-            self._take_free(1, f"storing page {page:#x}")
-        self._pages[page] = _Entry(parent, now)
+            if self._free < 1:
+                self._no_free(1, f"storing page {page:#x}")
+            self._free -= 1
+        self._parent[page] = parent
+        self._access[page] = now
+        if now > self._max_access:
+            self._max_access = now
         if pin_owner is not None:
-            self._cached[page] = None
-            self.pin(pin_owner, page, now)
+            pins = self._owner_pins.get(pin_owner)
+            if pins is None:
+                self._owner_pins[pin_owner] = {page}
+            else:
+                pins.add(page)
+            self._pinned.add(page)
         else:
-            self._cached[page] = None
-            self._index(page)
+            self._cached.add(page)
+            self._order.enter(page)
 
     def remove(self, page: PageHash) -> None:
         """Evict cached `page` (never a pinned one)."""
-        entry = self._pages.get(page)
-        if entry is None:
+        if page not in self._parent:
             raise PoolInvariantError(f"{self.tier.value}: cannot remove page {page:#x}: not resident")
-        if entry.pins > 0:
-            raise PoolInvariantError(f"{self.tier.value}: refusing to evict pinned page {page:#x} ({entry.pins} pins)")
-        del self._pages[page]
-        del self._cached[page]
-        self._stamp.pop(page, None)
+        if page in self._pinned:
+            raise PoolInvariantError(
+                f"{self.tier.value}: refusing to evict pinned page {page:#x} ({self.pins(page)} pins)"
+            )
+        del self._parent[page]
+        del self._access[page]
+        self._cached.discard(page)
         self._free += 1
 
     # --- invariants ----------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise `PoolInvariantError` naming the first accounting rule that does not hold."""
         name = self.tier.value
-        pinned = sum(1 for e in self._pages.values() if e.pins > 0)
-        cached = len(self._pages) - pinned
+        resident = self._parent.keys()
+        pinned = len(self._pinned & resident)
+        cached = len(self._parent) - pinned
         in_use = len(self._writing) + sum(self._reserved.values())
         if self._free < 0:
             raise PoolInvariantError(f"{name}: free is negative ({self._free})")
@@ -327,20 +365,26 @@ class TierPool:
             )
         if sum(self._reserved.values()) != self._n_reserved or any(v <= 0 for v in self._reserved.values()):
             raise PoolInvariantError(f"{name}: reserved slot counter {self._n_reserved} disagrees with the owners'")
-        both = set(self._writing) & set(self._pages)
+        both = set(self._writing) & set(self._parent)
         if both:
             raise PoolInvariantError(f"{name}: pages both resident and being written: {sorted(both)}")
-        expected_cached = {p for p, e in self._pages.items() if e.pins == 0}
-        if expected_cached != set(self._cached):
+        if self._access.keys() != resident or any(t > self._max_access for t in self._access.values()):
+            raise PoolInvariantError(f"{name}: last-access table disagrees with the resident pages")
+        if not self._pinned.issubset(resident) or self._cached != resident - self._pinned:
             raise PoolInvariantError(f"{name}: eviction candidates differ from the unpinned resident pages")
+        if not self._pinned.issuperset(self._shared):
+            raise PoolInvariantError(f"{name}: pin counts kept for pages nobody pins")
         counted: dict[PageHash, int] = {}
         for owner, pages in self._owner_pins.items():
             for page in pages:
-                if page not in self._pages:
+                if page not in resident:
                     raise PoolInvariantError(f"{name}: {owner} pins page {page:#x}, which is not resident")
                 counted[page] = counted.get(page, 0) + 1
-        for page, entry in self._pages.items():
-            if entry.pins != counted.get(page, 0):
+        for page in resident:
+            if self.pins(page) != counted.get(page, 0) or self._shared.get(page, 2) < 2:
                 raise PoolInvariantError(
-                    f"{name}: page {page:#x} has pin count {entry.pins} but {counted.get(page, 0)} owner pin(s)"
+                    f"{name}: page {page:#x} has pin count {self.pins(page)} but {counted.get(page, 0)} owner pin(s)"
                 )
+        for page in self._cached:
+            if not self._order.holds(page):
+                raise PoolInvariantError(f"{name}: cached page {page:#x} is missing from the eviction order")

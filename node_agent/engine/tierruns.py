@@ -1,0 +1,176 @@
+"""Operations of a tier on a whole run of pages at once: the same state as the page-by-page operations of
+`tier.TierPool`, done with C-level set and dict operations (`set |=`, `dict.update`, `dict.fromkeys`)
+instead of a Python step per page. `TierPool` inherits them; they read and write its tables.
+
+Exactness rules: a run is touched at `now` in one `dict.update` only when no page of it was last accessed
+after `now` (otherwise page by page, keeping the later access); a run enters the eviction order in one set
+update per key (`EvictionOrder.enter_all`); error cases raise before anything changes.
+
+Boundary: page accounting of one tier, like `tier`; which runs to move, and the KV events, are `kvpool`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.evictindex import EvictionOrder
+
+Owner = str
+"""Who holds pins and in-use slots: a request id."""
+
+
+class TierRuns:
+    """Run operations over the tables of `TierPool` (declared here for type checkers)."""
+
+    tier: Tier
+    _parent: dict[PageHash, PageHash | None]
+    _access: dict[PageHash, float]
+    _max_access: float
+    _pinned: set[PageHash]
+    _shared: dict[PageHash, int]
+    _cached: set[PageHash]
+    _writing: dict[PageHash, Owner]
+    _reserved: dict[Owner, int]
+    _owner_pins: dict[Owner, set[PageHash]]
+    _free: int
+    _n_reserved: int
+    _order: EvictionOrder
+
+    def touch(self, page: PageHash, now: float) -> None:  # pragma: no cover - TierPool's
+        raise NotImplementedError
+
+    def _no_free(self, n: int, what: str) -> None:  # pragma: no cover - TierPool's
+        raise NotImplementedError
+
+    def _all_at_most(self, pages: Iterable[PageHash], now: float) -> bool:
+        """Whether every page of `pages` (resident) was last accessed at or before `now`."""
+        return now >= self._max_access or max(map(self._access.__getitem__, pages), default=now) <= now
+
+    def _set_access(self, pages: Iterable[PageHash], now: float) -> None:
+        """Last access := `now` for `pages` (resident, none accessed after `now`)."""
+        self._access.update(dict.fromkeys(pages, now))
+        if now > self._max_access:
+            self._max_access = now
+
+    def touch_all(self, pages: set[PageHash], now: float) -> None:
+        """`touch` every page of `pages` (all resident)."""
+        if self._all_at_most(pages, now):  # then they all become `now`
+            self._set_access(pages, now)
+            cached = self._cached.intersection(pages)
+            if cached:
+                self._order.enter_all(cached, now)
+        else:
+            for page in pages:
+                self.touch(page, now)
+
+    def _touch_pinned(self, pages: Iterable[PageHash], now: float) -> None:
+        """Touch resident, pinned `pages` at `now` (pinned pages have no eviction entry to update)."""
+        if self._all_at_most(pages, now):
+            self._set_access(pages, now)
+        else:
+            access = self._access
+            for page in pages:
+                if now > access[page]:
+                    access[page] = now
+
+    def pin_all(self, owner: Owner, pages: Iterable[PageHash], now: float) -> None:
+        """`owner` pins every page of `pages` (all resident); the same as `pin` page by page."""
+        pages = set(pages)
+        missing = pages.difference(self._parent)
+        if missing:
+            raise PoolInvariantError(f"{self.tier.value}: cannot pin page {min(missing):#x}: not resident")
+        pins = self._owner_pins.setdefault(owner, set())
+        new = pages - pins
+        if new:
+            pins |= new
+            again = new & self._pinned
+            if again:
+                shared = self._shared
+                for page in again:
+                    shared[page] = shared.get(page, 1) + 1
+                new -= again
+            self._pinned |= new
+            self._cached -= new
+        elif not pins:
+            del self._owner_pins[owner]
+        self._touch_pinned(pages, now)
+
+    def begin_write_all(self, owner: Owner, pages: Iterable[PageHash]) -> None:
+        """`begin_write` each page of `pages` (distinct), at once."""
+        pages = list(pages)
+        run = dict.fromkeys(pages, owner)
+        if len(run) != len(pages) or not (self._parent.keys().isdisjoint(run) and self._writing.keys().isdisjoint(run)):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident or being written")
+        if len(run) > self._free:
+            self._no_free(len(run), f"writing {len(run)} page(s)")
+        self._free -= len(run)
+        self._writing.update(run)
+
+    def writes_all(self, owner: Owner, pages: Iterable[PageHash]) -> bool:
+        """Whether `owner` is writing every page of `pages`."""
+        get = self._writing.get
+        return all(get(page) == owner for page in pages)
+
+    def insert_all(
+        self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free"
+    ) -> None:
+        """`insert` every page of `items` (page -> parent) at `now`, none of them resident or written by
+        another owner. `slots`: "free" (free slots), "reserved" (`owner`'s reservation) or "writing"
+        (`owner`'s writing slots for these very pages). Pinned by `owner` if given, else cached."""
+        k = len(items)
+        if not k:
+            return
+        if not self._parent.keys().isdisjoint(items):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident")
+        if slots != "writing" and not self._writing.keys().isdisjoint(items):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is being written")
+        if slots == "reserved":
+            held = self._reserved.get(owner, 0)  # type: ignore[arg-type]
+            if held < k:
+                raise PoolInvariantError(f"{self.tier.value}: {owner} stores {k} page(s) with {held} reserved slot(s)")
+            if held > k:
+                self._reserved[owner] = held - k  # type: ignore[index]
+            else:
+                del self._reserved[owner]  # type: ignore[arg-type]
+            self._n_reserved -= k
+        elif slots == "writing":
+            writing = self._writing
+            for page in items:
+                if writing.get(page) != owner:
+                    raise PoolInvariantError(f"{self.tier.value}: {owner} lands page {page:#x} it was not writing")
+            for page in items:
+                del writing[page]
+        else:
+            if k > self._free:
+                self._no_free(k, f"storing {k} page(s)")
+            self._free -= k
+        self._parent.update(items)
+        self._access.update(dict.fromkeys(items, now))
+        if now > self._max_access:
+            self._max_access = now
+        pages = set(items)
+        if owner is not None:
+            pins = self._owner_pins.get(owner)
+            if pins is None:
+                self._owner_pins[owner] = pages.copy()
+            else:
+                pins |= pages
+            self._pinned |= pages
+        else:
+            self._cached |= pages
+            self._order.enter_all(pages, now)
+
+    def remove_all(self, pages: Iterable[PageHash]) -> None:
+        """`remove` every page of `pages` (all cached)."""
+        parent, access = self._parent, self._access
+        gone = set(pages)
+        if not gone.issubset(self._cached):
+            raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
+        for page in gone:
+            del parent[page]
+            del access[page]
+        self._cached -= gone
+        self._free += len(gone)
