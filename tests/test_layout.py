@@ -82,3 +82,15 @@ def test_console_script_runs() -> None:
     exe = Path(sys.executable).with_name("evolving-infra")
     result = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
     assert evolving_infra.__version__ in result.stdout
+
+
+def test_child_process_form_works_from_the_repository_root(plain_install: Path) -> None:
+    """The local cluster starts its children with `python -P -m evolving_infra` (`evolving_infra.local.processes`).
+    From the repository root, a plain `-m` would put the working directory first on sys.path, and the
+    repository's `operator/` folder would shadow the standard library's `operator` before anything runs."""
+    from evolving_infra.local.processes import python_command
+
+    env = _clean_env(plain_install)
+    ok = subprocess.run([*python_command("--version")], capture_output=True, text=True, env=env, cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    assert evolving_infra.__version__ in ok.stdout

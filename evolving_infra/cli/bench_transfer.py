@@ -86,7 +86,7 @@ def bring_loopback_up() -> None:
 
 def start_peer(pages: int, page_bytes: int, mooncake: bool, seed: int = 0) -> tuple[subprocess.Popen[str], dict]:
     """Start a pages_server peer process; returns it and the JSON line it printed (its addresses)."""
-    argv = [sys.executable, "-m", "evolving_infra.node_agent.api.pages_server"]
+    argv = [sys.executable, "-P", "-m", "evolving_infra.node_agent.api.pages_server"]
     argv += ["--pages", str(pages), "--page-bytes", str(page_bytes), "--seed", str(seed)]
     argv += ["--mooncake"] if mooncake else []
     env = {**os.environ, "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR")}
@@ -234,7 +234,7 @@ def _handler(args: argparse.Namespace) -> int:
     mib, page_bytes, repeats, chunk = _validated(args)
     reason = netns_unavailable()
     if reason is None:
-        argv = [sys.executable, "-m", "evolving_infra.cli.main", "bench", "transfer", INSIDE_FLAG]
+        argv = [sys.executable, "-P", "-m", "evolving_infra.cli.main", "bench", "transfer", INSIDE_FLAG]
         argv += ["--mib", str(mib), "--page-kib", str(args.page_kib), "--repeats", str(repeats)]
         argv += ["--chunk-kib", str(args.chunk_kib)]
         env = {**os.environ, "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR")}

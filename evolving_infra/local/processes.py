@@ -1,6 +1,6 @@
 """Supervision of the local cluster's child processes (node agents and the router).
 
-Each child runs `sys.executable -m evolving_infra ...` in its own session (so a Ctrl-C in the terminal reaches
+Each child runs `sys.executable -P -m evolving_infra ...` in its own session (so a Ctrl-C in the terminal reaches
 only the driver, which then stops the children in order), with stdout and stderr written to files in the run's
 work folder. A child is ready once it has printed its one JSON line (its addresses) on stdout; a child that
 exits first, or prints nothing by the deadline, raises `StartError` naming it with the last lines of its stderr.
@@ -164,8 +164,9 @@ class Child:
 
 
 def python_command(*args: str) -> tuple[str, ...]:
-    """`python -m evolving_infra ARGS` with the running interpreter."""
-    return (sys.executable, "-m", "evolving_infra", *args)
+    """`python -P -m evolving_infra ARGS` with the running interpreter (`-P`: never put the working directory on
+    sys.path, where the repository's `operator/` folder would shadow the standard library)."""
+    return (sys.executable, "-P", "-m", "evolving_infra", *args)
 
 
 def stop_all(children: Sequence[Child], grace_s: float) -> dict[str, int | None]:

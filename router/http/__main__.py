@@ -1,6 +1,6 @@
 """Run the front end alone against `FakeBackend`, for trying the API with curl or an OpenAI SDK:
 
-    EVOLVING_ROUTER_PORT=8000 python -m evolving_infra.router.http
+    EVOLVING_ROUTER_PORT=8000 python -P -m evolving_infra.router.http
 
 Settings come from `EVOLVING_ROUTER_*` variables. Stops gracefully on SIGINT/SIGTERM.
 Boundary: a demo entry point; the live router wires its real backend instead.

@@ -20,7 +20,7 @@ from evolving_infra.local.presets import PRESETS, PresetName
 from evolving_infra.local.run import LocalRunConfig, LocalRunError, run_local
 from evolving_infra.sim.replay import ReplayMode
 
-LOCAL = [sys.executable, "-m", "evolving_infra", "local", "--quiet"]
+LOCAL = [sys.executable, "-P", "-m", "evolving_infra", "local", "--quiet"]
 
 
 def _children(pid: int) -> list[int]:
@@ -60,7 +60,9 @@ def test_tiny_preset_runs_to_completion_and_the_report_matches_the_trace(tmp_pat
     assert all(code == 0 for code in report["run"]["exit_codes"].values()), report["run"]["exit_codes"]
     for name in ("report.md", "requests.jsonl", "split_over_time.png", "latency_cdf.png", "kv_lost.png"):
         assert (out / name).stat().st_size > 0, name
-    assert len((out / "requests.jsonl").read_text().splitlines()) == len(trace.requests)
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == len(trace.requests)
+    assert all(r["prefill_node"] and r["decode_node"] for r in records)  # named by the router's usage extension
 
 
 def test_sigint_shuts_the_cluster_down_with_no_child_left(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 
-SERVE = [sys.executable, "-m", "evolving_infra.cli.main", "node-agent", "serve"]
+SERVE = [sys.executable, "-P", "-m", "evolving_infra.cli.main", "node-agent", "serve"]
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> str:

@@ -67,7 +67,7 @@ async def test_the_operator_process_reconciles_a_cluster(tmp_path: Path) -> None
         log = (tmp_path / "operator.log").open("wb")
         proc = await asyncio.create_subprocess_exec(
             # Cluster-wide: with --namespace kopf lists /api/v1/namespaces, a path KMock 0.8 cannot parse.
-            sys.executable, "-m", "evolving_infra.cli.main", "operator", "run", "--all-namespaces",
+            sys.executable, "-P", "-m", "evolving_infra.cli.main", "operator", "run", "--all-namespaces",
             env=env, stdout=log, stderr=log,
         )  # fmt: skip
         try:
