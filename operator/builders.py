@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from evolving_infra.node_agent.api.server import SERVICE_NAME as NODE_AGENT_SERVICE_NAME
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.operator import rbac
 from evolving_infra.operator.meta import (
@@ -28,7 +29,8 @@ from evolving_infra.operator.meta import (
 )  # fmt: skip
 from evolving_infra.operator.quantity import format_bytes, parse_quantity
 from evolving_infra.operator.rendered import (
-    L2_MOUNT, NODE_AGENT_GRPC_PORT, NODE_AGENT_METRICS_PORT, NODE_AGENT_SETTINGS_FILE, NODE_AGENT_TRANSFER_PORT,
+    L2_MOUNT, NODE_AGENT_ENV, NODE_AGENT_GRPC_PORT, NODE_AGENT_METRICS_PORT, NODE_AGENT_SETTINGS_FILE,
+    NODE_AGENT_TRANSFER_PORT,
     ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_SETTINGS_FILE, SETTINGS_DIR,
     render_node_agent_settings, render_router_settings,
 )  # fmt: skip
@@ -38,8 +40,8 @@ from evolving_infra.operator.spec import AgentServingClusterSpec, EngineBackend,
 __all__ = ["BuildContext", "build_children", "validate_spec_semantics"]
 
 RUN_AS = 65532
-NODE_AGENT_READINESS_SERVICE = "readiness"
-"""gRPC health service name the node agent reports ready on (empty name: the process is alive)."""
+NODE_AGENT_READINESS_SERVICE = NODE_AGENT_SERVICE_NAME
+"""gRPC health service name the node agent reports ready on, NOT_SERVING once draining (empty name: alive)."""
 GPU_RESOURCE = "nvidia.com/gpu"
 SETTINGS_HASH = f"{ANNOTATION_PREFIX}/settings-hash"
 
@@ -173,6 +175,7 @@ def build_node_agent_daemonset(ctx: BuildContext) -> dict[str, Any]:
             _env_from_field("POD_NAME", "metadata.name"),
             _env_from_field("POD_NAMESPACE", "metadata.namespace"),
             _env_from_field("POD_IP", "status.podIP"),
+            *(_env_from_field(name, path) for name, path in NODE_AGENT_ENV),
         ],
         "ports": [
             {"name": "grpc", "containerPort": NODE_AGENT_GRPC_PORT, "protocol": "TCP"},

@@ -1,8 +1,15 @@
-"""The router's and the node agents' settings, rendered from a spec for the settings ConfigMap.
+"""The router's and the node agents' settings files, rendered from a spec for the settings ConfigMap.
 
-Keys are the keyword arguments of the registries that build each policy (`make_planner`,
-`make_prefill_router`, `make_decode_binder`, `eviction_policy`), so the router passes them through
-unchanged; tests build every policy from rendered settings.
+Each file is what the service's own `load_settings(file)` reads: `render_router_settings` yields the fields
+of `RouterSettings` (router/service/settings.py) and `render_node_agent_settings` the fields of
+`NodeAgentSettings` (node_agent/service/settings.py), by the same names, flat, in the services' units
+(seconds, pages). Policy keyword settings (`planner_settings`, `routing_settings`) are the keyword
+arguments of `make_planner` and `make_prefill_router`, passed through unchanged.
+
+Per-pod values are not in the shared file: the DaemonSet sets `EVOLVING_NODE_NODE` (the node name) and
+`EVOLVING_NODE_HOST` (the pod IP) from the downward API (`NODE_AGENT_ENV`), and the environment wins over
+the file. Node agents find each other by the addresses in KV events and fetch runs; the router finds them
+through the headless Service (`nodes_dns`).
 
 Boundary: pure; ports and file names the workloads agree on are constants here.
 """
@@ -12,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from evolving_infra.node_agent.profile import HardwareProfile
+from evolving_infra.node_agent.service.settings import MAX_PAGES
 from evolving_infra.operator.meta import ClusterRef
-from evolving_infra.operator.semantics import effective_kv, host_memory_bytes
-from evolving_infra.operator.spec import AgentServingClusterSpec
+from evolving_infra.operator.semantics import effective_kv
+from evolving_infra.operator.spec import AgentServingClusterSpec, PlannerMode
 from evolving_infra.router.planner.base import PlannerName
 from evolving_infra.router.routing.base import PrefillPolicyName
 
@@ -28,6 +36,10 @@ SETTINGS_DIR = "/etc/evolving-infra"
 ROUTER_SETTINGS_FILE = "router.yaml"
 NODE_AGENT_SETTINGS_FILE = "node-agent.yaml"
 L2_MOUNT = "/var/lib/evolving-infra/l2"
+POD_BIND_HOST = "0.0.0.0"
+"""The router binds every interface of its pod (the Service and the kubelet's probes reach it there)."""
+NODE_AGENT_ENV = (("EVOLVING_NODE_NODE", "spec.nodeName"), ("EVOLVING_NODE_HOST", "status.podIP"))
+"""(variable, downward-API field) of the node agent settings that differ per pod."""
 
 
 def node_agent_service_host(cluster: ClusterRef) -> str:
@@ -66,48 +78,53 @@ def prefill_settings(spec: AgentServingClusterSpec) -> dict[str, Any]:
 
 
 def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -> dict[str, Any]:
-    return {
-        "cluster": {"namespace": cluster.namespace, "name": cluster.name},
-        "http_port": ROUTER_HTTP_PORT,
-        "admin_port": ROUTER_ADMIN_PORT,
+    """`RouterSettings` fields: node discovery through the headless Service, the spec's policies and
+    windows, and the kubernetes applier writing this cluster's `status.targetSplit` (none when static)."""
+    planner = spec.planner
+    out: dict[str, Any] = {
+        "host": POD_BIND_HOST,
+        "port": ROUTER_HTTP_PORT,
         "metrics_port": ROUTER_METRICS_PORT,
-        "node_agents": {"service": node_agent_service_host(cluster), "grpc_port": NODE_AGENT_GRPC_PORT},
-        "node_count": spec.node_count,
-        "initial_split": {"prefill": spec.initial_split.prefill, "decode": spec.initial_split.decode},
-        "planner": {
-            "mode": spec.planner.mode.value,
-            "name": spec.planner.effective_policy.value,
-            "warmup_s": float(spec.planner.warmup_seconds),
-            "settings": planner_settings(spec),
-        },
-        "prefill_routing": {"name": spec.routing.prefill_policy.value, "settings": prefill_settings(spec)},
-        "decode_binding": {"name": spec.routing.decode_policy.value, "settings": {}},
-        "eviction": {"name": spec.eviction.policy.value},
+        "nodes_dns": f"{node_agent_service_host(cluster)}:{NODE_AGENT_GRPC_PORT}",
+        "planner": planner.effective_policy.value,
+        "planner_settings": planner_settings(spec),
+        "window_s": float(planner.window_seconds),
+        "slices": planner.slices,
+        "warmup_s": float(planner.warmup_seconds),
+        "prefill_routing": spec.routing.prefill_policy.value,
+        "routing_settings": prefill_settings(spec),
+        "decode_routing": spec.routing.decode_policy.value,
+        "eviction": spec.eviction.policy.value,
+        "applier": "none" if planner.mode is PlannerMode.STATIC else "kubernetes",
+        "cluster_name": cluster.name,
+        "namespace": cluster.namespace,
     }
+    if spec.engine.profile is not None:
+        out["profile"] = spec.engine.profile
+    if spec.engine.model is not None:
+        out["model_name"] = spec.engine.model
+    return out
 
 
 def render_node_agent_settings(
     cluster: ClusterRef, spec: AgentServingClusterSpec, profile: HardwareProfile | None
 ) -> dict[str, Any]:
-    kv = effective_kv(spec, profile)
-    host_bytes = host_memory_bytes(spec, profile)
-    engine: dict[str, Any] = {"backend": spec.engine.backend.value, "gpus": spec.gpus_per_node}
-    if spec.engine.profile is not None:
-        engine["profile"] = spec.engine.profile
-    if spec.engine.model is not None:
-        engine["model"] = spec.engine.model
-    kv_cache: dict[str, Any] = {"page_tokens": kv.page_tokens, "l2_path": L2_MOUNT}
-    for key, value in (("l1_tokens", kv.l1_tokens), ("l2_tokens", kv.l2_tokens)):
-        if value is not None:
-            kv_cache[key] = value
-    if host_bytes is not None:
-        kv_cache["l2_bytes"] = int(host_bytes)
-    return {
-        "cluster": {"namespace": cluster.namespace, "name": cluster.name},
+    """`NodeAgentSettings` fields shared by every node agent of the cluster (per-pod ones: `NODE_AGENT_ENV`).
+
+    `kvCache.l1Tokens` / `l2Tokens` become the emulated engine's `l1_pages` / `l2_pages`: tokens divided by
+    the profile's page size (the node agent's pages are the profile's), at least one page and at most the
+    node agent's `MAX_PAGES`; unset, the node agent sizes them from the profile.
+    """
+    del cluster  # the same for every agent; nothing in the node agent's settings names it
+    page_tokens = profile.page_tokens if profile is not None else effective_kv(spec, profile).page_tokens
+    out: dict[str, Any] = {
         "grpc_port": NODE_AGENT_GRPC_PORT,
-        "transfer_port": NODE_AGENT_TRANSFER_PORT,
         "metrics_port": NODE_AGENT_METRICS_PORT,
-        "engine": engine,
-        "kv_cache": kv_cache,
-        "eviction": {"name": spec.eviction.policy.value},
+        "eviction": spec.eviction.policy.value,
     }
+    if spec.engine.profile is not None:
+        out["profile"] = spec.engine.profile
+    for key, tokens in (("l1_pages", spec.kv_cache.l1_tokens), ("l2_pages", spec.kv_cache.l2_tokens)):
+        if tokens is not None:
+            out[key] = min(MAX_PAGES, max(1, tokens // page_tokens))
+    return out

@@ -1,9 +1,9 @@
 """A minimal NodeAgent gRPC servicer for operator tests: `SwitchPhase` and `GetState` with the real stubs.
 
 It is served by the node agent's own server assembly (`node_agent.api.server.start_server`) on 127.0.0.1,
-so the operator talks to it exactly as to a node agent. `start_agents(...)` is the one place tests get
-agents from; a later version can start the real node-agent process (emulated engine) there instead,
-returning the same `AgentHandle`s.
+so the operator talks to it exactly as to a node agent. Tests use real node agent processes
+(`node_agent_processes.start_agents`, same `node`/`host`/`port`/`stop()`) and this fake only where they
+need a failure a real agent does not produce on demand, or need to count calls.
 
 Failure injection: `fail_switches` answers that many SwitchPhase calls UNAVAILABLE; `reject_target`
 answers FAILED_PRECONDITION for switches to that phase; `drain_seconds` sleeps (wall clock) before

@@ -250,22 +250,21 @@ def test_settings_change_rolls_only_the_pods_it_concerns() -> None:
 def test_rendered_settings_build_every_policy(planner: dict[str, Any], prefill: str) -> None:
     spec = _spec(planner=planner, routing={"prefillPolicy": prefill, "decodePolicy": "power-of-two"})
     settings = yaml.safe_load(_by_kind(build_children(_ctx(spec)), "ConfigMap", "settings")["data"]["router.yaml"])
-    made = make_planner(settings["planner"]["name"], **settings["planner"]["settings"])
-    assert made is not None and settings["planner"]["settings"] == planner_settings(spec)
-    make_prefill_router(settings["prefill_routing"]["name"], **settings["prefill_routing"]["settings"])
-    make_decode_binder(settings["decode_binding"]["name"], random.Random(0), **settings["decode_binding"]["settings"])
-    eviction_policy(settings["eviction"]["name"])
-    assert settings["node_agents"]["service"] == "glm-9-node-agent.agents.svc"
+    made = make_planner(settings["planner"], **settings["planner_settings"])
+    assert made is not None and settings["planner_settings"] == planner_settings(spec)
+    make_prefill_router(settings["prefill_routing"], **settings["routing_settings"])
+    make_decode_binder(settings["decode_routing"], random.Random(0))
+    eviction_policy(settings["eviction"])
+    assert settings["nodes_dns"] == f"glm-9-node-agent.agents.svc:{NODE_AGENT_GRPC_PORT}"
 
 
 def test_node_agent_settings_apply_overrides_to_the_profile() -> None:
     spec = _spec(kvCache={"pageTokens": 32, "l2Tokens": 100000})
     data = yaml.safe_load(_by_kind(build_children(_ctx(spec)), "ConfigMap", "settings")["data"]["node-agent.yaml"])
-    assert data["kv_cache"]["page_tokens"] == 32
-    assert data["kv_cache"]["l1_tokens"] == GLM.l1_tokens
-    assert data["kv_cache"]["l2_tokens"] == 100000
-    assert data["kv_cache"]["l2_bytes"] == 100000 * GLM.kv_bytes_per_token
-    assert data["engine"] == {"backend": "emulated", "gpus": 4, "profile": "glm-5.2-4xgb300-tp4"}
+    # The node agent's pages are the profile's (pageTokens does not reach it): l2Tokens / profile page size.
+    assert data["l2_pages"] == 100000 // GLM.page_tokens
+    assert "l1_pages" not in data  # unset: the node agent derives it from the profile's L1:L2 ratio
+    assert data["profile"] == "glm-5.2-4xgb300-tp4"
 
 
 def test_default_image_is_used_only_where_the_spec_sets_none() -> None:
