@@ -13,8 +13,9 @@ due); each request has a wall-clock deadline; an overload answer (503 with `x-sh
 few times before its first byte; a request that still fails is counted as failed and completed for the replayer,
 so its agent goes on. `stop` ends issuing; requests in flight then get `drain_s` to finish.
 
-Every finished request is recorded as a `RequestRecord` (queue and prefill start are not reported by the router:
-they are set to the issue time; the node names are empty since the router does not expose them).
+Every finished request is recorded as a `RequestRecord`: the serving nodes and the prefill's queue wait come from
+the usage chunk's `evolving` extension (router seconds, scaled by `speed_up`; the prefill start is the issue time
+plus that wait); a router that sends none leaves the node names empty and the prefill start at the issue time.
 
 Boundary: HTTP client and replay loop; what to issue is the replayer's, how requests are served is the cluster's.
 """
@@ -287,9 +288,14 @@ class AgentClients:
         output = int(used.get("completion_tokens", 0))  # type: ignore[call-overload]
         prompt_tokens = int(used.get("prompt_tokens", prompt))  # type: ignore[call-overload]
         first = finish if first is None else first
+        serving = used.get("evolving")
+        serving = serving if isinstance(serving, dict) else {}
+        wait = _float(str(serving.get("queue_s"))) if serving.get("queue_s") is not None else None
+        start = min(max(first, issued), issued + wait * self.settings.speed_up) if wait is not None else issued
         return RequestRecord(
             request_id=spec.id, agent=spec.agent, workload=spec.workload, branch=spec.branch, issued=issued,
-            prefill_node="", decode_node="", queued=issued, prefill_start=issued, first_token=max(first, issued),
+            prefill_node=str(serving.get("prefill_node") or ""), decode_node=str(serving.get("decode_node") or ""),
+            queued=issued, prefill_start=start, first_token=max(first, issued),
             finish=max(finish, first, issued), prompt_tokens=prompt_tokens, cached_tokens=min(cached, prompt_tokens),
             fetched_tokens=0, output_tokens=max(1, output), since=min(issue.since, issued), pause_s=spec.delay_s,
         )  # fmt: skip

@@ -17,7 +17,7 @@ from evolving_infra.core.itermodel import IterationRecord, PrefillItem
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Tier
-from evolving_infra.node_agent.engine.outputs import SwitchReport, SwitchState
+from evolving_infra.node_agent.engine.outputs import PrefillFinished, PrefillStarted, SwitchReport, SwitchState
 from evolving_infra.node_agent.engine.requests import DecodeRequest, FetchRun, PrefillRequest
 from evolving_infra.node_agent.engine.tier import TierGauges
 from evolving_infra.node_agent.transfer.base import TransportKind
@@ -186,6 +186,25 @@ def switch_report_from_proto(message: pb.SwitchCompleted) -> tuple[SwitchReport,
         handed_back=message.handed_back,
     )
     return report, message.generation
+
+
+def prefill_started_to_proto(node: NodeId, started: PrefillStarted) -> pb.PrefillStarted:
+    return pb.PrefillStarted(
+        node=node, request_id=started.request, time=started.time, prompt_tokens=started.prompt_tokens,
+        cached_tokens=started.cached_tokens, restored_tokens=started.restored_tokens,
+    )  # fmt: skip
+
+
+def prefill_finished_to_proto(node: NodeId, done: PrefillFinished, cached_tokens: int) -> pb.PrefillFinished:
+    """`cached_tokens`: what the engine reused for the prefill (its `PrefillStarted` report)."""
+    return pb.PrefillFinished(
+        node=node, request_id=done.request, time=done.time, pages=len(done.pages), tokens=done.tokens,
+        cached_tokens=cached_tokens,
+    )  # fmt: skip
+
+
+def handed_back_to_proto(node: NodeId, request_ids: list[str], generation: int, time: float) -> pb.HandedBack:
+    return pb.HandedBack(node=node, request_ids=request_ids, generation=generation, time=time)
 
 
 def tier_gauges_to_proto(gauges: TierGauges) -> pb.TierGauges:

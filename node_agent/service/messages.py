@@ -1,5 +1,6 @@
 """Protobuf messages the node agent sends that no `api.convert` function builds: node state, the KV
-snapshot a new `StreamEvents` subscriber starts with, and `NodeEvent` bodies.
+snapshot a new `StreamEvents` subscriber starts with, and `NodeEvent` bodies (KV, iterations, prefill
+starts and ends, hand-backs, switch reports, state).
 
 Boundary: pure builders from engine values (protobuf stays at the edge of the service).
 """
@@ -13,14 +14,17 @@ from evolving_infra.core.kv_events import KvCleared, KvEvent, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.api.convert import (
+    handed_back_to_proto,
     iteration_to_proto,
     kv_batch_to_proto,
     mode_to_proto,
+    prefill_finished_to_proto,
+    prefill_started_to_proto,
     switch_report_to_proto,
     switch_state_to_proto,
     tier_gauges_to_proto,
 )
-from evolving_infra.node_agent.engine import EngineCore, SwitchReport
+from evolving_infra.node_agent.engine import EngineCore, PrefillFinished, PrefillStarted, SwitchReport
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 SNAPSHOT_BATCH = 4096
@@ -42,6 +46,7 @@ def node_state(engine: EngineCore, generation: int, time: float) -> pb.NodeState
         decode_queued=g.decode_queued,
         decode_running=g.decode_running,
         time=time,
+        prefill_events=True,
     )
 
 
@@ -92,3 +97,15 @@ def switch_body(report: SwitchReport, generation: int) -> dict[str, object]:
 
 def state_body(state: pb.NodeState) -> dict[str, object]:
     return {"state": state}
+
+
+def prefill_started_body(node: NodeId, started: PrefillStarted) -> dict[str, object]:
+    return {"prefill_started": prefill_started_to_proto(node, started)}
+
+
+def prefill_finished_body(node: NodeId, done: PrefillFinished, cached_tokens: int) -> dict[str, object]:
+    return {"prefill_finished": prefill_finished_to_proto(node, done, cached_tokens)}
+
+
+def handed_back_body(node: NodeId, request_ids: list[str], generation: int, time: float) -> dict[str, object]:
+    return {"handed_back": handed_back_to_proto(node, request_ids, generation, time)}

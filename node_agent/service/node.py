@@ -10,6 +10,10 @@ Decode path: `decode()` checks the request, stages its prompt pages (kept in the
 ends), pulls the missing ones from the prefill node (waiting until that node's prefill has written
 them), submits it to the engine and yields `Accepted`, `Tokens` ... `Finished` as the runner publishes.
 
+Events: besides KV events, iteration reports, switch reports and state snapshots, the node publishes each
+prefill's start (with the prompt tokens the engine reused) and finish, and, when a switch begins, the ids of
+the queued requests it hands back (before the drain, so the router routes them again at once).
+
 Boundary: wiring and request bookkeeping; scheduling is the engine's, wire formats the servicer's.
 """
 
@@ -36,6 +40,7 @@ from evolving_infra.node_agent.engine import (
     EngineGauges,
     PrefillFinished,
     PrefillRequest,
+    PrefillStarted,
     SwitchReport,
     SwitchState,
 )
@@ -91,6 +96,8 @@ class NodeAgent:
         self._server: object | None = None
         self._metrics_server: MetricsServer | None = None
         self._transport: Transport | None = None
+        self._reused: dict[str, int] = {}
+        """Prompt tokens the engine reused for each running prefill (from its start), for its finish report."""
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -295,7 +302,9 @@ class NodeAgent:
             handed.extend(self.decodes.cancel_pending(f"handed back by a switch to prefill (generation {generation})"))
         self.metrics.request("prefill", "handed_back", sum(isinstance(r, PrefillRequest) for r in begun.handed_back))
         self.metrics.request("decode", "handed_back", len(handed) - sum(isinstance(r, PrefillRequest) for r in begun.handed_back))
-        self.hub.publish(messages.state_body(self.state()))
+        self.hub.publish(messages.state_body(self.state()))  # draining first: re-routing then avoids this node
+        if handed:  # at once, so the router routes them again while the running requests drain
+            self.hub.publish(messages.handed_back_body(self.node, handed, generation, started))
         report = await asyncio.shield(self._switch_done)
         return SwitchOutcome(target, generation, report.drain, self.clock.now() - started, tuple(handed), False)
 
@@ -329,8 +338,14 @@ class NodeAgent:
             entry.queue.put_nowait(Finished(done.output_tokens, done.time))
             self._end_decode(done.request)
 
+    def prefill_started(self, started: PrefillStarted) -> None:
+        self._reused[started.request] = started.cached_tokens
+        self.hub.publish(messages.prefill_started_body(self.node, started))
+
     def prefill_finished(self, done: PrefillFinished) -> None:
         self.metrics.request("prefill", "finished")
+        reused = self._reused.pop(done.request, 0)
+        self.hub.publish(messages.prefill_finished_body(self.node, done, reused))
 
     def switch_completed(self, report: SwitchReport) -> None:
         took = self.clock.now() - self._switch_started

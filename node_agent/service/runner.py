@@ -8,8 +8,10 @@ switch). Peer fetches the engine starts run at once as tasks (`KvMover` in a wor
 
 Invariant (publication order): everything the engine produces (KV events, iteration records, tokens,
 finished requests, switch reports) reaches the sink in the order the engine produced it, and nothing an
-iteration produced is published before that iteration's end on the node clock. While an iteration is in
-flight, outputs of other calls (submissions, landed fetches) are held and published after it, in order.
+iteration produced is published before that iteration's end on the node clock, except its prefill starts:
+they are facts at the iteration's launch (the router binds a decode node on them), so they are published
+when it launches, after everything published before. While an iteration is in flight, outputs of other
+calls (submissions, landed fetches) are held and published after it, in order.
 
 Boundary: timing and effect dispatch; what the outputs mean for the arena, streams, events and metrics
 is the sink's (`node.NodeAgent`).
@@ -38,6 +40,7 @@ from evolving_infra.node_agent.engine import (
     IterationKind,
     PrefillFinished,
     PrefillRequest,
+    PrefillStarted,
     StepOutput,
     SwitchBegun,
     SwitchReport,
@@ -77,6 +80,7 @@ class RunnerSink(Protocol):
     def iteration(self, record: IterationRecord) -> None: ...
     def decode_tokens(self, request: str, new: int, time: float) -> None: ...
     def decode_finished(self, done: DecodeFinished) -> None: ...
+    def prefill_started(self, started: PrefillStarted) -> None: ...
     def prefill_finished(self, done: PrefillFinished) -> None: ...
     def switch_completed(self, report: SwitchReport) -> None: ...
     def gauges(self, gauges: EngineGauges) -> None: ...
@@ -201,7 +205,7 @@ class EngineRunner:
         else:
             self._publish(output)
 
-    def _publish(self, output: _Output) -> None:
+    def _publish(self, output: _Output, starts: bool = True) -> None:
         sink = self.sink
         if isinstance(output, _Switched):
             sink.switch_completed(output.report)
@@ -214,6 +218,9 @@ class EngineRunner:
             sink.kv_events(output.events)
         if isinstance(output, Effects):
             return
+        if starts:
+            for started in output.prefills_started:
+                sink.prefill_started(started)
         if output.record is not None:
             sink.iteration(output.record)
         for request, new in output.decode_tokens.items():
@@ -244,6 +251,8 @@ class EngineRunner:
                     except TimeoutError:
                         pass
                     continue
+                for started in out.prefills_started:  # published at launch (module docstring)
+                    self.sink.prefill_started(started)
                 self._holding = True
                 self._held.append(out)
                 try:
@@ -253,7 +262,7 @@ class EngineRunner:
                     self._holding = False
                     held, self._held = self._held, []
                     for item in held:
-                        self._publish(item)
+                        self._publish(item, starts=item is not out)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # an engine bug: stop serving loudly rather than run on corrupt state

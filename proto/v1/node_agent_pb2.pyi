@@ -138,7 +138,7 @@ class GetStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("node", "mode", "switch_state", "generation", "l1", "l2", "prefill_queued", "prefill_waiting", "prefill_running", "decode_queued", "decode_running", "time")
+    __slots__ = ("node", "mode", "switch_state", "generation", "l1", "l2", "prefill_queued", "prefill_waiting", "prefill_running", "decode_queued", "decode_running", "time", "prefill_events")
     NODE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class NodeState(_message.Message):
     DECODE_QUEUED_FIELD_NUMBER: _ClassVar[int]
     DECODE_RUNNING_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_EVENTS_FIELD_NUMBER: _ClassVar[int]
     node: str
     mode: NodeMode
     switch_state: SwitchState
@@ -163,7 +164,8 @@ class NodeState(_message.Message):
     decode_queued: int
     decode_running: int
     time: float
-    def __init__(self, node: _Optional[str] = ..., mode: _Optional[_Union[NodeMode, str]] = ..., switch_state: _Optional[_Union[SwitchState, str]] = ..., generation: _Optional[int] = ..., l1: _Optional[_Union[TierGauges, _Mapping]] = ..., l2: _Optional[_Union[TierGauges, _Mapping]] = ..., prefill_queued: _Optional[int] = ..., prefill_waiting: _Optional[int] = ..., prefill_running: _Optional[int] = ..., decode_queued: _Optional[int] = ..., decode_running: _Optional[int] = ..., time: _Optional[float] = ...) -> None: ...
+    prefill_events: bool
+    def __init__(self, node: _Optional[str] = ..., mode: _Optional[_Union[NodeMode, str]] = ..., switch_state: _Optional[_Union[SwitchState, str]] = ..., generation: _Optional[int] = ..., l1: _Optional[_Union[TierGauges, _Mapping]] = ..., l2: _Optional[_Union[TierGauges, _Mapping]] = ..., prefill_queued: _Optional[int] = ..., prefill_waiting: _Optional[int] = ..., prefill_running: _Optional[int] = ..., decode_queued: _Optional[int] = ..., decode_running: _Optional[int] = ..., time: _Optional[float] = ..., prefill_events: _Optional[bool] = ...) -> None: ...
 
 class SubmitPrefillRequest(_message.Message):
     __slots__ = ("request_id", "branch_id", "prompt_pages", "prompt_tokens", "output_tokens", "t_acc", "fetch", "generated_pages", "trace")
@@ -407,6 +409,50 @@ class SwitchCompleted(_message.Message):
     generation: int
     def __init__(self, node: _Optional[str] = ..., source: _Optional[_Union[NodeMode, str]] = ..., target: _Optional[_Union[NodeMode, str]] = ..., began: _Optional[float] = ..., completed: _Optional[float] = ..., handed_back: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
+class PrefillStarted(_message.Message):
+    __slots__ = ("node", "request_id", "time", "prompt_tokens", "cached_tokens", "restored_tokens")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    request_id: str
+    time: float
+    prompt_tokens: int
+    cached_tokens: int
+    restored_tokens: int
+    def __init__(self, node: _Optional[str] = ..., request_id: _Optional[str] = ..., time: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., restored_tokens: _Optional[int] = ...) -> None: ...
+
+class PrefillFinished(_message.Message):
+    __slots__ = ("node", "request_id", "time", "pages", "tokens", "cached_tokens")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    request_id: str
+    time: float
+    pages: int
+    tokens: int
+    cached_tokens: int
+    def __init__(self, node: _Optional[str] = ..., request_id: _Optional[str] = ..., time: _Optional[float] = ..., pages: _Optional[int] = ..., tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class HandedBack(_message.Message):
+    __slots__ = ("node", "request_ids", "generation", "time")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    time: float
+    def __init__(self, node: _Optional[str] = ..., request_ids: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., time: _Optional[float] = ...) -> None: ...
+
 class StreamEventsRequest(_message.Message):
     __slots__ = ("subscriber",)
     SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
@@ -414,18 +460,24 @@ class StreamEventsRequest(_message.Message):
     def __init__(self, subscriber: _Optional[str] = ...) -> None: ...
 
 class NodeEvent(_message.Message):
-    __slots__ = ("sequence", "kv", "iteration", "state", "switch_completed")
+    __slots__ = ("sequence", "kv", "iteration", "state", "switch_completed", "prefill_started", "prefill_finished", "handed_back")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STARTED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    HANDED_BACK_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kv: KvEventBatch
     iteration: IterationReport
     state: NodeState
     switch_completed: SwitchCompleted
-    def __init__(self, sequence: _Optional[int] = ..., kv: _Optional[_Union[KvEventBatch, _Mapping]] = ..., iteration: _Optional[_Union[IterationReport, _Mapping]] = ..., state: _Optional[_Union[NodeState, _Mapping]] = ..., switch_completed: _Optional[_Union[SwitchCompleted, _Mapping]] = ...) -> None: ...
+    prefill_started: PrefillStarted
+    prefill_finished: PrefillFinished
+    handed_back: HandedBack
+    def __init__(self, sequence: _Optional[int] = ..., kv: _Optional[_Union[KvEventBatch, _Mapping]] = ..., iteration: _Optional[_Union[IterationReport, _Mapping]] = ..., state: _Optional[_Union[NodeState, _Mapping]] = ..., switch_completed: _Optional[_Union[SwitchCompleted, _Mapping]] = ..., prefill_started: _Optional[_Union[PrefillStarted, _Mapping]] = ..., prefill_finished: _Optional[_Union[PrefillFinished, _Mapping]] = ..., handed_back: _Optional[_Union[HandedBack, _Mapping]] = ...) -> None: ...
 
 class KvEventBatch(_message.Message):
     __slots__ = ("events",)

@@ -127,7 +127,8 @@ class NodeAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamEvents(self, request, context):
-        """KV events, iteration reports, switch reports and state snapshots, as they happen.
+        """KV events, iteration reports, prefill starts and ends, hand-backs, switch reports and state snapshots,
+        as they happen.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

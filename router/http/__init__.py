@@ -15,6 +15,7 @@ from evolving_infra.router.http.backend import (
     Readiness,
     RouterBackend,
     SamplingParams,
+    ServingNodes,
     TokenChunk,
 )
 from evolving_infra.router.http.errors import (
@@ -47,6 +48,7 @@ __all__ = [
     "RouterHttpSettings",
     "RunningServer",
     "SamplingParams",
+    "ServingNodes",
     "TokenChunk",
     "TokenizerKind",
     "create_app",

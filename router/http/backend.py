@@ -12,6 +12,8 @@ Contract for implementers:
 - The last chunk carries a `finish_reason`; the front end keeps iterating to the iterator's end (and
   ignores chunks after that one), so code after the last `yield` runs. `cached_tokens` is reported on
   any chunk (the last value reported wins) and is the prompt prefix length served from KV cache.
+  `serving` (optional, on any chunk; the last value reported wins) names the nodes serving the request;
+  what is known at the first chunk goes into the response headers, the last value into the usage.
 - `finish_branch(branch)` ends a branch (its counts drop to zero); it is idempotent and answers
   `NOT_FOUND` for a branch that is unknown or already finished.
 - `models()` and `readiness()` are cheap synchronous reads of the backend's current state.
@@ -99,12 +101,22 @@ class CompletionRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingNodes:
+    """The nodes that serve a request, and seconds its prefill waited in its node's queue (None: unknown)."""
+
+    prefill_node: str
+    decode_node: str | None = None
+    queue_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TokenChunk:
     """Tokens the engine produced since the previous chunk."""
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     cached_tokens: int | None = None
+    serving: ServingNodes | None = None
 
     def __post_init__(self) -> None:
         if self.cached_tokens is not None and self.cached_tokens < 0:

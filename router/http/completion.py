@@ -3,7 +3,9 @@
 Order of events for a request: parse (400s) -> model check (404) -> branch resolution (400s) ->
 tokenization (400s) -> `backend.complete` under the request's deadline. The HTTP status is committed only
 when the backend yields its first chunk, so every failure before that (no capacity, node down, deadline,
-rejected by the backend) still gets its own status code and retry headers. A failure after that ends the
+rejected by the backend) still gets its own status code and retry headers. The serving nodes the backend
+names by then go into the headers `x-evolving-prefill-node` / `x-evolving-decode-node`; the last ones it
+names go into the usage's extension field `evolving`. A failure after that ends the
 stream with an `{"error": ...}` event and `data: [DONE]`.
 
 The backend's iterator is always closed (`aclose`) when the exchange ends early: client gone (the
@@ -24,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 from evolving_infra.router.http.api import Endpoint, ParsedRequest, parse_chat, parse_completion
-from evolving_infra.router.http.backend import CompletionRequest, FinishReason, TokenChunk
+from evolving_infra.router.http.backend import CompletionRequest, FinishReason, ServingNodes, TokenChunk
 from evolving_infra.router.http.branch import BRANCH_HEADER, SOURCE_HEADER, ResolvedBranch, resolve_branch
 from evolving_infra.router.http.errors import (
     ApiError,
@@ -37,7 +39,7 @@ from evolving_infra.router.http.errors import (
     invalid,
 )
 from evolving_infra.router.http.metrics import CLIENT_CLOSED, FinishTrigger
-from evolving_infra.router.http.responses import DONE, ResponseHead, sse, usage
+from evolving_infra.router.http.responses import DONE, ResponseHead, serving_headers, sse, usage
 from evolving_infra.router.http.state import AppState, RequestContext, error_response, json_response
 from evolving_infra.router.http.tokenizer import IncrementalDetokenizer
 
@@ -171,6 +173,7 @@ class _Exchange:
     text: list[str] = field(default_factory=list)
     last_token_at: float | None = None
     accepted: bool = False
+    serving: ServingNodes | None = None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -214,6 +217,8 @@ class _Exchange:
         async for chunk in iterator:
             if self.finish_reason is not None:
                 continue  # the stream is over; let the backend's generator run to its end
+            if chunk.serving is not None:
+                self.serving = chunk.serving
             if not self.accepted:
                 self.accepted = True
                 if self.parsed.stream:
@@ -243,6 +248,7 @@ class _Exchange:
                 "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
                 **self.echo,
+                **serving_headers(self.serving),
             },
         )
         await response.prepare(self.request)
@@ -259,7 +265,7 @@ class _Exchange:
         await self.response.write(sse(self.head.chunk(text=text, include_usage=self.parsed.include_usage)))
 
     def _usage(self) -> dict[str, Any]:
-        return usage(len(self.backend_request.prompt_token_ids), self.output_tokens, self.cached_tokens)
+        return usage(len(self.backend_request.prompt_token_ids), self.output_tokens, self.cached_tokens, self.serving)
 
     def _reason(self) -> FinishReason:
         if self.finish_reason is not None:
@@ -270,7 +276,7 @@ class _Exchange:
     async def _finish(self) -> tuple[web.StreamResponse, int]:
         if not self.parsed.stream:
             body = self.head.full("".join(self.text), self._reason(), self._usage())
-            return json_response(body, headers=self.echo), 200
+            return json_response(body, headers={**self.echo, **serving_headers(self.serving)}), 200
         if self.response is None:
             await self._open_stream()
         assert self.response is not None

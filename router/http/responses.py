@@ -3,7 +3,8 @@
 Shapes follow the OpenAI API: `chat.completion` / `chat.completion.chunk` and `text_completion`
 objects; a stream is a sequence of `data: <json>` events ending with `data: [DONE]`. With
 `stream_options.include_usage`, every chunk carries `"usage": null` and one last chunk before `[DONE]`
-has `"choices": []` and the usage, including `prompt_tokens_details.cached_tokens`. A chat stream opens
+has `"choices": []` and the usage, including `prompt_tokens_details.cached_tokens` (and, when the backend
+names the serving nodes, the extension `evolving: {prefill_node, decode_node, queue_s}`). A chat stream opens
 with a chunk whose delta carries the role, and its finish reason comes in a chunk with an empty delta.
 
 Boundary: pure builders of JSON-ready dicts and bytes.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evolving_infra.router.http.api import Endpoint
-from evolving_infra.router.http.backend import FinishReason
+from evolving_infra.router.http.backend import FinishReason, ServingNodes
 
 DONE = b"data: [DONE]\n\n"
 
@@ -26,13 +27,35 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+PREFILL_NODE_HEADER = "x-evolving-prefill-node"
+DECODE_NODE_HEADER = "x-evolving-decode-node"
+
+
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, serving: ServingNodes | None = None
+) -> dict[str, Any]:
+    """The OpenAI usage object; with `serving`, plus the extension `evolving` naming the serving nodes."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if serving is not None:
+        out["evolving"] = {
+            "prefill_node": serving.prefill_node, "decode_node": serving.decode_node, "queue_s": serving.queue_s,
+        }  # fmt: skip
+    return out
+
+
+def serving_headers(serving: ServingNodes | None) -> dict[str, str]:
+    """Response headers naming the serving nodes known now."""
+    if serving is None:
+        return {}
+    out = {PREFILL_NODE_HEADER: serving.prefill_node}
+    if serving.decode_node is not None:
+        out[DECODE_NODE_HEADER] = serving.decode_node
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@
 core, submits prefills and decodes to the node agents (`NodeClient`, client.py), relays tokens, pushes branch
 counts and follows the nodes' event streams. `PlannerLoop` runs the planner and hands split changes to a
 `SplitApplier` (planning.py: `LocalSplitApplier` calls SwitchPhase itself, `KubernetesSplitApplier` writes the
-CR's status). Settings: `RouterSettings`; metrics: `RouterServiceMetrics`; process: `main.serve`. See
-docs/router.md.
+CR's status). A request's attempts and their wire ids are `flights.Flight` / `flights.AttemptIds`. Settings:
+`RouterSettings`; metrics: `RouterServiceMetrics`; process: `main.serve`. See docs/router.md.
 
 Boundary: I/O shell only; every routing and planning decision is the core's (`evolving_infra.router.core`).
 """

@@ -1,17 +1,21 @@
 """`LiveRouter`: the `RouterBackend` of the HTTP front end, driving the router core against live node agents.
 
 Request path (`complete`): the prompt's token ids become page hashes (`token_page_hashes`); the core admits the
-request (E.1) and routes it; the prefill goes to its node with the fetch plan (SubmitPrefill); the core binds a
-decode node with KV room as soon as the prefill node accepted the request (the node reports no prefill start
-yet); the decode goes to that node naming the prefill node as the KV source (SubmitDecode), and its progress
-comes back as `TokenChunk`s, the first with `cached_tokens` (the routing decision's reuse). Count changes are
-pushed to the nodes as they happen; a branch finish releases its counts.
+request (E.1) and routes it; the prefill goes to its node with the fetch plan (SubmitPrefill); no decode room is
+held while it waits in that node's queue: when the node reports the prefill's start (`PrefillStarted` on its
+event stream) the core binds a decode node with KV room, and the decode goes to that node naming the prefill
+node as the KV source (SubmitDecode; the decode node waits for the prompt's pages). A node that reports no
+prefill starts (`NodeState.prefill_events` false: an older node agent) gets its decode bound once it accepted
+the prefill. The decode's progress comes back as `TokenChunk`s, the first with `cached_tokens` (what the engine
+reused for the serving attempt, as its node reported; the routing estimate if it reported nothing) and the
+serving nodes. Count changes are pushed to the nodes as they happen; a branch finish releases its counts.
 
 Failures: before the first token an attempt that fails (a node unreachable or refusing, a queued request handed
 back by a switch, the node's event stream lost) is re-routed from scratch, up to `max_attempts`, within the
-request's deadline; after it, the stream ends with `NodeUnavailable`. No node accepting prefill, or no decode
-room within `bind_wait_s`, is `NoCapacity` (503). A node whose event stream breaks is taken out of routing, its
-pages leave the directory and its counts are released; it comes back when its stream does.
+request's deadline, under a new wire id (`flights.AttemptIds`); after it, the stream ends with `NodeUnavailable`.
+No node accepting prefill, or no decode room within `bind_wait_s`, is `NoCapacity` (503). A node whose event
+stream breaks is taken out of routing, its pages leave the directory and its counts are released; it comes back
+when its stream does.
 
 Node reports (`StreamEvents`) and availability are applied by `reports.NodeReports`.
 
@@ -25,7 +29,6 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 import xxhash
@@ -41,6 +44,7 @@ from evolving_infra.router.http.backend import (
 from evolving_infra.router.http.errors import DeadlineExceeded, InvalidRequest, NoCapacity, NodeUnavailable
 from evolving_infra.router.routing import RouteRequest, make_decode_binder, make_prefill_router
 from evolving_infra.router.service.client import NodeClient, NodeEndpoint
+from evolving_infra.router.service.flights import AttemptIds, Flight
 from evolving_infra.router.service.metrics import RouterServiceMetrics
 from evolving_infra.router.service.models import ModelShape
 from evolving_infra.router.service.reports import NodeReports
@@ -54,30 +58,12 @@ _RETRYABLE = {
     grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ALREADY_EXISTS,
 }  # fmt: skip
+_RENAMES = 3
+"""Fresh wire ids an attempt tries when its prefill node already holds the one sent."""
 
 
 class _Retry(Exception):
     """This attempt failed in a way a fresh routing may fix."""
-
-
-@dataclass(eq=False)
-class Flight:
-    """One request being served: the core's record, and what interrupts its current attempt."""
-
-    req: RoutedRequest
-    interrupted: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = ""
-    tokens_sent: int = 0
-    finished: bool = False
-
-    @property
-    def wire_id(self) -> str:
-        """The request id the nodes see for this attempt (the request's own id on the first)."""
-        return self.req.id if self.req.attempt == 0 else f"{self.req.id}~{self.req.attempt}"
-
-    def interrupt(self, reason: str) -> None:
-        self.reason = reason
-        self.interrupted.set()
 
 
 class LiveRouter:
@@ -106,7 +92,11 @@ class LiveRouter:
         self.clients: dict[NodeId, NodeClient] = {}
         self.generations: dict[NodeId, int] = {}
         self.flights: dict[str, Flight] = {}
-        self._wire: dict[str, Flight] = {}
+        self.attempts: dict[str, Flight] = {}
+        """Flights by the wire id of their current attempt."""
+        self.ids = AttemptIds()
+        self.progress_events: dict[NodeId, bool] = {}
+        """Whether each node reports prefill starts and ends (`NodeState.prefill_events`)."""
         self.fitted: dict[NodeId, FittedNodeModel] = {}
         self._t0 = time.monotonic()
         self.reports = NodeReports(self)
@@ -216,8 +206,6 @@ class LiveRouter:
             raise NoCapacity("no node agent accepts prefill work now", retry_after_s=1.0)
         self.metrics.routing_seconds.observe(time.perf_counter() - started)
         d = routed.decision
-        self.metrics.prompt_tokens.inc(req.route.prompt_tokens)
-        self.metrics.cached_tokens.inc(d.cached_tokens)
         self.metrics.lost_reuse.inc(d.recompute_tokens)
         self.metrics.fetch_pages.inc(sum(len(r.pages) for r in routed.fetch))
         self.push(routed.counts)
@@ -226,25 +214,29 @@ class LiveRouter:
 
     async def _attempt(self, flight: Flight, request: CompletionRequest, deadline: float) -> AsyncIterator[TokenChunk]:
         req = flight.req
-        flight.interrupted.clear()
-        node, cached, fetch = self._route(flight)
-        wire = flight.wire_id
-        self._wire[wire] = flight
+        node, routed_cached, fetch = self._route(flight)
+        flight.new_attempt(self.ids.first(flight), routed_cached)
+        self.attempts[flight.wire] = flight
         addresses = {n: e.address for n, e in self.endpoints.items()}
         trace = pb.TraceContext(traceparent=request.traceparent or "", tracestate=request.tracestate or "")
-        try:
-            await self.clients[node].submit_prefill(prefill_to(req, wire, fetch, addresses, trace))
-        except grpc.aio.AioRpcError as error:
-            raise self._classify(error, node) from None
-        self.core.prefill_started(node, req, cached, req.routed_restore, self.now())
-        await self._bind(flight, deadline)
-        target = req.decode_node
-        assert target is not None
-        self.core.decode_handover(req)
         loop = asyncio.get_running_loop()
-        call = self.clients[target].submit_decode(decode_to(req, wire, node, addresses[node], trace), deadline - loop.time())
-        it = call.__aiter__()
+        call: grpc.aio.UnaryStreamCall | None = None
         try:
+            flight.progress.sent_at = self.now()
+            await self._submit_prefill(flight, node, fetch, addresses, trace)
+            if self.progress_events.get(node, False):
+                await self._wait_started(flight, deadline)
+            p = flight.progress
+            restored = p.restored_tokens if p.reused_tokens is not None else req.routed_restore
+            self.core.prefill_started(node, req, flight.cached_tokens, restored, self.now())
+            await self._bind(flight, deadline)
+            target = req.decode_node
+            assert target is not None
+            self.core.decode_handover(req)
+            call = self.clients[target].submit_decode(
+                decode_to(req, flight.wire, node, addresses[node], trace), deadline - loop.time()
+            )
+            it = call.__aiter__()
             while True:
                 try:
                     message = await self._next(flight, it, deadline)
@@ -254,24 +246,64 @@ class LiveRouter:
                     raise self._classify(error, target) from None
                 kind = message.WhichOneof("progress")
                 if kind == "accepted":
-                    self.push(self.core.prefill_finished(node, req.id, req, self.now()))
+                    if not req.prefill_done:
+                        self.push(self.core.prefill_finished(node, req.id, req, self.now()))
                     self.push(self.core.decode_submitted(req, self.now()))
                 elif kind == "tokens":
                     n = message.tokens.new_tokens
                     ids = tuple(message.tokens.token_ids) or self._stand_in(request, flight.tokens_sent, n)
                     first = flight.tokens_sent == 0
                     flight.tokens_sent += len(ids)
-                    yield TokenChunk(ids, cached_tokens=cached if first else None)
+                    yield self._served(flight, ids) if first else TokenChunk(ids)
                 elif kind == "finished":
                     flight.finished = True
                     self.core.decode_finished(target, req, self.now())
                     reason = FinishReason.LENGTH if request.max_tokens else FinishReason.STOP
-                    yield TokenChunk((), finish_reason=reason, cached_tokens=cached if flight.tokens_sent == 0 else None)
+                    chunk = self._served(flight, ()) if flight.tokens_sent == 0 else TokenChunk(())
+                    yield TokenChunk((), finish_reason=reason, cached_tokens=chunk.cached_tokens, serving=chunk.serving)
                     return
         finally:
-            self._wire.pop(wire, None)
-            if not flight.finished:
+            self.attempts.pop(flight.wire, None)
+            if call is not None and not flight.finished:
                 call.cancel()
+
+    def _served(self, flight: Flight, ids: tuple[int, ...]) -> TokenChunk:
+        """The first chunk of the attempt that serves the request; its prompt counts in the metrics once."""
+        self.metrics.prompt_tokens.inc(flight.req.route.prompt_tokens)
+        self.metrics.cached_tokens.inc(flight.cached_tokens)
+        return TokenChunk(ids, cached_tokens=flight.cached_tokens, serving=flight.serving())
+
+    async def _submit_prefill(
+        self, flight: Flight, node: NodeId, fetch: tuple[FetchPlanRun, ...], addresses: dict[NodeId, str],
+        trace: pb.TraceContext,
+    ) -> None:  # fmt: skip
+        """Send the attempt's prefill; a node holding its wire id (ALREADY_EXISTS) gets a fresh one."""
+        for _ in range(_RENAMES):
+            try:
+                await self.clients[node].submit_prefill(prefill_to(flight.req, flight.wire, fetch, addresses, trace))
+                return
+            except grpc.aio.AioRpcError as error:
+                if error.code() is not grpc.StatusCode.ALREADY_EXISTS:
+                    raise self._classify(error, node) from None
+                log.info("node %s already holds request id %s; sending it under a fresh id", node, flight.wire)
+                self.attempts.pop(flight.wire, None)
+                flight.rename(self.ids.fresh(flight))
+                self.attempts[flight.wire] = flight
+        raise _Retry(f"node {node}: ALREADY_EXISTS: it holds every id tried for request {flight.req.id}")
+
+    async def _wait_started(self, flight: Flight, deadline: float) -> None:
+        """Wait until the prefill node reports the attempt's prefill started (no decode room is held meanwhile)."""
+        loop = asyncio.get_running_loop()
+        waits = [asyncio.ensure_future(e.wait()) for e in (flight.progress.started, flight.interrupted)]
+        try:
+            await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if flight.interrupted.is_set():
+            raise _Retry(flight.reason)
+        if not flight.progress.started.is_set():
+            raise DeadlineExceeded(f"request {flight.req.id} passed its deadline in node {flight.req.prefill_node}'s queue")
 
     async def _next(self, flight: Flight, it: AsyncIterator[pb.DecodeProgress], deadline: float) -> pb.DecodeProgress:
         loop = asyncio.get_running_loop()
@@ -333,9 +365,10 @@ class LiveRouter:
                 client.push_counts(push.counts)
 
     def handed_back(self, node: NodeId, request_ids: Sequence[str]) -> None:
-        """A switching node handed these queued requests back: their attempts are routed again."""
+        """A switching node handed these queued requests back (streamed as the switch begins, and listed again
+        in its SwitchPhase answer): their attempts are routed again; ids of earlier attempts are ignored."""
         for rid in request_ids:
-            flight = self._wire.get(rid)
+            flight = self.attempts.get(rid)
             if flight is not None and node in (flight.req.prefill_node, flight.req.decode_node):
                 flight.interrupt(f"handed back by node {node}'s phase switch")
 

@@ -7,13 +7,14 @@ switch generation above every node's. In both appliers the router first stops ro
 moving nodes (`RouterCore.switch_begun`).
 
 - `LocalSplitApplier` (local cluster): calls each moving node's SwitchPhase itself, all at once, each with its
-  deadline. The node hands its queued requests back (their attempts are routed again elsewhere) and finishes its
-  running ones in place; the answer completes the switch in the core. A failed call returns the node to its old
+  deadline. The node hands its queued requests back and finishes its running ones in place; it streams the
+  hand-back as the switch begins (`HandedBack`), so their attempts are routed again elsewhere during the drain
+  (the answer lists them again; ids already re-routed are ignored); the answer completes the switch in the core. A failed call returns the node to its old
   phase in the router's view (the node refused, so it still serves it).
 - `KubernetesSplitApplier`: writes `status.targetSplit` (counts, split, generation, moving nodes, the planner's
   decision and candidates) and `status.fittedModels` on the AgentServingCluster with the router's own field
   manager (a merge patch of `/status`; never the spec); the operator carries the switch out, and the router
-  learns its completion from the nodes' state reports.
+  learns of the hand-backs (re-routed at once) and the completion from the nodes' event streams.
 
 Boundary: asyncio orchestration; decisions are the planner's and the core's.
 """

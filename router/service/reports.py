@@ -5,6 +5,9 @@
 - state snapshots set the node's mode, pool gauges and queue metrics; the first one of a node (or after it came
   back) registers its phase; a mode that reaches a switch's target completes the switch; a node draining for a
   switch the router did not start (the operator's) stops getting old-phase work;
+- prefill starts and ends of the current attempt of a request (by wire id, from its prefill node) are recorded
+  on its flight; a start lets its decode be bound, an end confirms the prefill in the core;
+- hand-backs (streamed as a switch begins) interrupt the requests' attempts, which are routed again at once;
 - switch reports complete the switch;
 - a broken stream takes the node out of routing, drops its pages from the directory, releases its counts and
   interrupts the requests in flight on it; a new stream (starting with a KV snapshot) brings it back.
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from evolving_infra.core.types import NodeId, NodeMode, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.router.service import flights
 from evolving_infra.router.service.wire import iteration_from, kv_events_from, mode_from, pool_from
 
 if TYPE_CHECKING:
@@ -44,6 +48,14 @@ class NodeReports:
             router.core.iteration(node, iteration_from(event.iteration))
         elif kind == "state":
             self._state(node, event.state)
+        elif kind == "prefill_started":
+            flight = router.attempts.get(event.prefill_started.request_id)
+            if flight is not None and flight.req.prefill_node == node:
+                flights.started(flight, event.prefill_started, router.now())
+        elif kind == "prefill_finished":
+            self._prefill_finished(node, event.prefill_finished)
+        elif kind == "handed_back":
+            router.handed_back(node, list(event.handed_back.request_ids))
         elif kind == "switch_completed":
             mode = mode_from(event.switch_completed.target, "SwitchCompleted.target")
             router.generations[node] = max(router.generations.get(node, 0), event.switch_completed.generation)
@@ -51,11 +63,22 @@ class NodeReports:
                 router.switch_done(node, Phase(mode.value))
         router.refresh_gauges()
 
+    def _prefill_finished(self, node: NodeId, report: pb.PrefillFinished) -> None:
+        router = self.router
+        flight = router.attempts.get(report.request_id)
+        if flight is None or flight.req.prefill_node != node:
+            return
+        flights.finished(flight, report, router.now())
+        req = flight.req
+        if req.prefill_started and not req.prefill_done:
+            router.push(router.core.prefill_finished(node, req.id, req, router.now()))
+
     def _state(self, node: NodeId, state: pb.NodeState) -> None:
         router = self.router
         track = router.core.nodes[node]
         mode = mode_from(state.mode, "NodeState.mode")
         router.generations[node] = max(router.generations.get(node, 0), state.generation)
+        router.progress_events[node] = state.prefill_events
         router.metrics.queued.labels(node=node, phase="prefill").set(state.prefill_queued + state.prefill_waiting)
         router.metrics.queued.labels(node=node, phase="decode").set(state.decode_queued)
         track.pool = pool_from(state, router.shape.page_tokens)
@@ -81,6 +104,7 @@ class NodeReports:
         router.metrics.node_up.labels(node=node).set(0)
         track = router.core.nodes[node]
         track.mode, track.phase, track.pool, track.target = None, None, None, None
+        router.progress_events.pop(node, None)
         track.forget_report()
         router.push(router.core.clear_node(node, router.now()))
         for flight in list(router.flights.values()):

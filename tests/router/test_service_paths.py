@@ -1,0 +1,295 @@
+"""The live request path's details against real node agents on loopback: the decode node bound only when the
+prefill starts, hand-backs re-routed while the switch still drains, attempt ids that never clash, cached
+tokens as the serving attempt's node measured them, and the serving nodes reported to the client.
+
+Node agents run in-process (grpc.aio on 127.0.0.1); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+
+from evolving_infra.core.pages import token_page_hashes
+from evolving_infra.core.types import NodeId, NodeMode, Phase
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.router.core import RoutedRequest
+from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
+from evolving_infra.router.routing import RouteRequest
+from evolving_infra.router.service import LocalSplitApplier
+from evolving_infra.router.service.flights import AttemptIds, Flight
+
+from .test_service_live import Cluster, run, until
+
+P, D = NodeMode.PREFILL, NodeMode.DECODE
+
+
+def words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}{j}" for j in range(n))
+
+
+def retries(c: Cluster) -> dict[str, float]:
+    return {x.labels["reason"]: x.value for m in c.router.metrics.retries.collect() for x in m.samples
+            if x.name.endswith("_total")}  # fmt: skip
+
+
+def counter(metric: Any) -> float:
+    return sum(x.value for m in metric.collect() for x in m.samples if x.name.endswith("_total"))
+
+
+class EventLog:
+    """Records the prefill reports the router receives (wrapping its report handler)."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.started: dict[str, pb.PrefillStarted] = {}
+        inner = c.router.reports.on_event
+
+        def on_event(node: NodeId, event: pb.NodeEvent) -> None:
+            if event.WhichOneof("body") == "prefill_started":
+                self.started[event.prefill_started.request_id] = event.prefill_started
+            inner(node, event)
+
+        for client in c.router.clients.values():
+            client.on_event = on_event
+
+
+def test_a_queued_prefill_holds_no_decode_binding_until_its_node_starts_it() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "d0": D}, speed_up=1.0) as c:
+            p0, d0 = c.agents["p0"], c.agents["d0"]
+            long = asyncio.ensure_future(c.complete(words("L", 12000), "long", max_tokens=2))
+            await until(lambda: p0.engine.gauges().prefill_running >= 1, "the long prefill running", 10)
+            short = asyncio.ensure_future(c.complete(words("S", 200), "short", max_tokens=2))
+            await until(lambda: any(f.req.branch.endswith("/short") and f.req.prefill_node for f in c.router.flights.values()),
+                        "the short request routed", 10)  # fmt: skip
+            (flight,) = [f for f in c.router.flights.values() if f.req.branch.endswith("/short")]
+            await until(lambda: flight.progress.sent_at is not None and p0.engine.gauges().prefill_queued >= 1,
+                        "the short prefill queued behind the long one", 10)  # fmt: skip
+            await asyncio.sleep(0.05)  # let any early binding happen
+            out["queued"] = p0.engine.gauges().prefill_queued
+            out["while_queued"] = (flight.req.decode_node, len(c.router.core.nodes[NodeId("d0")].bound),
+                                   flight.wire in d0.decodes)  # fmt: skip
+            out["long_started"] = any(f.progress.started.is_set() for f in c.router.flights.values() if f is not flight)
+            await until(lambda: flight.req.decode_node is not None, "the short request bound", 20)
+            out["bound_after_start"] = (flight.progress.started.is_set(), flight.req.decode_node)
+            out["results"] = [(s, a["usage"]["completion_tokens"]) for s, a in await asyncio.gather(long, short)]
+        return out
+
+    out = run(scenario)
+    assert out["queued"] >= 1 and out["long_started"]
+    # no decode binding, no reservation, and no decode sent to the decode node while queued
+    assert out["while_queued"] == (None, 0, False)
+    assert out["bound_after_start"] == (True, "d0")
+    assert out["results"] == [(200, 2), (200, 2)]
+
+
+def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+            loop = asyncio.get_running_loop()
+            resent: list[tuple[float, str]] = []
+            p1_client = c.router.clients[NodeId("p1")]
+            inner_submit = p1_client.submit_prefill
+
+            async def submit(message: pb.SubmitPrefillRequest) -> pb.SubmitResponse:
+                resent.append((loop.time(), message.request_id))
+                return await inner_submit(message)
+
+            p1_client.submit_prefill = submit  # type: ignore[method-assign]
+            tasks = [asyncio.ensure_future(c.complete(words(f"x{i}y", 6000), f"s{i}", max_tokens=2)) for i in range(8)]
+            p0 = c.agents["p0"].engine
+            await until(lambda: p0.gauges().prefill_queued >= 1 and p0.gauges().prefill_running >= 1,
+                        "a request running and one queued at p0", 10)  # fmt: skip
+            decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
+                                       Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
+            change = c.router.core.split_change(decision)
+            assert change is not None
+            began = loop.time()
+            await LocalSplitApplier(c.router).apply(change, 1, c.router.now())
+            answered = loop.time()
+            results = await asyncio.gather(*tasks)
+            out["statuses"] = [s for s, _ in results]
+            out["tokens"] = [a.get("usage", {}).get("completion_tokens", a) for _, a in results]
+            out["rerouted_at"] = [t for t, rid in resent if "~" in rid and t >= began]
+            out["window"] = (began, answered)
+            out["retries"] = retries(c)
+            out["handed"] = c.agents["p0"].metrics.requests.labels("prefill", "handed_back")._value.get()
+            out["p0"] = c.router.core.nodes[NodeId("p0")].phase
+        return out
+
+    out = run(scenario)
+    began, answered = out["window"]
+    assert out["statuses"] == [200] * 8 and out["tokens"] == [2] * 8  # none lost
+    assert out["handed"] >= 1 and out["retries"].get("handed_back", 0) == out["handed"]  # each re-routed once
+    assert len(out["rerouted_at"]) == out["handed"]
+    assert all(t < answered for t in out["rerouted_at"])  # re-routed while p0 still drained its running prefill
+    assert out["p0"] is Phase.DECODE
+
+
+def test_attempt_ids_are_unique_per_attempt() -> None:
+    ids = AttemptIds()
+    route = RouteRequest(id="a77.r2", branch="b", page_hashes=(), prompt_tokens=10, output_tokens=1, t_acc=1.0,
+                         page_tokens=64)  # type: ignore[arg-type]  # fmt: skip
+    seen: list[str] = []
+    for _ in range(3):  # the same client request id sent three times (a client retrying it)
+        flight = Flight(RoutedRequest(route, (), 0))
+        for attempt in range(4):
+            flight.req.attempt = attempt
+            seen.append(ids.first(flight))
+        seen.append(ids.fresh(flight))
+    assert seen.count("a77.r2") == 3  # only first attempts use the bare id; a node holding it gets a fresh one
+    rest = [s for s in seen if s != "a77.r2"]
+    assert len(set(rest)) == len(rest) and all(s.startswith("a77.r2~") for s in rest)
+
+
+def test_a_node_still_holding_the_request_id_gets_the_attempt_under_a_fresh_id() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "d0": D}, speed_up=1.0) as c:
+            client = c.router.clients[NodeId("p0")]
+            for rid, n in (("blocker", 64 * 120), ("dup-1", 64 * 4)):  # "dup-1": an abandoned attempt still queued
+                ids = tuple(range(1 + len(rid), n + len(rid)))
+                await client.submit_prefill(pb.SubmitPrefillRequest(
+                    request_id=rid, branch_id=rid, prompt_pages=list(token_page_hashes(ids, 64)), prompt_tokens=len(ids),
+                    t_acc=1.0,
+                ))  # fmt: skip
+            out["held"] = c.agents["p0"].engine.gauges().prefill_queued
+            sent: list[str] = []
+            inner = client.submit_prefill
+
+            async def submit(message: pb.SubmitPrefillRequest) -> pb.SubmitResponse:
+                sent.append(message.request_id)
+                return await inner(message)
+
+            client.submit_prefill = submit  # type: ignore[method-assign]
+            body = {"model": "evolving-emulated", "prompt": words("d", 100), "max_tokens": 3}
+            headers = {"x-evolving-branch-id": "dup", "X-Request-Id": "dup-1"}
+            async with c.session.post(f"{c.server.url}/v1/completions", json=body, headers=headers) as response:
+                out["status"], answer = response.status, await response.json()
+            out["tokens"] = answer["usage"]["completion_tokens"]
+            out["retries"] = retries(c)
+            out["sent"] = sent
+        return out
+
+    out = run(scenario)
+    assert (out["status"], out["tokens"]) == (200, 3)
+    assert out["held"] >= 1 and len(out["sent"]) == 2 and out["sent"][0] == "dup-1" and out["sent"][1].startswith("dup-1~")
+    assert not out["retries"]  # renamed, not counted as a failed attempt
+
+
+class _FailedCall:
+    """A decode stream that fails at once (the decode node lost before the first token)."""
+
+    def __aiter__(self) -> _FailedCall:
+        return self
+
+    async def __anext__(self) -> pb.DecodeProgress:
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "injected")
+
+    def cancel(self) -> bool:
+        return True
+
+
+def test_cached_tokens_are_the_serving_attempts_measured_reuse_and_count_once() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "d0": D}, speed_up=1.0) as c:
+            log = EventLog(c)
+            d0 = c.router.clients[NodeId("d0")]
+            inner = d0.submit_decode
+            calls: list[str] = []
+
+            def submit_decode(message: pb.SubmitDecodeRequest, timeout: float) -> Any:
+                calls.append(message.request_id)
+                return _FailedCall() if len(calls) == 1 else inner(message, timeout)
+
+            d0.submit_decode = submit_decode  # type: ignore[method-assign]
+            prompt = words("c", 600)
+            status, events = await c.complete(prompt, "retry", max_tokens=3, stream=True)
+            usage = json.loads(events[-2])["usage"]
+            out["status"], out["cached"], out["prompt"] = status, usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+            out["calls"] = list(calls)
+            out["measured"] = {rid: log.started[rid].cached_tokens for rid in calls if rid in log.started}
+            out["metric_prompt"] = counter(c.router.metrics.prompt_tokens)
+            out["metric_cached"] = counter(c.router.metrics.cached_tokens)
+            # two requests sharing a prefix at once: the second is routed before the first's pages are known
+            # (estimate 0) and starts after the first stored them (the engine reuses them)
+            shared = words("z", 12000)
+            a = asyncio.ensure_future(c.complete(shared, "za", max_tokens=2))
+            await until(lambda: any(f.req.branch.endswith("/za") and f.progress.started.is_set() for f in c.router.flights.values()),
+                        "the first shared prompt started", 10)  # fmt: skip
+            b = asyncio.ensure_future(c.complete(shared + " tail words", "zb", max_tokens=2))
+            await until(lambda: any(f.req.branch.endswith("/zb") and f.wire for f in c.router.flights.values()), "routed", 10)
+            (fb,) = [f for f in c.router.flights.values() if f.req.branch.endswith("/zb")]
+            out["estimate_b"] = fb.routed_cached
+            wire_b = fb.wire
+            (_, ans_a), (_, ans_b) = await asyncio.gather(a, b)
+            out["cached_b"] = ans_b["usage"]["prompt_tokens_details"]["cached_tokens"]
+            out["measured_b"] = log.started[wire_b].cached_tokens
+        return out
+
+    out = run(scenario)
+    assert out["status"] == 200 and len(out["calls"]) == 2 and out["calls"][0] != out["calls"][1]
+    serving = out["calls"][1]
+    # the retry on the same node reuses what the failed attempt computed, and says so as the engine measured it
+    assert out["cached"] == out["measured"][serving] > 0
+    assert out["metric_prompt"] == out["prompt"] and out["metric_cached"] == out["cached"]  # counted once
+    assert out["estimate_b"] == 0 and out["cached_b"] == out["measured_b"] > 0
+
+
+def test_responses_name_the_serving_nodes_in_headers_and_usage() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "d0": D}) as c:
+            for stream in (False, True):
+                body: dict[str, Any] = {"model": "evolving-emulated", "prompt": words("h", 50), "max_tokens": 2, "stream": stream}
+                if stream:
+                    body["stream_options"] = {"include_usage": True}
+                url = f"{c.server.url}/v1/completions"
+                async with c.session.post(url, json=body, headers={"x-evolving-branch-id": f"h{stream}"}) as response:
+                    heads = (response.headers.get("x-evolving-prefill-node"), response.headers.get("x-evolving-decode-node"))
+                    if stream:
+                        lines = [ln.decode().strip()[6:] async for ln in response.content if ln.startswith(b"data: ")]
+                        usage = json.loads(lines[-2])["usage"]
+                    else:
+                        usage = (await response.json())["usage"]
+                out[stream] = (response.status, heads, usage["evolving"])
+        return out
+
+    out = run(scenario)
+    for stream in (False, True):
+        status, heads, ext = out[stream]
+        assert status == 200 and heads == ("p0", "d0")
+        assert ext["prefill_node"] == "p0" and ext["decode_node"] == "d0" and ext["queue_s"] >= 0
+
+
+def test_a_switch_the_operator_drives_has_its_hand_backs_rerouted_from_the_event_stream() -> None:
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+            tasks = [asyncio.ensure_future(c.complete(words(f"k{i}y", 6000), f"k{i}", max_tokens=2)) for i in range(8)]
+            p0 = c.agents["p0"]
+            await until(lambda: p0.engine.gauges().prefill_queued >= 1 and p0.engine.gauges().prefill_running >= 1,
+                        "a request running and one queued at p0", 10)  # fmt: skip
+            # as under the Kubernetes applier: the operator, not the router, calls SwitchPhase
+            switch = asyncio.ensure_future(p0.switch(Phase.DECODE, 1))
+            await until(lambda: retries(c).get("handed_back", 0) >= 1, "a hand-back re-routed", 10)
+            out["switch_done_at_reroute"] = switch.done()
+            outcome = await switch
+            results = await asyncio.gather(*tasks)
+            out["handed"] = len(outcome.handed_back)
+            out["statuses"] = [s for s, _ in results]
+            out["tokens"] = [a.get("usage", {}).get("completion_tokens", a) for _, a in results]
+            out["retries"] = retries(c)
+            await until(lambda: c.router.core.nodes[NodeId("p0")].phase is Phase.DECODE, "the router sees p0 decode", 10)
+        return out
+
+    out = run(scenario)
+    assert not out["switch_done_at_reroute"]
+    assert out["statuses"] == [200] * 8 and out["tokens"] == [2] * 8
+    assert out["handed"] >= 1 and out["retries"] == {"handed_back": out["handed"]}  # none sent to p0 again
