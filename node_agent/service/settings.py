@@ -16,15 +16,13 @@ Boundary: configuration values and their resolution against a profile; no socket
 
 from __future__ import annotations
 
-import contextvars
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evolving_infra.core.eviction import EvictionPolicyName
@@ -33,6 +31,7 @@ from evolving_infra.node_agent.engine.outputs import DataPlane
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.transfer.arena import MAX_ARENA_BYTES
 from evolving_infra.node_agent.transfer.base import TransportKind, TransportSettings
+from evolving_infra.settings import SettingsError, YamlFileSource, load_layered
 
 DEFAULT_PROFILE = "deepseek-v4-flash-4xh200-tp4"
 EMULATED_L2_PAGES_CAP = 16_384
@@ -42,26 +41,6 @@ EMULATED_PAGE_BYTES = 4096
 MAX_PAGES = 1 << 22
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("node_agent_settings_file", default={})
-
-
-class SettingsError(ValueError):
-    """Settings that cannot be used: `problems` holds one `(field, reason)` per failure."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(f"{field}: {reason}" for field, reason in problems))
-
-
-class _FileSource(PydanticBaseSettingsSource):
-    """The YAML file's values, handed over by `load_settings` (lowest priority after defaults)."""
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_DATA.get())
 
 
 class NodeAgentSettings(BaseSettings):
@@ -166,7 +145,7 @@ class NodeAgentSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls))
+        return (init_settings, env_settings, YamlFileSource(settings_cls))
 
     @field_validator("node")
     @classmethod
@@ -236,42 +215,11 @@ def resolve_memory(settings: NodeAgentSettings, profile: HardwareProfile) -> Emu
     return EmulatedMemory(l1, l2, settings.page_bytes, slots, HardwareProfile.model_validate(data))
 
 
-def read_settings_file(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML settings file (SettingsError naming the file otherwise)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SettingsError(str(path), [("file", f"cannot read it: {exc.strerror or exc}")]) from exc
-    except yaml.YAMLError as exc:
-        raise SettingsError(str(path), [("file", f"invalid YAML: {exc}")]) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise SettingsError(str(path), [("file", f"must hold a mapping of settings, got {type(data).__name__}")])
-    return dict(data)
-
-
 def load_settings(file: Path | None = None, flags: Mapping[str, Any] | None = None) -> NodeAgentSettings:
     """Defaults < YAML `file` < `EVOLVING_NODE_*` environment < `flags` (None values in flags are ignored)."""
-    file_data = read_settings_file(file) if file is not None else {}
-    given = {k: v for k, v in (flags or {}).items() if v is not None}
-    token = _FILE_DATA.set(file_data)
-    try:
-        return NodeAgentSettings(**given)
-    except ValidationError as exc:
-        source = str(file) if file is not None else "settings"
-        raise SettingsError(source, [_describe(error) for error in exc.errors()]) from exc
-    finally:
-        _FILE_DATA.reset(token)
-
-
-def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
-    field = ".".join(str(p) for p in error.get("loc", ())) or "settings"
-    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-    if error.get("type") == "extra_forbidden":
-        nested = field.startswith("transfer.")
-        allowed = TransportSettings.model_fields if nested else NodeAgentSettings.model_fields
-        message = "unknown setting; allowed here: " + ", ".join(allowed)
-    elif "input" in error and not isinstance(error["input"], Mapping):
-        message = f"{message} (got {error['input']!r})"
-    return field, message
+    return load_layered(
+        NodeAgentSettings,
+        file,
+        flags,
+        allowed_for=lambda where: TransportSettings if where.startswith("transfer.") else NodeAgentSettings,
+    )

@@ -12,21 +12,19 @@ Boundary: configuration values only.
 
 from __future__ import annotations
 
-import contextvars
 import enum
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+from evolving_infra.settings import SettingsError, YamlFileSource, load_layered
 
-_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("router_settings_file", default={})
 
 
 class ApplierKind(enum.Enum):
@@ -38,23 +36,6 @@ class ApplierKind(enum.Enum):
     """The router writes the CR's status.targetSplit; the operator switches the nodes."""
     NONE = "none"
     """Decisions are logged and counted only."""
-
-
-class SettingsError(ValueError):
-    """Settings that cannot be used: `problems` holds one `(field, reason)` per failure."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(f"{field}: {reason}" for field, reason in problems))
-
-
-class _FileSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_DATA.get())
 
 
 def _address(value: str, where: str) -> str:
@@ -113,7 +94,7 @@ class RouterSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls))
+        return (init_settings, env_settings, YamlFileSource(settings_cls))
 
     @field_validator("nodes")
     @classmethod
@@ -138,29 +119,4 @@ class RouterSettings(BaseSettings):
 
 def load_settings(file: Path | None = None, flags: Mapping[str, Any] | None = None) -> RouterSettings:
     """Defaults < YAML `file` < `EVOLVING_ROUTER_*` environment < `flags` (None values in flags are ignored)."""
-    data: dict[str, Any] = {}
-    if file is not None:
-        try:
-            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise SettingsError(str(file), [("file", f"cannot read it: {exc.strerror or exc}")]) from exc
-        except yaml.YAMLError as exc:
-            raise SettingsError(str(file), [("file", f"invalid YAML: {exc}")]) from exc
-        if loaded is not None and not isinstance(loaded, Mapping):
-            raise SettingsError(str(file), [("file", f"must hold a mapping of settings, got {type(loaded).__name__}")])
-        data = dict(loaded or {})
-    given = {k: v for k, v in (flags or {}).items() if v is not None}
-    token = _FILE_DATA.set(data)
-    try:
-        return RouterSettings(**given)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = ".".join(str(p) for p in error.get("loc", ())) or "settings"
-            message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-            if error.get("type") == "extra_forbidden":
-                message = "unknown setting; allowed: " + ", ".join(RouterSettings.model_fields)
-            problems.append((field, message))
-        raise SettingsError(str(file) if file is not None else "settings", problems) from exc
-    finally:
-        _FILE_DATA.reset(token)
+    return load_layered(RouterSettings, file, flags)
