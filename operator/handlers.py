@@ -1,6 +1,8 @@
 """kopf handlers of the AgentServingCluster: thin wrappers that call `reconcile` and `switcher`.
 
-- create, resume, spec update, and every `resync_seconds` (timer): `reconcile` (children and status);
+- create, resume, spec update, and every `resync_seconds` (timer): `reconcile` (children, status, and
+  placing collocated node agents: a failed placement raises `kopf.TemporaryError` with the protocol's
+  delay from create/resume/update; the timer just tries again at its next tick);
 - a change of `status.targetSplit` (written by the router), and resume: `run_switch`; a failed attempt
   raises `kopf.TemporaryError` with the protocol's delay, a rolled-back switch `kopf.PermanentError`.
 
@@ -79,10 +81,13 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     @kopf.on.update(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
-    async def reconcile_cluster(namespace: str, name: str, logger: logging.Logger, **_: Any) -> None:
-        outcome = await reconcile(rt, namespace, name)
+    async def reconcile_cluster(namespace: str, name: str, retry: int, logger: logging.Logger, **_: Any) -> None:
+        outcome = await reconcile(rt, namespace, name, attempt=retry)
         if outcome is not None:
             logger.info("reconciled: %s", outcome)
+            if outcome.retry_delay is not None:
+                message = "placing node agents into their phases failed; see the Adapting condition"
+                raise kopf.TemporaryError(message, delay=outcome.retry_delay)
 
     @kopf.on.update(*RESOURCE, id="switch", field=TARGET_FIELD, registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     @kopf.on.resume(*RESOURCE, id="switch", registry=registry, backoff=ERROR_BACKOFF_SECONDS)

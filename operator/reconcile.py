@@ -7,7 +7,10 @@ resync): it reads the object afresh, and
 2. works out the partition claims of all clusters over the nodes' labels, and keeps this cluster's node
    agents off nodes an earlier cluster claimed;
 3. applies the children (only what is missing or changed; see `children`);
-4. tracks the node agents (pods, addresses, `GetState`) and the router's availability into status.
+4. tracks the node agents (pods, addresses, `GetState`) and the router's availability into status;
+5. places collocated node agents into a phase (`placement`: the initial split, or a node that joined
+   later) through `SwitchPhase`; a failed placement is retried (`Outcome.retry_delay`, when the caller
+   passes its `attempt`) and degrades the cluster.
 Status is written (server-side apply, the operator's field manager, `/status` only) only when the
 operator's part of it changed. The operator never writes `spec`.
 
@@ -28,16 +31,17 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from evolving_infra.node_agent.profile import HardwareProfile
-from evolving_infra.operator import kube, meta, nodes, summary
-from evolving_infra.operator.agents import AgentError, AgentState, NodeAgentClient
+from evolving_infra.operator import conditions, kube, meta, nodes, placement, summary
+from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, NodeAgentClient
 from evolving_infra.operator.builders import BuildContext, build_children
 from evolving_infra.operator.children import ApplyResult, apply_children
+from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.kube import KubeApi, KubeError
 from evolving_infra.operator.partitions import ClusterSelection, NodeLabels, PartitionClaim, claim_nodes
 from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
 from evolving_infra.operator.settings import OperatorSettings
 from evolving_infra.operator.spec import AgentServingClusterSpec, NodeSelector
-from evolving_infra.operator.status import AgentServingClusterStatus, NodeStatus
+from evolving_infra.operator.status import AgentServingClusterStatus, ConditionStatus, ConditionType, NodeStatus
 from evolving_infra.operator.summary import Problem
 
 log = logging.getLogger(__name__)
@@ -144,10 +148,20 @@ def claim_problems(claim_: PartitionClaim | None) -> list[Problem]:
     return [Problem(reason, "; ".join(claim_.problems()))]
 
 
+Answers = dict[str, AgentState | AgentError]
+
+
 async def observe_nodes(
     rt: Runtime, cluster: meta.ClusterRef, spec: AgentServingClusterSpec, previous: list[NodeStatus] | None, allowed: frozenset[str] | None
 ) -> list[NodeStatus]:
     """Node agents of the cluster as they are now (pods, then each agent's own state)."""
+    return (await observe_agents(rt, cluster, spec, previous, allowed))[0]
+
+
+async def observe_agents(
+    rt: Runtime, cluster: meta.ClusterRef, spec: AgentServingClusterSpec, previous: list[NodeStatus] | None, allowed: frozenset[str] | None
+) -> tuple[list[NodeStatus], Answers]:
+    """`observe_nodes` and each agent's answer, keyed by node."""
     pods = await rt.api.list(kube.POD, cluster.namespace, meta.selector_labels(cluster, meta.Component.NODE_AGENT))
     by_node = nodes.pods_by_node(pods, rt.settings.node_agent_port, allowed)
     gate = asyncio.Semaphore(rt.settings.agent_concurrency)
@@ -162,8 +176,8 @@ async def observe_nodes(
                 return exc
 
     names = sorted(by_node)
-    answers = await asyncio.gather(*(ask(by_node[n]) for n in names))
-    return nodes.track(by_node, previous, dict(zip(names, answers, strict=True)), spec.initial_split)
+    answers = dict(zip(names, await asyncio.gather(*(ask(by_node[n]) for n in names)), strict=True))
+    return nodes.track(by_node, previous, answers, spec.initial_split), answers
 
 
 async def router_ready(rt: Runtime, cluster: meta.ClusterRef) -> bool:
@@ -194,22 +208,65 @@ class Outcome:
     children: ApplyResult | None = None
     status_written: bool = False
     problems: tuple[str, ...] = ()
+    placed: tuple[str, ...] = ()
+    """Nodes placed into a phase by this reconcile (see `placement`)."""
+    retry_delay: float | None = None
+    """Seconds before the caller should reconcile again (a placement attempt failed; attempts are left)."""
 
 
 async def fetch(rt: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
     return await rt.api.get(kube.CLUSTER, namespace, name)
 
 
-async def reconcile(rt: Runtime, namespace: str, name: str) -> Outcome | None:
-    """Bring one cluster's children and status in line with its spec; None when it is gone or going."""
+async def reconcile(rt: Runtime, namespace: str, name: str, attempt: int | None = None) -> Outcome | None:
+    """Bring one cluster's children and status in line with its spec; None when it is gone or going.
+
+    `attempt` (from 0) numbers the caller's retries of a failed placement; None: no retry follows."""
     async with rt.lock(namespace, name):
         body = await fetch(rt, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        return await _reconcile_locked(rt, body)
+        return await _reconcile_locked(rt, body, attempt)
 
 
-async def _reconcile_locked(rt: Runtime, body: dict[str, Any]) -> Outcome:
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    nodes: list[NodeStatus]
+    wants: tuple[Want, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    placed: tuple[str, ...] = ()
+    retry_delay: float | None = None
+
+
+async def _place(rt: Runtime, body: Mapping[str, Any], tracked: list[NodeStatus], answers: Answers, spec: AgentServingClusterSpec,
+                 status: AgentServingClusterStatus, attempt: int | None) -> _Placed:  # fmt: skip
+    """Place collocated agents (see `placement`); the conditions, problems and retry delay that follow."""
+    adapting = conditions.find(status.conditions, ConditionType.ADAPTING)
+    retrying = adapting is not None and adapting.reason == placement.PLACEMENT_RETRYING and adapting.status is ConditionStatus.TRUE
+    plan = placement.plan_placement(tracked, answers, spec.initial_split, status.target_split, retrying)
+    if plan is None or not plan.moves:
+        return _Placed(tracked)
+    done = await placement.place(rt, body, tracked, plan)
+    failed = {move.node for move, _ in done.failures}
+    placed = tuple(m.node for m in plan.moves if m.node not in failed)
+    if not done.failures:
+        reason = placement.INITIAL_SPLIT if plan.initial else placement.NODE_PLACED
+        rt.events(body, "Normal", reason, done.summary)
+        return _Placed(done.nodes, (Want.false(ConditionType.ADAPTING, summary.SPLIT_CONVERGED, done.summary),), placed=placed)
+    errors = "; ".join(f"{move.node}: {err}" for move, err in done.failures)
+    refused = any(not isinstance(err, AgentUnavailable) for _, err in done.failures)
+    if attempt is not None and attempt + 1 < rt.settings.switch_attempts and not refused:
+        delay = rt.settings.switch_backoff(attempt)
+        message = f"attempt {attempt + 1} of {rt.settings.switch_attempts} at {plan.split} failed, retrying in {delay:g} s: {errors}"
+        want = Want.true(ConditionType.ADAPTING, placement.PLACEMENT_RETRYING, message)
+        return _Placed(done.nodes, (want,), (Problem(placement.PLACEMENT_FAILED, message),), placed, delay)
+    message = f"placing nodes for {plan.split} failed (the next resync tries again): {errors}"
+    rt.events(body, "Warning", placement.PLACEMENT_FAILED, message)
+    want = Want.false(ConditionType.ADAPTING, placement.PLACEMENT_FAILED, message)
+    return _Placed(done.nodes, (want,), (Problem(placement.PLACEMENT_FAILED, message),), placed)
+
+
+async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | None = None) -> Outcome:
     generation = (body.get("metadata") or {}).get("generation")
     before = parse_status(body)
     parsed = parse(body, rt.profile_table())
@@ -234,16 +291,23 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any]) -> Outcome:
     if applied.conflicts:
         problems.append(Problem("ChildConflict", "; ".join(applied.conflicts)))
     allowed = frozenset(claim_.nodes) if claim_ is not None else None
-    tracked = await observe_nodes(rt, cluster, spec, before.nodes, allowed)
+    tracked, answers = await observe_agents(rt, cluster, spec, before.nodes, allowed)
+    placed = await _place(rt, body, tracked, answers, spec, before, attempt)
+    problems.extend(placed.problems)
     expected = len(claim_.nodes) if claim_ is not None else spec.node_count
     after = summary.summarize(
         before,
-        tracked=tracked,
+        tracked=placed.nodes,
         expected_nodes=expected,
         router_ready=await router_ready(rt, cluster),
         problems=problems,
         now=rt.clock(),
         generation=generation,
     )
+    if placed.wants:
+        after = summary.with_conditions(after, placed.wants, rt.clock(), generation)
     written = await write_status(rt, body, before, after)
-    return Outcome(valid=True, children=applied, status_written=written, problems=tuple(p.message for p in problems))
+    return Outcome(
+        valid=True, children=applied, status_written=written, problems=tuple(p.message for p in problems),
+        placed=placed.placed, retry_delay=placed.retry_delay,
+    )  # fmt: skip
