@@ -12,6 +12,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.bench_directory",
     "evolving_infra.cli.bench_transfer",
     "evolving_infra.cli.bench_engine",
+    "evolving_infra.cli.bench_sim",
     "evolving_infra.cli.bench_router",
 )
 

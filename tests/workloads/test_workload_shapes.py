@@ -15,7 +15,7 @@ def shape(generated: dict[str, list[dict[str, object]]], kind: str, label: str |
 def test_putnam_is_decode_heavy_with_ten_second_pauses(generated: dict[str, list[dict[str, object]]]) -> None:
     s = shape(generated, "putnam")
     assert s.mean_output > 5 * s.mean_new
-    assert s.mean_output > 2_000
+    assert s.mean_output > 1_200, "calibrated against table D.1 (docs/workloads.md)"
     assert 9.0 <= s.mean_pause_s <= 11.0
     assert s.branches == s.agents and s.rewrites == 0 and s.subagents == s.forks == 0
     assert s.requests_per_agent < 30

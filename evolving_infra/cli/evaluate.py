@@ -1,0 +1,335 @@
+"""The evaluation runner: a matrix of simulator runs in parallel processes, cached as JSON, rendered as markdown.
+
+    python scripts/evaluate.py run --matrix calibration --warmup 600 --duration 1200 --jobs 2 --cache runs/eval
+    python scripts/evaluate.py render --cache runs/eval > tables.md
+
+A run is a `RunSpec` (workload, concurrency, system preset, initial split, warmup, scored duration, seed and
+optional generator overrides); its result is one JSON file in the cache folder named by `RunSpec.key()`, so an
+interrupted matrix resumes where it stopped and `render` reads whatever has finished. The paper's figures
+(tables C.1, C.3 and D.1) sit next to the measured ones in the rendered tables.
+
+Boundary: `run_spec` is the only function that simulates; the table renderers are pure functions of the cached
+records (tested in tests/sim/test_evaluate_runner.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE = {"putnam": "glm-5.2-4xgb300-tp4", "cc": "glm-5.2-4xgb300-tp4", "osworld": "kimi-k2.6-4xgb300-tp4"}
+"""Hardware profile per workload (paper 6.1: GLM-5.2 for Putnam and CC, Kimi K2.6 for OSWorld)."""
+
+BEST_SPLIT = {"putnam": "2P7D", "cc": "4P5D", "osworld": "6P3D"}
+"""SGLang's best static split per workload (table D.1); every system of the matrix starts from it."""
+
+PAPER_CONCURRENCY = {"putnam": 224, "cc": 90, "osworld": 128}
+"""The lowest concurrency of tables C.1-C.3 (the one table D.1 uses)."""
+
+PAPER_D1: dict[str, dict[str, float]] = {
+    # table D.1, SGLang rows: X req/s, TTFT mean / P95, E2E mean / P95 (s)
+    "putnam": {"x": 9.00, "ttft": 1.0, "ttft_p95": 2.5, "e2e": 14.6, "e2e_p95": 74.0},
+    "cc": {"x": 4.97, "ttft": 4.8, "ttft_p95": 19.5, "e2e": 9.2, "e2e_p95": 30.7},
+    "osworld": {"x": 3.12, "ttft": 35.3, "ttft_p95": 50.8, "e2e": 35.8, "e2e_p95": 51.3},
+}
+
+PAPER_PAUSE = {"putnam": (9.9, 10.1), "cc": (12.9, 18.6), "osworld": (1.0, 1.4)}
+"""Mean pause between requests, range over systems and concurrencies (table C.3)."""
+
+PAPER_C: dict[tuple[str, int], dict[str, dict[str, float]]] = {
+    # tables C.1 and C.3: X, mean E2E, switches, lost KV reuse (fraction); Arrow from figure 3 (CC 90 only:
+    # 34 switches, 55.5 % lost reuse, 65 % less throughput than the best static split's 4.9 req/s).
+    ("putnam", 224): {"dynamo": {"x": 7.72, "e2e": 19.1, "switches": 2, "lost": 0.0247},
+                      "evolving": {"x": 8.81, "e2e": 15.5, "switches": 3, "lost": 0.0048}},
+    ("putnam", 256): {"dynamo": {"x": 8.37, "e2e": 20.4, "switches": 2, "lost": 0.0248},
+                      "evolving": {"x": 9.20, "e2e": 17.8, "switches": 2, "lost": 0.0017}},
+    ("putnam", 288): {"dynamo": {"x": 9.12, "e2e": 21.7, "switches": 3, "lost": 0.0263},
+                      "evolving": {"x": 10.15, "e2e": 18.6, "switches": 5, "lost": 0.0046}},
+    ("cc", 90): {"dynamo": {"x": 2.48, "e2e": 32.2, "switches": 4, "lost": 0.0513},
+                 "evolving": {"x": 5.40, "e2e": 7.9, "switches": 1, "lost": 0.0032},
+                 "arrow": {"x": 4.9 * 0.35, "switches": 34, "lost": 0.555}},
+    ("cc", 108): {"dynamo": {"x": 2.48, "e2e": 37.7, "switches": 4, "lost": 0.0489},
+                  "evolving": {"x": 5.78, "e2e": 9.9, "switches": 2, "lost": 0.0048}},
+    ("cc", 126): {"dynamo": {"x": 2.14, "e2e": 54.4, "switches": 4, "lost": 0.0778},
+                  "evolving": {"x": 5.85, "e2e": 13.2, "switches": 2, "lost": 0.0101}},
+    ("osworld", 128): {"dynamo": {"x": 1.93, "e2e": 57.4, "switches": 5, "lost": 0.0400},
+                       "evolving": {"x": 4.30, "e2e": 24.5, "switches": 1, "lost": 0.0021}},
+}
+
+SYSTEMS = ("evolving", "dynamo", "best-static", "arrow")
+MATRICES = ("calibration", "cc90", "putnam224", "osworld128", "paper", "cc-high", "all")
+
+MIN_LIFETIME_S = {"putnam": 200.0, "osworld": 300.0, "cc": 3000.0}
+"""A lower bound on how long one agent of each workload runs; sizes the generated trace so that the closed loop
+never runs out of agents before the window ends (a run that does is flagged in the tables)."""
+
+
+def trace_agents(workload: str, agents: int, span_s: float) -> int:
+    """Agents to generate for a closed loop of `agents` over `span_s` simulated seconds (plus the drain)."""
+    return agents * (2 + math.ceil(span_s / MIN_LIFETIME_S[workload]))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulator run of the matrix."""
+
+    workload: str
+    agents: int
+    system: str
+    split: str
+    warmup_s: float
+    duration_s: float
+    seed: int = 0
+    overrides: tuple[tuple[str, Any], ...] = field(default=())
+    """Generator parameter overrides (dotted path, value), e.g. `(("output_tokens.mean", 900),)`."""
+
+    @property
+    def profile(self) -> str:
+        return PROFILE[self.workload]
+
+    def key(self) -> str:
+        """A file-name-safe name that differs whenever any field differs."""
+        base = (f"{self.workload}-{self.agents}-{self.system}-{self.split}-w{self.warmup_s:g}-d{self.duration_s:g}"
+                f"-s{self.seed}")
+        if self.overrides:
+            tail = "_".join(f"{k}={v}" for k, v in self.overrides)
+            base += "-" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)
+        return base
+
+    def command(self) -> str:
+        """The equivalent `evolving-infra simulate` command line (generator overrides are not expressible)."""
+        span = self.warmup_s + self.duration_s
+        cmd = (f"evolving-infra simulate --workload {self.workload} --agents {self.agents} "
+               f"--trace-agents {trace_agents(self.workload, self.agents, span)} --system {self.system} "
+               f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
+               f"--duration {self.duration_s:g} --seed {self.seed} --json")
+        return cmd + (f"  # generator overrides {dict(self.overrides)}" if self.overrides else "")
+
+
+def matrix(name: str, warmup_s: float, duration_s: float, seed: int = 0) -> list[RunSpec]:
+    """The named run matrix: `calibration` (best-static at table D.1's splits and concurrencies), `cc90`,
+    `paper` (the three workloads at the paper's lowest concurrency, all systems), `cc-high` (CC 108 and 126,
+    all systems) or `all`."""
+    def runs(workload: str, agents: int, systems: Iterable[str]) -> list[RunSpec]:
+        return [RunSpec(workload, agents, s, BEST_SPLIT[workload], warmup_s, duration_s, seed) for s in systems]
+
+    if name == "calibration":
+        return [r for w, n in PAPER_CONCURRENCY.items() for r in runs(w, n, ["best-static"])]
+    if name == "cc90":
+        return runs("cc", 90, SYSTEMS)
+    if name in ("putnam224", "osworld128"):
+        workload = name.rstrip("0123456789")
+        return runs(workload, PAPER_CONCURRENCY[workload], SYSTEMS)
+    if name == "paper":
+        return [r for w in ("cc", "putnam", "osworld") for r in runs(w, PAPER_CONCURRENCY[w], SYSTEMS)]
+    if name == "cc-high":
+        return runs("cc", 108, SYSTEMS) + runs("cc", 126, SYSTEMS)
+    if name == "all":
+        return matrix("paper", warmup_s, duration_s, seed) + matrix("cc-high", warmup_s, duration_s, seed)
+    raise ValueError(f"unknown matrix {name!r}; known: {', '.join(MATRICES)}")
+
+
+def run_spec(spec: RunSpec) -> dict[str, Any]:
+    """Simulate one run; returns the record cached for it (spec, metrics, wall time, events)."""
+    from evolving_infra.sim.run import simulate
+    from evolving_infra.sim.systems import build_config
+    from evolving_infra.traces.loader import trace_from_records
+    from evolving_infra.workloads import generate
+
+    cfg = build_config(spec.system, profile=spec.profile, split=spec.split, agents=spec.agents, seed=spec.seed,
+                       warmup_s=spec.warmup_s, duration_s=spec.duration_s)
+    count = trace_agents(spec.workload, spec.agents, spec.warmup_s + spec.duration_s)
+    trace = trace_from_records(generate(spec.workload, count, spec.seed, **dict(spec.overrides)),
+                               source=f"workload:{spec.workload}")
+    start = time.perf_counter()
+    result = simulate(cfg, trace)
+    wall = time.perf_counter() - start
+    return {"spec": asdict(spec), "key": spec.key(), "command": spec.command(), "metrics": result.metrics.to_dict(),
+            "wall_s": wall, "events": result.events, "sim_end_s": result.end_time, "trace_agents": count}
+
+
+def run_matrix(specs: Sequence[RunSpec], cache: Path, jobs: int, force: bool = False,
+               log: Any = sys.stderr) -> list[dict[str, Any]]:
+    """Run every spec not yet cached in `cache` on `jobs` processes; returns all records (cached and new)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    todo = [s for s in specs if force or not (cache / f"{s.key()}.json").exists()]
+    print(f"{len(specs) - len(todo)} cached, {len(todo)} to run on {jobs} processes", file=log)
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_spec, s): s for s in todo}
+        for fut in as_completed(futures):
+            spec = futures[fut]
+            try:
+                record = fut.result()
+            except Exception as exc:  # a failed run is reported and skipped; the others go on
+                remote = exc.__cause__  # concurrent.futures attaches the worker's traceback here
+                (cache / f"{spec.key()}.error.txt").write_text(f"{spec.command()}\n{remote or ''}\n{exc!r}\n")
+                print(f"FAILED {spec.key()}: {type(exc).__name__}: {exc} (traceback: {spec.key()}.error.txt)",
+                      file=log)
+                continue
+            (cache / f"{spec.key()}.json").write_text(json.dumps(record, indent=1))
+            print(f"done {spec.key()} in {record['wall_s']:.0f} s wall", file=log)
+    return load_records(cache)
+
+
+def load_records(cache: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
+
+
+# ---- pure rendering ---------------------------------------------------------------------------------------
+
+def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures the tables show, from one cached record (`None` where the run has no value)."""
+    m = record["metrics"]
+    o = m["overall"]
+    sw = m.get("switches") or {}
+    window = m.get("window") or {}
+    decided = [d for d in m.get("planner_switch_decisions") or []
+               if d.get("outcome") == "switch" and window.get("start", 0.0) <= d["at"] < window.get("end", 0.0)]
+    share = m.get("split_share") or {}
+    return {
+        "x": o.get("throughput_rps"), "ttft": o["ttft_s"].get("mean"), "ttft_p95": o["ttft_s"].get("p95"),
+        "e2e": o["e2e_s"].get("mean"), "e2e_p95": o["e2e_s"].get("p95"), "pause": o.get("mean_pause_s"),
+        "lost": o.get("lost_kv_reuse"), "hit": o.get("kv_hit_rate"), "switches": sw.get("count"),
+        "switch_s": sw.get("mean_time_s"), "decided": len(decided),
+        "decided_total": sum(1 for d in m.get("planner_switch_decisions") or [] if d.get("outcome") == "switch"),
+        "queue": (o.get("prefill_queue_s") or {}).get("mean"),
+        "uncached": o.get("uncached_tokens_per_request"), "n_branch": o.get("little_n_branch"),
+        "final_split": max(share, key=lambda k: share[k]) if share else None,
+        "wall_s": record.get("wall_s"),
+        "short": (record.get("sim_end_s") or 0.0) < record["spec"]["warmup_s"] + record["spec"]["duration_s"],
+    }
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _ratio(measured: float | None, paper: float | None) -> str:
+    if measured is None or paper in (None, 0):
+        return "-"
+    return f"{measured / paper:.2f}"
+
+
+def _overrides(overrides: Iterable[Sequence[Any]] | None) -> str:
+    items = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (overrides or [])]
+    return ", ".join(items) or "defaults"
+
+
+def render_calibration(records: Iterable[Mapping[str, Any]]) -> str:
+    """Best-static runs next to table D.1's SGLang row and table C.3's pauses (measured / paper ratios)."""
+    lines = [
+        "| workload | agents | split | X req/s (paper) | ratio | E2E mean s (paper) | ratio | TTFT mean s (paper) "
+        "| TTFT P95 s (paper) | E2E P95 s (paper) | pause s (paper C.3) | window s | wall s | generator |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: (r["spec"]["workload"], r["spec"]["agents"], r.get("key", ""))):
+        spec = r["spec"]
+        if spec["system"] != "best-static" or spec["workload"] not in PAPER_D1:
+            continue
+        s, p = summarize(r), PAPER_D1[spec["workload"]]
+        lo, hi = PAPER_PAUSE[spec["workload"]]
+        lines.append(
+            f"| {spec['workload']} | {spec['agents']} | {spec['split']} | {_f(s['x'])} ({p['x']:.2f}) "
+            f"| {_ratio(s['x'], p['x'])} | {_f(s['e2e'], 1)} ({p['e2e']:.1f}) | {_ratio(s['e2e'], p['e2e'])} "
+            f"| {_f(s['ttft'], 1)} ({p['ttft']:.1f}) | {_f(s['ttft_p95'], 1)} ({p['ttft_p95']:.1f}) "
+            f"| {_f(s['e2e_p95'], 1)} ({p['e2e_p95']:.1f}) | {_f(s['pause'], 1)} ({lo:g}-{hi:g}) "
+            f"| {spec['warmup_s']:g}+{spec['duration_s']:g}{' (trace ran out)' if s['short'] else ''} "
+            f"| {_f(s['wall_s'], 0)} | {_overrides(spec.get('overrides'))} |")
+    return "\n".join(lines)
+
+
+def render_evaluation(records: Iterable[Mapping[str, Any]]) -> str:
+    """One table per (workload, agents): every system's figures, with the paper's C.1/C.3 figures beside."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["spec"]["workload"], r["spec"]["agents"]), []).append(r)
+    out: list[str] = []
+    order = {s: i for i, s in enumerate(SYSTEMS)}
+    for (workload, agents), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: (order.get(r["spec"]["system"], 99), r["spec"]["system"]))
+        spec = rs[0]["spec"]
+        out.append(f"### {workload}, {agents} agents, from {spec['split']} "
+                   f"({spec['warmup_s']:g} s warmup + {spec['duration_s']:g} s scored, seed {spec['seed']})")
+        out.append("")
+        out.append("| system | X req/s | mean E2E s | P95 TTFT s | mean TTFT s | lost KV reuse % | KV hit % "
+                   "| switches (s/switch); decided in window / in run | most time at "
+                   "| paper X / E2E / switches / lost % | wall s |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        paper = PAPER_C.get((workload, agents), {})
+        for r in rs:
+            system = r["spec"]["system"]
+            s = summarize(r)
+            if system == "best-static" and workload in PAPER_D1 and agents == PAPER_CONCURRENCY[workload]:
+                d1 = PAPER_D1[workload]
+                ref = f"{d1['x']:.2f} / {d1['e2e']:.1f} / 0 / - (D.1)"
+            elif system in paper:
+                c = paper[system]
+                ref = (f"{_f(c.get('x'))} / {_f(c.get('e2e'), 1)} / {c['switches']:g} / {_pct(c.get('lost'))}")
+            else:
+                ref = "-"
+            switches = "-" if s["switches"] is None else f"{s['switches']} ({_f(s['switch_s'], 1)})"
+            switches += f"; {s['decided']} / {s['decided_total']}"
+            name = f"{system} (trace ran out)" if s["short"] else system
+            out.append(f"| {name} | {_f(s['x'])} | {_f(s['e2e'], 1)} | {_f(s['ttft_p95'], 1)} | {_f(s['ttft'], 1)} "
+                       f"| {_pct(s['lost'])} | {_pct(s['hit'])} | {switches} | {s['final_split'] or '-'} | {ref} "
+                       f"| {_f(s['wall_s'], 0)} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evaluate", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a matrix (cached runs are skipped)")
+    run.add_argument("--matrix", default="cc90", choices=MATRICES, help="default cc90")
+    run.add_argument("--warmup", type=float, default=1800.0, help="warmup seconds (paper: 1800)")
+    run.add_argument("--duration", type=float, default=3600.0, help="scored seconds (paper: 3600)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--systems", help="comma-separated subset of the matrix's systems")
+    run.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
+    run.add_argument("--force", action="store_true", help="rerun cached runs")
+    render = sub.add_parser("render", help="print the markdown tables of the cached runs")
+    render.add_argument("--cache", default="runs/eval")
+    render.add_argument("--table", choices=["calibration", "evaluation", "both"], default="both")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cache = Path(args.cache)
+    if args.command == "run":
+        if args.warmup < 0 or args.duration <= 0 or args.jobs < 1:
+            print("error: --warmup must be >= 0, --duration > 0 and --jobs >= 1", file=sys.stderr)
+            return 2
+        try:
+            specs = matrix(args.matrix, args.warmup, args.duration, args.seed)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.systems:
+            wanted = set(args.systems.split(","))
+            specs = [s for s in specs if s.system in wanted]
+        run_matrix(specs, cache, args.jobs, args.force)
+        return 0
+    records = load_records(cache)
+    if args.table in ("calibration", "both"):
+        print(render_calibration(records))
+        print()
+    if args.table in ("evaluation", "both"):
+        print(render_evaluation(records))
+    return 0
