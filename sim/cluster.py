@@ -25,11 +25,15 @@ from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core import CoreSettings, RouterCore
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.planner import PlannerName, make_planner
-from evolving_infra.router.routing import CoefficientPrefillModel, make_decode_binder, make_prefill_router
+from evolving_infra.router.routing import (
+    CoefficientPrefillModel,
+    PrefillPolicyName,
+    make_decode_binder,
+    make_prefill_router,
+)
 from evolving_infra.sim import flow, phases, stepping
-from evolving_infra.sim.config import DecodeReservation, ModelSource, PauseRuleName, SimConfig, SimPrefillPolicy
+from evolving_infra.sim.config import DecodeReservation, ModelSource, PauseRuleName, SimConfig
 from evolving_infra.sim.kernel import Command, Event, Priority
-from evolving_infra.sim.least_loaded import LeastLoadedRouter
 from evolving_infra.sim.models import PROVISIONAL, make_fitter, profile_planner_model, profile_router_model
 from evolving_infra.sim.pause import ThunderAgentRule
 from evolving_infra.sim.replay import AgentReplayer, ReplayMode
@@ -124,13 +128,10 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
 
 
 def _router(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]
-    if cfg.prefill_routing is SimPrefillPolicy.LEAST_LOADED:
-        return LeastLoadedRouter()
     settings = dict(cfg.routing_settings)
-    name = cfg.prefill_routing.registry_name()
-    if cfg.prefill_routing in (SimPrefillPolicy.DYNAMO_KV, SimPrefillPolicy.DYNAMO_KV_POOL):
+    if cfg.prefill_routing in (PrefillPolicyName.DYNAMO_KV, PrefillPolicyName.DYNAMO_KV_POOL):
         settings.setdefault("rng", _seeded(streams, "prefill-router"))
-    return make_prefill_router(name, **settings)  # type: ignore[arg-type]
+    return make_prefill_router(cfg.prefill_routing, **settings)
 
 
 def _planner(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]

@@ -21,22 +21,6 @@ from evolving_infra.router.planner import PlannerName, parse_split
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
 
 
-class SimPrefillPolicy(enum.Enum):
-    """Prefill routing policies the simulator can run: the router's registry plus Arrow's least-loaded rule."""
-
-    TTFT = "ttft"
-    CACHE_AWARE = "cache-aware"
-    STICKY = "sticky"
-    DYNAMO_KV = "dynamo-kv"
-    DYNAMO_KV_POOL = "dynamo-kv-pool"
-    ROUND_ROBIN = "round-robin"
-    LEAST_LOADED = "least-loaded"
-
-    def registry_name(self) -> PrefillPolicyName | None:
-        """The router registry's name, or None for a policy the simulator provides itself."""
-        return None if self is SimPrefillPolicy.LEAST_LOADED else PrefillPolicyName(self.value)
-
-
 class DecodeReservation(enum.Enum):
     """When a request's decode node is chosen and its KV room taken."""
 
@@ -84,7 +68,7 @@ class SimConfig(BaseModel):
     split: str = Field(default="6P3D", description="initial split '<P>P<D>D' with P, D >= 1 and P + D = nodes")
     planner: PlannerName = Field(default=PlannerName.OURS, description="phase-split planner")
     planner_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the planner")
-    prefill_routing: SimPrefillPolicy = Field(default=SimPrefillPolicy.TTFT, description="prefill routing policy")
+    prefill_routing: PrefillPolicyName = Field(default=PrefillPolicyName.TTFT, description="prefill routing policy")
     routing_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the router")
     decode_routing: DecodePolicyName = Field(default=DecodePolicyName.FEWEST_REQUESTS, description="decode binder")
     eviction: EvictionPolicyName = Field(default=EvictionPolicyName.BRANCH_COUNT, description="host eviction order")

@@ -28,8 +28,8 @@ from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.node_agent.engine import DataPlane
 from evolving_infra.node_agent.profiles import ProfileError, load_profile
 from evolving_infra.router.planner import PlannerName
-from evolving_infra.router.routing import DecodePolicyName
-from evolving_infra.sim.config import ModelSource, SimConfig, SimPrefillPolicy, SystemName
+from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+from evolving_infra.sim.config import ModelSource, SimConfig, SystemName
 from evolving_infra.sim.kernel import Progress as KernelProgress
 from evolving_infra.sim.models import WarmupTooShort
 from evolving_infra.sim.plots import write_plots
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--trace-agents", type=int, help="agents in the generated workload (default: 2 x --agents)")
     p.add_argument("--system", choices=_values(SystemName), default="evolving", help="preset (default evolving)")
     p.add_argument("--planner", choices=_values(PlannerName))
-    p.add_argument("--routing", choices=_values(SimPrefillPolicy), help="prefill routing policy")
+    p.add_argument("--routing", choices=_values(PrefillPolicyName), help="prefill routing policy")
     p.add_argument("--decode-routing", choices=_values(DecodePolicyName))
     p.add_argument("--eviction", choices=_values(EvictionPolicyName))
     p.add_argument("--data-plane", choices=_values(DataPlane))

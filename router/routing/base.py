@@ -36,6 +36,7 @@ class PrefillPolicyName(enum.Enum):
     DYNAMO_KV = "dynamo-kv"
     DYNAMO_KV_POOL = "dynamo-kv-pool"
     ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
 
 
 class DecodePolicyName(enum.Enum):
@@ -69,6 +70,7 @@ class RouteReason(enum.Enum):
     STICKY_FIRST_LEAST_LOADED = "sticky-first-least-loaded"
     LOWEST_KV_COST = "lowest-kv-cost"
     ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
 
 
 class BindReason(enum.Enum):

@@ -24,6 +24,7 @@ from evolving_infra.router.routing.decode import (
     RoundRobinBinder,
 )
 from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings
+from evolving_infra.router.routing.least_loaded import LeastLoadedRouter
 from evolving_infra.router.routing.round_robin import RoundRobinRouter
 from evolving_infra.router.routing.sticky import StickyRouter, StickySettings
 from evolving_infra.router.routing.ttft import TtftRouter, TtftSettings, WaitModel
@@ -76,6 +77,11 @@ def _round_robin(cfg: dict[str, Any]) -> PrefillRouter:
     return RoundRobinRouter()
 
 
+def _least_loaded(cfg: dict[str, Any]) -> PrefillRouter:
+    _settings(_NoSettings, "least-loaded", cfg)
+    return LeastLoadedRouter()
+
+
 @dataclasses.dataclass(frozen=True)
 class _NoSettings:
     pass
@@ -88,6 +94,7 @@ PREFILL_ROUTERS: dict[PrefillPolicyName, Callable[[dict[str, Any]], PrefillRoute
     PrefillPolicyName.DYNAMO_KV: _dynamo(False),
     PrefillPolicyName.DYNAMO_KV_POOL: _dynamo(True),
     PrefillPolicyName.ROUND_ROBIN: _round_robin,
+    PrefillPolicyName.LEAST_LOADED: _least_loaded,
 }
 
 

@@ -6,9 +6,6 @@ the full prompts of its queued and not-yet-reported requests (Arrow predicts fro
 when the node's report is stale, the full prompts of every request sent and not yet prefilled. Ties go to the
 smallest node id. It moves no KV: the node reuses its own prefix and recomputes the rest.
 
-This policy implements the router's `PrefillRouter` protocol; it lives here because the router's registry
-has no least-loaded policy (it belongs in `router/routing/` next to the others).
-
 Boundary: pure; state is only in the views.
 """
 
@@ -17,16 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from evolving_infra.core.types import BranchId, RequestId
-from evolving_infra.router.routing import (
+from evolving_infra.router.routing.base import (
     NodeScore,
-    PrefillNodeView,
     PrefillPolicyName,
     RouteReason,
-    RouteRequest,
     RoutingDecision,
+    by_node,
+    decision_without_fetch,
 )
-from evolving_infra.router.routing.base import by_node, decision_without_fetch
-from evolving_infra.router.routing.inputs import unique_nodes
+from evolving_infra.router.routing.inputs import PrefillNodeView, RouteRequest, unique_nodes
 
 STATE_MAX_AGE_S = 5.0
 
@@ -42,17 +38,14 @@ def outstanding_tokens(view: PrefillNodeView, max_age_s: float = STATE_MAX_AGE_S
 class LeastLoadedRouter:
     """Least outstanding prompt tokens wins; no KV moves."""
 
-    @property
-    def name(self) -> PrefillPolicyName:
-        # The registry has no name for it; report as round robin's sibling "no KV movement" family.
-        return PrefillPolicyName.ROUND_ROBIN
+    name = PrefillPolicyName.LEAST_LOADED
 
     def route(self, request: RouteRequest, nodes: Sequence[PrefillNodeView], now: float) -> RoutingDecision:
         unique_nodes(nodes, "prefill")
         loads = {v.node: outstanding_tokens(v) for v in nodes}
         node = min(loads, key=lambda n: (loads[n], n))
         diagnostics = tuple(NodeScore(n, float(t), {"outstanding_tokens": float(t)}) for n, t in loads.items())
-        return decision_without_fetch(request, by_node(nodes, node), self.name, RouteReason.ROUND_ROBIN, diagnostics)
+        return decision_without_fetch(request, by_node(nodes, node), self.name, RouteReason.LEAST_LOADED, diagnostics)
 
     def on_routed(self, request: RouteRequest, decision: RoutingDecision, now: float) -> None:
         return None
