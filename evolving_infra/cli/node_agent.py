@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from evolving_infra.cli.args import parse_addresses
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.node_agent.profiles import ProfileError
 from evolving_infra.node_agent.service.main import run
@@ -88,13 +89,7 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.transport is not None:
         flags["transfer"] = {"kind": args.transport}
     if args.peer:
-        peers: dict[str, str] = {}
-        for item in args.peer:
-            node, sep, address = item.partition("=")
-            if not sep or not node or not address:
-                raise CliError(f"--peer {item!r}: expected NODE=HOST:PORT", USAGE_ERROR)
-            peers[node] = address
-        flags["peers"] = peers
+        flags["peers"] = parse_addresses(args.peer, "--peer", "NODE")
     return flags
 
 

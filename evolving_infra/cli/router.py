@@ -23,6 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from evolving_infra.cli.args import parse_addresses
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import ProfileError, load_profile
@@ -77,13 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     flags = {n: getattr(args, n) for n in RouterSettings.model_fields if n not in SKIPPED and getattr(args, n, None) is not None}
     if args.node:
-        nodes: dict[str, str] = {}
-        for item in args.node:
-            node, sep, address = item.partition("=")
-            if not sep or not node or not address:
-                raise CliError(f"--node {item!r}: expected ID=HOST:PORT", USAGE_ERROR)
-            nodes[node] = address
-        flags["nodes"] = nodes
+        flags["nodes"] = parse_addresses(args.node, "--node", "ID")
     return flags
 
 
