@@ -26,7 +26,7 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
-from evolving_infra.router.service.wire import PHASE_TO, counts_to
+from evolving_infra.proto.convert import counts_to_proto, phase_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class NodeClient:
         return self.stub.SubmitDecode(message, timeout=max(0.001, timeout))
 
     async def switch_phase(self, phase: object, generation: int, timeout: float) -> pb.SwitchPhaseResponse:
-        request = pb.SwitchPhaseRequest(target=PHASE_TO[phase], generation=generation)  # type: ignore[index]
+        request = pb.SwitchPhaseRequest(target=phase_to_proto(phase), generation=generation)
         return await self.stub.SwitchPhase(request, timeout=timeout)
 
     async def get_state(self) -> pb.NodeState:
@@ -144,7 +144,7 @@ class NodeClient:
             if item is _END:
                 return
             self._sequence += 1
-            yield counts_to(item, self._sequence)  # type: ignore[arg-type]
+            yield counts_to_proto(item, self._sequence)  # type: ignore[arg-type]
 
     async def _pushes(self) -> None:
         backoff = self.backoff_first_s

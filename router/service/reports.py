@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from evolving_infra.core.types import NodeId, NodeMode, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.service import flights
-from evolving_infra.router.service.wire import iteration_from, kv_events_from, mode_from, pool_from
+from evolving_infra.proto.convert import iteration_from_proto, kv_batch_from_proto, mode_from_proto
+from evolving_infra.router.service.wire import pool_from
 
 if TYPE_CHECKING:
     from evolving_infra.router.service.backend import LiveRouter
@@ -43,9 +44,9 @@ class NodeReports:
         router = self.router
         kind = event.WhichOneof("body")
         if kind == "kv":
-            router.push(router.core.absorb(kv_events_from(event.kv)))
+            router.push(router.core.absorb(kv_batch_from_proto(event.kv)))
         elif kind == "iteration":
-            router.core.iteration(node, iteration_from(event.iteration))
+            router.core.iteration(node, iteration_from_proto(event.iteration))
         elif kind == "state":
             self._state(node, event.state)
         elif kind == "prefill_started":
@@ -57,7 +58,7 @@ class NodeReports:
         elif kind == "handed_back":
             router.handed_back(node, list(event.handed_back.request_ids))
         elif kind == "switch_completed":
-            mode = mode_from(event.switch_completed.target, "SwitchCompleted.target")
+            mode = mode_from_proto(event.switch_completed.target, "SwitchCompleted.target")
             router.generations[node] = max(router.generations.get(node, 0), event.switch_completed.generation)
             if mode is not NodeMode.COLLOCATED and router.core.nodes[node].target is not None:
                 router.switch_done(node, Phase(mode.value))
@@ -76,7 +77,7 @@ class NodeReports:
     def _state(self, node: NodeId, state: pb.NodeState) -> None:
         router = self.router
         track = router.core.nodes[node]
-        mode = mode_from(state.mode, "NodeState.mode")
+        mode = mode_from_proto(state.mode, "NodeState.mode")
         router.generations[node] = max(router.generations.get(node, 0), state.generation)
         router.progress_events[node] = state.prefill_events
         router.metrics.queued.labels(node=node, phase="prefill").set(state.prefill_queued + state.prefill_waiting)

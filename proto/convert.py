@@ -1,0 +1,151 @@
+"""Conversions between `evolving_infra.v1` messages and the pure core's values, shared by every service.
+
+The node agent (`node_agent.api.convert`, which adds its engine's own types) and the router
+(`router.service.wire`) both speak these messages; the conversions of core values live here once. Every
+`*_from_proto` validates what the wire cannot (UNSPECIFIED enums, parallel arrays of equal length) and raises
+ValueError naming the field. Round trips `from_proto(to_proto(x)) == x` hold for every valid value.
+
+Boundary: pure functions over `evolving_infra.proto.v1` messages and `evolving_infra.core` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from evolving_infra.core.itermodel import IterationRecord, PrefillItem
+from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+
+E = TypeVar("E")
+
+_PHASE = {Phase.PREFILL: pb.PHASE_PREFILL, Phase.DECODE: pb.PHASE_DECODE}
+_MODE = {
+    NodeMode.PREFILL: pb.NODE_MODE_PREFILL,
+    NodeMode.DECODE: pb.NODE_MODE_DECODE,
+    NodeMode.COLLOCATED: pb.NODE_MODE_COLLOCATED,
+}
+_TIER = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST}
+
+
+def reverse_enum(table: Mapping[E, int], value: int, field: str, enum_name: str) -> E:
+    for member, number in table.items():
+        if number == value:
+            return member
+    allowed = ", ".join(pb.DESCRIPTOR.enum_types_by_name[enum_name].values_by_number[n].name for n in table.values())
+    raise ValueError(f"{field}: {enum_name} value {value} is not allowed here (allowed: {allowed})")
+
+
+# --- enums ----------------------------------------------------------------------------------------
+def phase_to_proto(phase: Phase) -> int:
+    return _PHASE[phase]
+
+
+def phase_from_proto(value: int, field: str = "phase") -> Phase:
+    return reverse_enum(_PHASE, value, field, "Phase")
+
+
+def mode_to_proto(mode: NodeMode) -> int:
+    return _MODE[mode]
+
+
+def mode_from_proto(value: int, field: str = "mode") -> NodeMode:
+    return reverse_enum(_MODE, value, field, "NodeMode")
+
+
+def tier_to_proto(tier: Tier | None) -> int:
+    """TIER_UNSPECIFIED stands for None (every tier), used by KvCleared only."""
+    return pb.TIER_UNSPECIFIED if tier is None else _TIER[tier]
+
+
+def tier_from_proto(value: int, field: str = "tier") -> Tier:
+    return reverse_enum(_TIER, value, field, "Tier")
+
+
+# --- KV events ------------------------------------------------------------------------------------
+def kv_event_to_proto(event: KvEvent) -> pb.KvEvent:
+    if isinstance(event, KvStored):
+        stored = pb.KvStored(node=event.node, tier=tier_to_proto(event.tier), pages=event.pages, time=event.time)
+        if event.parent is not None:
+            stored.parent = event.parent
+        return pb.KvEvent(stored=stored)
+    if isinstance(event, KvRemoved):
+        removed = pb.KvRemoved(node=event.node, tier=tier_to_proto(event.tier), pages=event.pages, time=event.time)
+        return pb.KvEvent(removed=removed)
+    if isinstance(event, KvCleared):
+        return pb.KvEvent(cleared=pb.KvCleared(node=event.node, tier=tier_to_proto(event.tier), time=event.time))
+    raise TypeError(f"not a KV event: {event!r}")
+
+
+def kv_event_from_proto(message: pb.KvEvent) -> KvEvent:
+    kind = message.WhichOneof("event")
+    if kind == "stored":
+        s = message.stored
+        parent = PageHash(s.parent) if s.HasField("parent") else None
+        pages = tuple(PageHash(p) for p in s.pages)
+        return KvStored(NodeId(s.node), tier_from_proto(s.tier, "KvStored.tier"), parent, pages, s.time)
+    if kind == "removed":
+        r = message.removed
+        pages = tuple(PageHash(p) for p in r.pages)
+        return KvRemoved(NodeId(r.node), tier_from_proto(r.tier, "KvRemoved.tier"), pages, r.time)
+    if kind == "cleared":
+        c = message.cleared
+        tier = None if c.tier == pb.TIER_UNSPECIFIED else tier_from_proto(c.tier, "KvCleared.tier")
+        return KvCleared(NodeId(c.node), tier, c.time)
+    raise ValueError("KvEvent: none of stored, removed, cleared is set")
+
+
+def kv_batch_to_proto(events: tuple[KvEvent, ...] | list[KvEvent]) -> pb.KvEventBatch:
+    return pb.KvEventBatch(events=[kv_event_to_proto(e) for e in events])
+
+
+def kv_batch_from_proto(message: pb.KvEventBatch) -> tuple[KvEvent, ...]:
+    return tuple(kv_event_from_proto(e) for e in message.events)
+
+
+# --- iteration reports ----------------------------------------------------------------------------
+def prefill_item_to_proto(item: PrefillItem) -> pb.PrefillItem:
+    return pb.PrefillItem(t_uc=item.t_uc, t_c=item.t_c, t_rst=item.t_rst)
+
+
+def prefill_item_from_proto(message: pb.PrefillItem) -> PrefillItem:
+    return PrefillItem(t_uc=message.t_uc, t_c=message.t_c, t_rst=message.t_rst)
+
+
+def iteration_to_proto(record: IterationRecord) -> pb.IterationReport:
+    return pb.IterationReport(
+        node=record.node,
+        phase=phase_to_proto(record.phase),
+        start=record.start,
+        duration=record.duration,
+        prefill=[prefill_item_to_proto(i) for i in record.prefill],
+        decode_batch=record.decode_batch,
+    )
+
+
+def iteration_from_proto(message: pb.IterationReport) -> IterationRecord:
+    return IterationRecord(
+        node=NodeId(message.node),
+        phase=phase_from_proto(message.phase, "IterationReport.phase"),
+        start=message.start,
+        duration=message.duration,
+        prefill=tuple(prefill_item_from_proto(i) for i in message.prefill),
+        decode_batch=message.decode_batch,
+    )
+
+
+# --- branch counts --------------------------------------------------------------------------------
+def counts_to_proto(counts: Mapping[PageHash, int], sequence: int = 0) -> pb.CountUpdate:
+    return pb.CountUpdate(sequence=sequence, pages=list(counts), counts=list(counts.values()))
+
+
+def counts_from_proto(message: pb.CountUpdate) -> dict[PageHash, int]:
+    """page -> count; a page named twice keeps its last count."""
+    if len(message.pages) != len(message.counts):
+        raise ValueError(
+            f"CountUpdate {message.sequence}: {len(message.pages)} pages but {len(message.counts)} counts "
+            "(the arrays are parallel and must have equal length)"
+        )
+    return {PageHash(p): c for p, c in zip(message.pages, message.counts, strict=True)}
