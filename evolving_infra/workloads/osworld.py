@@ -41,7 +41,8 @@ class OSWorldParams(CommonParams):
     screenshot_tokens: LogNormal = param(
         LogNormal(2_700, 0.0, lo=1),
         "section 2.1: each step appends a screenshot; assumption: a 1920x1080 screen at one token per 28x28 "
-        "pixels (14-pixel patches merged 2x2) is ~2.7K tokens",
+        "pixels (14-pixel patches merged 2x2) is ~2.7K tokens; consistent with table C.1 (h* ~94 %) and D.1's "
+        "91 % decode reservation, which together allow ~3K uncached tokens per request",
     )
     action_text_tokens: LogNormal = param(
         LogNormal(80, 0.6, lo=5, hi=2_000), "assumption: the text of an action's result beside the screenshot"
@@ -53,10 +54,12 @@ class OSWorldParams(CommonParams):
         "assumption",
     )
     steps: LogNormal = param(
-        LogNormal(50, 0.6, lo=2, hi=100),
-        "figure 2a: many steps per task; hi=100 is OSWorld's usual step budget; calibrated against table D.1 best "
-        "static under SGLang (its 35 s TTFT needs far more prefill per request than 25-step tasks give: longer "
-        "tasks carry longer contexts); was 25, an assumption",
+        LogNormal(22, 0.6, lo=2, hi=100),
+        "figure 2a: many steps per task; hi=100 is OSWorld's usual step budget; the mean sets the mean prompt "
+        "(~48K tokens) between two paper figures: table C.1's ideal hit rate (~94 %; 22 steps give 93.6-93.8 %) "
+        "and D.1's SGLang decode reservations at 91 % of three Kimi decode nodes (~45K-token prompts; 22 steps "
+        "fill 96-98 %); was 50 (a first calibration that sought D.1's TTFT in longer contexts before the Kimi "
+        "prefill profile was calibrated), and 25 before that, an assumption",
     )
     pause_s: LogNormal = param(
         LogNormal(1.2, 0.4, lo=0.1, hi=30.0), "table C.3: mean pause between OSWorld requests 1.0-1.4 s"

@@ -69,6 +69,18 @@ def test_glm_prefill_times_lie_in_figure_5_axis_ranges() -> None:
     assert 0.1 <= small <= 0.5 and 1.0 <= large <= 2.0
 
 
+
+def test_kimi_prefill_is_calibrated_on_osworld() -> None:
+    """docs/hardware-profiles.md: tables D.1/C.3 imply ~1.8-1.9 s of prefill-node time per OSWorld request; a
+    generator step (~3.1K new tokens on a ~46K-token prefix) must cost about that, one factor over the
+    architecture scaling of GLM-5.2 (c1 x 0.8, c2 x 4), so the ratio c2 / c1 keeps that scaling."""
+    kimi, glm = load_profile("kimi-k2.6-4xgb300-tp4"), load_profile(GLM)
+    step = kimi.prefill_time([PrefillItem(3072, 46_000)])
+    assert 1.4 <= step <= 1.9
+    assert step > 10 * glm.prefill_time([PrefillItem(3072, 46_000)])
+    ratio = (kimi.prefill.c2 / kimi.prefill.c1) / (glm.prefill.c2 / glm.prefill.c1)
+    assert ratio == pytest.approx(4 / 0.8, rel=0.02)
+
 def test_kv_bytes_and_capacities_follow_the_paper() -> None:
     glm, kimi = load_profile(GLM), load_profile("kimi-k2.6-4xgb300-tp4")
     assert glm.kv_bytes_per_token == 54_600  # D.6

@@ -164,17 +164,22 @@ def collocated_warmup(
     return records, reports
 
 
-@pytest.mark.parametrize("name", ["glm-5.2-4xgb300-tp4", "kimi-k2.6-4xgb300-tp4"])
-def test_error_below_7_percent_after_one_simulated_minute_of_warmup(name: str) -> None:
+# Figure 8c (one minute) is measured on GLM-5.2. Kimi's calibrated prefill iterations run ~10x longer
+# (docs/hardware-profiles.md), so one minute holds fewer than the 20 prefill samples a fit needs: it gets
+# two minutes of a stream its node can serve.
+@pytest.mark.parametrize(
+    ("name", "learn_s", "rate"), [("glm-5.2-4xgb300-tp4", 60.0, 4.0), ("kimi-k2.6-4xgb300-tp4", 120.0, 0.5)]
+)
+def test_error_below_7_percent_after_one_simulated_minute_of_warmup(name: str, learn_s: float, rate: float) -> None:
     profile = load_profile(name)
-    records, reports = collocated_warmup(profile, seconds=180.0, seed=11)
-    first_minute = [r for r in records if r.start + r.duration <= 60.0]
-    later = [r for r in records if r.start >= 60.0]
+    records, reports = collocated_warmup(profile, seconds=3 * learn_s, seed=11, rate=rate)
+    first_minute = [r for r in records if r.start + r.duration <= learn_s]
+    later = [r for r in records if r.start >= learn_s]
     fitter = fitter_for(profile)
     for record in first_minute:
         fitter.observe(record)
     for time, cached, restored in reports:
-        if time <= 60.0:
+        if time <= learn_s:
             fitter.observe_request(cached, restored)
     fit = fitter.fit(split_seed=0)
     assert fit.status is FitStatus.OK, fit.message
