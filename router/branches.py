@@ -22,7 +22,8 @@ Choices where the paper leaves room (docs/kv-directory.md explains them):
 - Releasing a same-phase copy releases every other node of that phase holding counts of β, including a copy
   a P->D switch carried over.
 - Eviction (E.2 lines 19-20) drops the evicted pages from every C[β][n]; a later placement of β on n counts
-  them again (n will hold them again after its prefill or fetch).
+  them again (n will hold them again after its prefill or fetch). R[·][n] serves as the index: evicted pages
+  with no count on n are in no C[β][n], so only the branches on n are scanned, and only for counted pages.
 - `drop_node` (the node died) releases every count on it and forgets its phase.
 
 Boundary: pure bookkeeping; callers pass the node phases and the events (requests, placements,
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import add, not_, sub
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, Phase
@@ -119,13 +122,11 @@ class BranchTable:
         added = pages - current
         dropped = current - pages
         counts = self._counts.setdefault(node, {})
-        for page in added:
-            counts[page] = counts.get(page, 0) + 1
-        for page in dropped:
-            left = counts[page] - 1
-            if left:
-                counts[page] = left
-            else:
+        # Page by page as C-level maps: +1 on `added`; -1 on `dropped`, dropping the counts that reach 0.
+        counts.update(zip(added, map(add, map(counts.get, added, repeat(0)), repeat(1))))
+        if dropped:
+            counts.update(zip(dropped, map(sub, map(counts.__getitem__, dropped), repeat(1))))
+            for page in compress(dropped, map(not_, map(counts.__getitem__, dropped))):
                 del counts[page]
         dirty = self._dirty.setdefault(node, set())
         dirty |= added
@@ -260,14 +261,20 @@ class BranchTable:
     def evicted(self, node: NodeId, pages: Iterable[PageHash]) -> int:
         """E.2 lines 19-20: `node` freed its host copies of `pages`; returns counts dropped."""
         gone = frozenset(pages)
+        self.stats.pages_evicted += len(gone)
+        counts = self._counts.get(node)
+        # R[b][n] indexes the counted pages: only a page with a positive count is in some C[β][n] (invariant 2).
+        counted = counts.keys() & gone if counts else None
+        if not counted:
+            return 0
         dropped = 0
         for branch in sorted(self._on_node.get(node, ())):
             b = self._branches[branch]
             current = b.counted[node]
-            if not current.isdisjoint(gone):
-                dropped += len(current & gone)
-                self._count(branch, b, node, current - gone)
-        self.stats.pages_evicted += len(gone)
+            if not current.isdisjoint(counted):
+                hit = current & counted
+                dropped += len(hit)
+                self._count(branch, b, node, current - hit)
         return dropped
 
     # --------------------------------------------------------------------------------------- queries
@@ -289,7 +296,7 @@ class BranchTable:
         """Counts on `node` that changed since the last call for it (0 = released); clears the record."""
         dirty = self._dirty.pop(node, set())
         counts = self._counts.get(node, {})
-        return {page: counts.get(page, 0) for page in dirty}
+        return dict(zip(dirty, map(counts.get, dirty, repeat(0))))
 
     def branches(self) -> tuple[BranchId, ...]:
         return tuple(self._branches)

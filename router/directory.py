@@ -30,7 +30,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
-from operator import and_, not_
+from operator import and_, ne, not_, or_
 
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
@@ -154,13 +154,11 @@ class KvDirectory:
         if parent is not None and parent not in parents:
             stats.unknown_parents += 1
             prev = None
-        mismatches = 0
-        for page in pages:
-            if parents.setdefault(page, prev) != prev:
-                mismatches += 1
-            masks[page] = masks.get(page, 0) | bit
-            held[page] = time
-            prev = page
+        # Page by page, as C-level maps: parent (first one kept), holder bit, last use.
+        prevs = (prev, *pages[:-1])
+        mismatches = sum(map(ne, map(parents.setdefault, pages, prevs), prevs))
+        masks.update(zip(pages, map(or_, map(masks.get, pages, repeat(0)), repeat(bit))))
+        held.update(zip(pages, repeat(time)))
         if mismatches:
             stats.parent_mismatches += mismatches
 
@@ -174,12 +172,22 @@ class KvDirectory:
         t = _TIER_INDEX[tier]
         held = self._held[t][idx]
         removed = unheld = 0
-        for page in pages:
+        masks, parents = self._mask, self._parent
+        base = 3 * idx
+        bit, other, either = 1 << (base + t), 1 << (base + 1 - t), 1 << (base + 2)
+        for page in pages:  # `_unset` inlined
             if held.pop(page, None) is None:
                 unheld += 1
+                continue
+            removed += 1
+            mask = masks[page] & ~bit
+            if not mask & other:
+                mask &= ~either
+            if mask:
+                masks[page] = mask
             else:
-                self._unset(page, idx, t)
-                removed += 1
+                del masks[page]
+                del parents[page]
         self.stats.pages_removed += removed
         self.stats.removed_unheld += unheld
         return removed

@@ -5,7 +5,7 @@ During warmup a node serves both phases (collocated) and reports one `IterationR
 reports the mean relative error on held-out iterations, and `freeze` turns the fit into a
 `FittedNodeModel`. After that only t̄_n and f_n change, remeasured from `UsageCounts` carried as sums.
 
-Invariants:
+Invariants (the fit of one phase is `evolving_infra.router.fitphase`, with its own):
 - A coefficient is FITTED only if its design column raises the rank of the scaled design and is non-zero
   in at least two samples; otherwise it is 0 and listed as UNIDENTIFIED, and its phase is PARTIAL.
 - The held-out split is a pure function of (sample count, seed); held-out samples never enter the fit, and
@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import astuple, dataclass, field, replace
 from typing import Protocol
-
-import numpy as np
-from scipy.optimize import nnls
 
 from evolving_infra.core.itermodel import (
     DecodeCoefficients, IterationRecord, PrefillCoefficients, PrefillItem, decode_features, decode_iteration_time,
     decode_request_time, mean_relative_error, prefill_features, prefill_iteration_time,
 )  # fmt: skip
 from evolving_infra.core.types import NodeId, Phase, Work
+from evolving_infra.router.fitphase import (
+    RANK_RTOL, CoefficientStatus, PhaseFit, PhaseSamples, PhaseStatus, fit_phase, holdout_split,
+)  # fmt: skip
+
+__all__ = [
+    "DECODE_NAMES", "PREFILL_NAMES", "RANK_RTOL", "CoefficientStatus", "FitResult", "FitStatus", "FittedNodeModel",
+    "ModelFitter", "PhaseFit", "PhaseNotFitted", "PhaseStatus", "PrefillWork", "UsageCounts", "decode_error",
+    "holdout_split", "prefill_error",
+]
 
 PREFILL_NAMES = ("c0", "c1", "c2", "c3")
 DECODE_NAMES = ("d0", "d1", "d2")
@@ -41,44 +47,12 @@ DECODE_NAMES = ("d0", "d1", "d2")
 # prefill (a constant-shape warmup still predicts in proportion to work), fixed cost first for decode.
 PREFILL_PREFERENCE = (1, 2, 0, 3)
 DECODE_PREFERENCE = (0, 2, 1)
-RANK_RTOL = 1e-6
-"""A column is unidentifiable if the smallest singular value of the scaled design with it falls below this
-fraction of the largest."""
-
-
-class CoefficientStatus(enum.Enum):
-    FITTED = "fitted"
-    UNIDENTIFIED = "unidentified"  # its column adds nothing the others do not explain; value 0
-
-
-class PhaseStatus(enum.Enum):
-    FITTED = "fitted"  # every coefficient identified
-    PARTIAL = "partial"  # fitted on the identifiable subset; the rest are 0 and UNIDENTIFIED
-    TOO_FEW_SAMPLES = "too_few_samples"
-    NO_SAMPLES = "no_samples"
 
 
 class FitStatus(enum.Enum):
     OK = "ok"  # both phases fully fitted
     PARTIAL = "partial"  # at least one phase usable, but not everything was identified
     FAILED = "failed"  # no phase could be fitted
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseFit:
-    """The fit of one phase: status, each coefficient's status, its values and held-out diagnostics."""
-
-    status: PhaseStatus
-    coefficient_status: tuple[tuple[str, CoefficientStatus], ...]
-    values: tuple[float, ...] | None
-    train_samples: int
-    held_out_samples: int
-    held_out_error: float | None
-    message: str
-
-    @property
-    def unidentified(self) -> tuple[str, ...]:
-        return tuple(name for name, s in self.coefficient_status if s is CoefficientStatus.UNIDENTIFIED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +226,9 @@ class ModelFitter:
         self.node, self.k, self.experts, self.t_fwd = node, k, experts, t_fwd
         self.min_samples_per_coefficient = min_samples_per_coefficient
         self.holdout_fraction = holdout_fraction
-        self._prefill_x: list[tuple[float, float, float, float]] = []
-        self._prefill_y: list[float] = []
-        self._decode_x: list[tuple[float, float, float]] = []
-        self._decode_y: list[float] = []
+        self._prefill = PhaseSamples(len(PREFILL_NAMES))
+        self._decode = PhaseSamples(len(DECODE_NAMES))
+        self._decode_rows: dict[int, tuple[float, float, float]] = {}
         self._usage = UsageCounts()
         self._last: FitResult | None = None
         self._frozen = False
@@ -267,30 +240,32 @@ class ModelFitter:
     @property
     def samples(self) -> tuple[int, int]:
         """(prefill, decode) iterations observed."""
-        return (len(self._prefill_y), len(self._decode_y))
+        return (len(self._prefill), len(self._decode))
 
     def observe(self, record: IterationRecord) -> None:
         """Add one iteration. Raises ValueError for a record of another node, a non-positive duration, or a
         record that is neither a pure prefill nor a pure decode iteration; RuntimeError once frozen."""
         self._check_open()
-        where = f"iteration of node {record.node} at t={record.start}"
+        prefill, duration, batch = record.prefill, record.duration, record.decode_batch
         if record.node != self.node:
-            raise ValueError(f"{where}: this fitter fits node {self.node}")
-        if not (math.isfinite(record.duration) and record.duration > 0):
-            raise ValueError(f"{where}: duration must be a finite number > 0, got {record.duration}")
-        if bool(record.prefill) == (record.decode_batch > 0):
-            content = f"{len(record.prefill)} prefill items and decode batch {record.decode_batch}"
-            raise ValueError(f"{where}: {content}; eqs. 1 and 2 fit pure prefill or pure decode iterations")
-        expected = Phase.PREFILL if record.prefill else Phase.DECODE
+            raise ValueError(f"{_where(record)}: this fitter fits node {self.node}")
+        if not 0 < duration < math.inf:
+            raise ValueError(f"{_where(record)}: duration must be a finite number > 0, got {duration}")
+        if bool(prefill) == (batch > 0):
+            content = f"{len(prefill)} prefill items and decode batch {batch}"
+            raise ValueError(f"{_where(record)}: {content}; eqs. 1 and 2 fit pure prefill or pure decode iterations")
+        expected = Phase.PREFILL if prefill else Phase.DECODE
         if record.phase is not expected:
-            raise ValueError(f"{where}: phase {record.phase.value} but its content is a {expected.value} iteration")
-        if record.prefill:
-            self._prefill_x.append(prefill_features(record.prefill))
-            self._prefill_y.append(record.duration)
-            self._usage = self._usage + UsageCounts.of_iteration(record.prefill)
+            phase = record.phase.value
+            raise ValueError(f"{_where(record)}: phase {phase} but its content is a {expected.value} iteration")
+        if prefill:
+            self._prefill.add(prefill_features(prefill), duration)
+            self._usage = self._usage + UsageCounts.of_iteration(prefill)
         else:
-            self._decode_x.append(decode_features(self._shape, record.decode_batch))
-            self._decode_y.append(record.duration)
+            row = self._decode_rows.get(batch)
+            if row is None:  # eq. 2's regressors depend on the batch size only
+                row = self._decode_rows[batch] = decode_features(self._shape, batch)
+            self._decode.add(row, duration)
 
     def observe_request(self, cached_tokens: int, restored_tokens: int) -> None:
         """Add one prefill request's cached prefix and the part of it restored from host memory (for f_n)."""
@@ -299,12 +274,9 @@ class ModelFitter:
 
     def fit(self, split_seed: int = 0) -> FitResult:
         """Fit both phases on a deterministic split of the samples seen so far (see the module invariants)."""
-        prefill = _fit_phase(
-            "prefill", self._prefill_x, self._prefill_y, PREFILL_NAMES, PREFILL_PREFERENCE,
-            self.min_samples_per_coefficient * len(PREFILL_NAMES), self.holdout_fraction, (split_seed, 0),
-        )  # fmt: skip
-        decode = _fit_phase(
-            "decode", self._decode_x, self._decode_y, DECODE_NAMES, DECODE_PREFERENCE,
+        prefill = self._fit_prefill(split_seed)
+        decode = fit_phase(
+            "decode", *self._decode.arrays(), DECODE_NAMES, DECODE_PREFERENCE,
             self.min_samples_per_coefficient * len(DECODE_NAMES), self.holdout_fraction, (split_seed, 1),
         )  # fmt: skip
         p_coef = None if prefill.values is None else PrefillCoefficients(*prefill.values)
@@ -319,6 +291,18 @@ class ModelFitter:
             prefill, decode, self._usage,
         )  # fmt: skip
         return self._last
+
+    def fit_prefill(self, split_seed: int = 0) -> tuple[PrefillCoefficients | None, UsageCounts]:
+        """`fit(split_seed)`'s prefill coefficients (None if unusable) and usage counts, without fitting the decode
+        phase: what the router's provisional model needs during warmup."""
+        prefill = self._fit_prefill(split_seed)
+        return (None if prefill.values is None else PrefillCoefficients(*prefill.values)), self._usage
+
+    def _fit_prefill(self, split_seed: int) -> PhaseFit:
+        return fit_phase(
+            "prefill", *self._prefill.arrays(), PREFILL_NAMES, PREFILL_PREFERENCE,
+            self.min_samples_per_coefficient * len(PREFILL_NAMES), self.holdout_fraction, (split_seed, 0),
+        )  # fmt: skip
 
     def freeze(self, split_seed: int = 0) -> FittedNodeModel:
         """Stop learning: the last fit (refitted if samples arrived since) becomes the node's model; later
@@ -346,48 +330,5 @@ def decode_error(coef: DecodeCoefficients, records: Iterable[IterationRecord]) -
     return mean_relative_error([p for p, _ in pairs], [m for _, m in pairs])
 
 
-def holdout_split(n: int, fraction: float, seed: Sequence[int], min_train: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train, held-out) indices: a seeded permutation, holding out `fraction` but keeping >= min_train."""
-    order = np.random.default_rng(list(seed)).permutation(n)
-    held = max(0, min(int(n * fraction), n - min_train))
-    return np.sort(order[held:]), np.sort(order[:held])
-
-
-def _fit_phase(
-    phase: str, rows: Sequence[Sequence[float]], times: Sequence[float], names: tuple[str, ...],
-    preference: tuple[int, ...], min_train: int, holdout_fraction: float, seed: tuple[int, int],
-) -> PhaseFit:  # fmt: skip
-    n = len(times)
-    if n == 0:
-        return PhaseFit(PhaseStatus.NO_SAMPLES, (), None, 0, 0, None, f"no {phase} iterations observed")
-    if n < min_train:
-        message = f"{n} {phase} iterations observed, need at least {min_train} ({len(names)} coefficients)"
-        return PhaseFit(PhaseStatus.TOO_FEW_SAMPLES, (), None, n, 0, None, message)
-    x, y = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
-    train, held = holdout_split(n, holdout_fraction, seed, min_train)
-    weighted = x[train] / y[train, None]  # relative least squares
-    norms = np.linalg.norm(weighted, axis=0)
-    support = np.count_nonzero(x[train], axis=0)
-    chosen: list[int] = []
-    for col in preference:
-        if support[col] < 2 or norms[col] == 0:
-            continue
-        candidate = weighted[:, [*chosen, col]] / norms[[*chosen, col]]
-        sv = np.linalg.svd(candidate, compute_uv=False)
-        if sv[-1] > RANK_RTOL * sv[0]:
-            chosen.append(col)
-    solution, _ = nnls(weighted[:, chosen] / norms[chosen], np.ones(len(train)))
-    values = np.zeros(len(names))
-    values[chosen] = solution / norms[chosen]
-    statuses = tuple(
-        (name, CoefficientStatus.FITTED if i in chosen else CoefficientStatus.UNIDENTIFIED)
-        for i, name in enumerate(names)
-    )
-    missing = [name for name, s in statuses if s is CoefficientStatus.UNIDENTIFIED]
-    error = mean_relative_error(list(x[held] @ values), list(y[held])) if len(held) else None
-    parts = [f"fitted on {len(train)} iterations"]
-    parts.append(f"held-out error {error:.1%} on {len(held)}" if error is not None else "no held-out iterations")
-    if missing:
-        parts.append(f"{', '.join(missing)} unidentifiable from these iterations (set to 0)")
-    status = PhaseStatus.PARTIAL if missing else PhaseStatus.FITTED
-    return PhaseFit(status, statuses, tuple(float(v) for v in values), len(train), len(held), error, ", ".join(parts))
+def _where(record: IterationRecord) -> str:
+    return f"iteration of node {record.node} at t={record.start}"

@@ -60,7 +60,8 @@ def _seeded(streams: RandomStreams, name: str) -> random.Random:
 def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams) -> Callable[[NodeId, NodeMode], EngineCore]:
     def make(node: NodeId, mode: NodeMode) -> EngineCore:
         rng = _seeded(streams, f"noise/{node}") if cfg.noise > 0 else None
-        return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=cfg.noise, rng=rng)
+        return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=cfg.noise, rng=rng,
+                          report_detail=False)
 
     return make
 

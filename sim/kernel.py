@@ -103,7 +103,7 @@ class RunResult:
     detail: str = ""
 
 
-_Entry = tuple[float, int, int, Event]
+_Entry = tuple[float, Priority, int, Event]
 """(time, priority, counter, event): counters are unique, so events are never compared."""
 
 
@@ -169,6 +169,24 @@ class Kernel:
         """Accept `event`; it must not lie in the past."""
         if not isinstance(event, Event):
             raise TypeError(f"can only schedule Event, got {type(event).__name__}")
+        self._push(event)
+
+    def _push(self, event: Event) -> None:
+        time = event.time
+        if not self._now <= time < math.inf or type(event.priority) is not Priority:
+            self._reject(event)
+        counter = self._counter
+        self._counter = counter + 1
+        heapq.heappush(self._queue, (time, event.priority, counter, event))
+        token = event.token
+        if token is not None:
+            live = self._by_token.get(token)
+            if live is None:
+                self._by_token[token] = {counter}
+            else:
+                live.add(counter)
+
+    def _reject(self, event: Event) -> None:
         if not math.isfinite(event.time):
             raise ValueError(f"event {event.label or event!r} has a non-finite time {event.time!r}")
         if event.time < self._now:
@@ -176,13 +194,7 @@ class Kernel:
                 f"event {event.label or '(unlabelled)'} at t={event.time} lies before the current time "
                 f"t={self._now}; events may only be scheduled at or after now"
             )
-        if not isinstance(event.priority, Priority):
-            raise TypeError(f"event priority must be a Priority, got {event.priority!r}")
-        counter = self._counter
-        self._counter += 1
-        heapq.heappush(self._queue, (event.time, int(event.priority), counter, event))
-        if event.token is not None:
-            self._by_token.setdefault(event.token, set()).add(counter)
+        raise TypeError(f"event priority must be a Priority, got {event.priority!r}")
 
     def schedule_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -206,8 +218,9 @@ class Kernel:
         if commands is None:
             return
         for command in commands:
-            if isinstance(command, Event):
-                self.schedule(command)
+            kind = type(command)
+            if kind is Event or isinstance(command, Event):
+                self._push(command)
             elif isinstance(command, Cancel):
                 self.cancel(command.token)
             elif isinstance(command, StopRun):
@@ -223,13 +236,17 @@ class Kernel:
         self._drop_dead_head()
         if not self._queue:
             return None
-        time, _, counter, event = heapq.heappop(self._queue)
-        if event.token is not None:
-            live = self._by_token.get(event.token)
+        return self._process(heapq.heappop(self._queue))
+
+    def _process(self, entry: _Entry) -> Event:
+        time, _, counter, event = entry
+        token = event.token
+        if token is not None:
+            live = self._by_token.get(token)
             if live is not None:
                 live.discard(counter)
                 if not live:
-                    del self._by_token[event.token]
+                    del self._by_token[token]
         self._now = time
         self._processed += 1
         if self._observer is not None:
@@ -248,6 +265,10 @@ class Kernel:
             raise ValueError(f"until must be finite and >= now ({self._now}), got {until!r}")
         if max_events is not None and max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events}")
+        limit = math.inf if until is None else until
+        budget = -1 if max_events is None else max_events
+        queue, dead, pop, process = self._queue, self._dead, heapq.heappop, self._process
+        progress, every = self._progress, self._progress_every
         done = 0
         reason = StopReason.EMPTY
         detail = ""
@@ -255,25 +276,26 @@ class Kernel:
             if self._stop is not None:
                 reason, detail = StopReason.STOPPED, self._stop
                 break
-            if max_events is not None and done >= max_events:
+            if done == budget:
                 reason = StopReason.MAX_EVENTS
                 break
-            nxt = self.peek()
-            if nxt is None:
+            if dead:
+                self._drop_dead_head()
+            if not queue:
                 reason = StopReason.EMPTY
                 break
-            if until is not None and nxt > until:
+            if queue[0][0] > limit:
                 reason = StopReason.UNTIL
                 break
-            self.step()
+            process(pop(queue))
             done += 1
-            if self._progress is not None and self._processed % self._progress_every == 0:
-                self._progress(self._report())
+            if progress is not None and self._processed % every == 0:
+                progress(self._report())
         self._stop = None
         if until is not None and reason in (StopReason.EMPTY, StopReason.UNTIL):
             self._now = float(until)
-        if self._progress is not None:
-            self._progress(self._report())
+        if progress is not None:
+            progress(self._report())
         return RunResult(reason=reason, now=self._now, processed=done, detail=detail)
 
     def _report(self) -> Progress:

@@ -36,13 +36,13 @@ def make_fitter(node: NodeId, profile: HardwareProfile) -> ModelFitter:
 
 
 def provisional_model(fitter: ModelFitter, profile: HardwareProfile) -> CoefficientPrefillModel:
-    """The router's model during warmup: the latest fit of the node's prefill iterations, else the stand-in."""
-    result = fitter.fit()
-    if result.prefill is None:
+    """The router's model during warmup: the latest fit of the node's prefill iterations, else the stand-in (the
+    decode phase is fitted only when the warmup ends: the router prices prefills)."""
+    coefficients, usage = fitter.fit_prefill()
+    if coefficients is None:
         return CoefficientPrefillModel(PROVISIONAL, t_bar=float(profile.chunk_tokens))
-    usage = result.usage
     return CoefficientPrefillModel(
-        result.prefill, t_bar=usage.t_bar or float(profile.chunk_tokens), f_restore=usage.f_restore or 0.0
+        coefficients, t_bar=usage.t_bar or float(profile.chunk_tokens), f_restore=usage.f_restore or 0.0
     )
 
 

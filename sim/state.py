@@ -80,6 +80,18 @@ class SimNode(NodeTrack):
     span_phase: Phase | None = None
     busy: float = 0.0
     carry: float = 0.0
+    step_token: tuple[str, NodeId] = field(init=False)
+    """Names the node's pending step event for cancellation (`kick`, `wake_at`)."""
+    step_label: str = field(init=False)
+    end_label: str = field(init=False)
+    _snapshot: tuple[object, PoolSnapshot] | None = field(default=None, init=False, repr=False)
+    """The last `current_pool` and the engine's pool gauges it was made from."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.step_token = ("step", self.id)
+        self.step_label = f"step {self.id}"
+        self.end_label = f"end {self.id}"
 
     def current_mode(self) -> NodeMode | None:
         return None if self.engine is None else self.engine.mode
@@ -88,8 +100,12 @@ class SimNode(NodeTrack):
         engine = self.engine
         if engine is None:
             return None
-        g = engine.pool.gauges()
-        return PoolSnapshot(engine.profile.page_tokens, g.l1.free, g.l1.cached, g.l1.pinned, g.l2.cached, g.l2.pinned)
+        g = engine.pool.gauges()  # immutable, and the same object while nothing changed: so is the snapshot
+        last = self._snapshot
+        if last is None or last[0] is not g or last[1].page_tokens != engine.profile.page_tokens:
+            snapshot = PoolSnapshot(engine.profile.page_tokens, g.l1.free, g.l1.cached, g.l1.pinned, g.l2.cached, g.l2.pinned)
+            last = self._snapshot = (g, snapshot)
+        return last[1]
 
 
 @dataclass
@@ -145,6 +161,8 @@ class ClusterState:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     stats: RunStats = field(default_factory=RunStats)
     on_step: Callable[[Event], list[Command]] | None = None
+    on_iteration_end: Callable[[Event], list[Command]] | None = None
+    """The handler of iteration-end events (made once by `stepping`)."""
     scored_end: float | None = None
 
     # -- the router core's parts ---------------------------------------------------------------------
@@ -189,11 +207,13 @@ def kick(state: ClusterState, node: SimNode, now: float) -> list[Command]:
     """Make sure `node` steps at `now` (or when its running iteration ends)."""
     if node.engine is None or node.iterating or state.on_step is None:
         return []
-    if node.step_at is not None and node.step_at <= now:
+    pending = node.step_at
+    if pending is not None and pending <= now:
         return []
     node.step_at = now
-    token = ("step", node.id)
-    return [Cancel(token), Event(now, Priority.SCHEDULE, state.on_step, label=f"step {node.id}", token=token, payload=node.id)]
+    token = node.step_token
+    step = Event(now, Priority.SCHEDULE, state.on_step, label=node.step_label, token=token, payload=node.id)
+    return [step] if pending is None else [Cancel(token), step]  # no step pending: nothing to cancel
 
 
 def wake_at(state: ClusterState, node: SimNode, at: float) -> list[Command]:
@@ -201,13 +221,13 @@ def wake_at(state: ClusterState, node: SimNode, at: float) -> list[Command]:
     if node.engine is None or state.on_step is None:
         return []
     node.step_at = at
-    token = ("step", node.id)
-    return [Event(at, Priority.SCHEDULE, state.on_step, label=f"wake {node.id}", token=token, payload=node.id)]
+    return [Event(at, Priority.SCHEDULE, state.on_step, label=f"wake {node.id}", token=node.step_token, payload=node.id)]
 
 
 def absorb(state: ClusterState, node: NodeId, events: tuple[KvEvent, ...]) -> None:
     """KV events of `node` to the directory; host removals to the branch counts; counts back to the engines."""
-    apply_counts(state, state.core.absorb(events))
+    if events:
+        apply_counts(state, state.core.absorb(events))
 
 
 def push_counts(state: ClusterState) -> None:

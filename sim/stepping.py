@@ -14,6 +14,8 @@ Boundary: iteration bookkeeping; the request path is `flow`, switches are `phase
 
 from __future__ import annotations
 
+from functools import partial
+
 from evolving_infra.node_agent.engine import IterationKind, StepOutput
 from evolving_infra.sim import flow, phases
 from evolving_infra.sim.kernel import Command, Event, Priority
@@ -32,7 +34,7 @@ def on_step(state: ClusterState, event: Event) -> list[Command]:
     state.stats.events += 1
     engine_report(node, now)
     out = engine.step(now)
-    commands: list[Command] = flow.start_fetches(state, node, out.fetches_started, now)
+    commands: list[Command] = flow.start_fetches(state, node, out.fetches_started, now) if out.fetches_started else []
     for started in out.prefills_started:
         commands += flow.on_prefill_started(state, node, started, now)
     if out.kind is IterationKind.IDLE:
@@ -44,9 +46,11 @@ def on_step(state: ClusterState, event: Event) -> list[Command]:
         return commands
     node.iterating = True
     account_busy(state, node, now, out.duration)
-    end = Event(out.end, Priority.COMPLETION, lambda e: on_iteration_end(state, e), label=f"end {node.id}",
-                payload=(node.id, engine, out))
-    return [*commands, end]
+    handler = state.on_iteration_end
+    if handler is None:
+        handler = state.on_iteration_end = partial(on_iteration_end, state)
+    commands.append(Event(out.end, Priority.COMPLETION, handler, label=node.end_label, payload=(node.id, engine, out)))
+    return commands
 
 
 def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:

@@ -27,10 +27,14 @@ def engine_report(node: SimNode, now: float) -> None:
     engine = node.engine
     if engine is None:
         return
+    jobs = engine._prefill.jobs  # noqa: SLF001 - see the module docstring
+    if not jobs:
+        node.record_report(now, (), ())
+        return
     running: list[RunningPrefill] = []
     queued: list[str] = []
     pt = engine.profile.page_tokens
-    for rid, job in engine._prefill.jobs.items():  # noqa: SLF001 - see the module docstring
+    for rid, job in jobs.items():
         if job.stage.value == "running":
             context = job.prefix_pages * pt + job.done
             running.append(RunningPrefill(rid, max(0, job.req.prompt_tokens - context), context))  # type: ignore[arg-type]

@@ -9,6 +9,11 @@
   fractionally and deterministically: after `i` iterations it has produced `min(t_out, floor(i * t_acc))`
   tokens, so it finishes exactly at its output length. Each full page that generation completes is
   written to L1 and through to L2; a finished request's pages stay cached in both tiers.
+  Since a request's progress is a function of its iteration count, an iteration only touches the requests
+  whose next page completes or that finish in it (and, when the driver wants tokens per step, reads every
+  request's count): each running request waits in a heap keyed by the iteration of its next such event,
+  then arrival order, so the pool sees the same writes and finishes in the same order as if every request
+  were advanced every iteration.
 - Collocated mode: a prefill finished on this node is *adopted* with the pins and reserved slots its
   prefill admission already took (no transfer).
 
@@ -17,6 +22,7 @@ Boundary: owns the decode jobs; the pool, the profile and the clock come from th
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -48,10 +54,28 @@ class DecodeJob:
     output_tokens: int
     t_acc: float
     origin: DecodeRequest | None  # None when adopted from a local prefill
+    seq: int  # arrival order on this node
     admitted: bool = False
-    produced: int = 0
-    iterations: int = 0
+    produced: int = 0  # tokens produced as of its last page write (or its finish)
+    start: int = 0  # the scheduler's iteration count when the job was admitted
     next_page: int = 0
+
+    def produced_after(self, iterations: int) -> int:
+        """Tokens produced after `iterations` iterations of this job."""
+        return min(self.output_tokens, math.floor(iterations * self.t_acc + _EPS))
+
+    def next_event(self, after: int, page_tokens: int) -> int:
+        """The first iteration count > `after` at which a page completes or the job finishes."""
+        target = self.output_tokens
+        if self.next_page < len(self.pages):
+            target = min(target, (self.next_page + 1) * page_tokens - self.prompt_tokens)
+        t_acc, floor = self.t_acc, math.floor
+        i = max(after + 1, math.ceil((target - _EPS) / t_acc))  # then correct the estimate's rounding
+        while i - 1 > after and floor((i - 1) * t_acc + _EPS) >= target:
+            i -= 1
+        while floor(i * t_acc + _EPS) < target:
+            i += 1
+        return i
 
     def parent(self, i: int) -> PageHash | None:
         return self.pages[i - 1] if i > 0 else None
@@ -68,9 +92,13 @@ class DecodeScheduler:
         self.jobs: dict[str, DecodeJob] = {}  # insertion order is arrival order
         self._queue: dict[str, DecodeJob] = {}  # the jobs not admitted yet, in arrival order
         self._running: list[DecodeJob] | None = None  # admitted jobs in arrival order; None: recompute
+        self._iteration = 0  # decode iterations run on this node
+        self._due: list[tuple[int, int, DecodeJob]] = []  # (iteration of the next event, seq, job) per running job
+        self._seq = 0
 
     def _job(self, req: DecodeRequest | PrefillRequest, origin: DecodeRequest | None) -> DecodeJob:
         gen = generated_pages(req, self.pt)
+        self._seq += 1
         return DecodeJob(
             req.request,
             req.branch,
@@ -80,6 +108,7 @@ class DecodeScheduler:
             req.output_tokens,
             req.t_acc,
             origin,
+            self._seq,
         )
 
     # --- queries -------------------------------------------------------------------------------------
@@ -103,10 +132,8 @@ class DecodeScheduler:
     def adopt(self, req: PrefillRequest) -> None:
         """Continue a prefill finished on this node; its pins and reserved slots carry over."""
         job = self._job(req, None)
-        job.admitted = True
-        job.next_page = job.prompt_pages
         self.jobs[job.rid] = job
-        self._running = None
+        self._start(job)
 
     def admit(self, now: float) -> None:
         if not self._queue:
@@ -125,28 +152,43 @@ class DecodeScheduler:
             if not self.pool.make_room(Tier.GPU, need, now):
                 raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
             l1.reserve(job.rid, need)
-            received = [(page, job.parent(i)) for i, page in enumerate(prompt) if page not in resident]
+            received = [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]
             self.pool.store_all(Tier.GPU, received, now, owner=job.rid)
-            job.admitted = True
-            job.next_page = job.prompt_pages
             del self._queue[job.rid]
-            self._running = None
+            self._start(job)
+
+    def _start(self, job: DecodeJob) -> None:
+        job.admitted = True
+        job.next_page = job.prompt_pages
+        job.start = self._iteration
+        self._running = None
+        if job.output_tokens > 0:  # an adopted job without output finishes at once (`finish_empty`)
+            heapq.heappush(self._due, (self._iteration + job.next_event(0, self.pt), job.seq, job))
 
     # --- iterations ----------------------------------------------------------------------------------
-    def apply(self, end: float) -> tuple[dict[str, int], list[DecodeFinished]]:
-        """One decode iteration ending at `end`: tokens per running request, and those that finished."""
+    def apply(self, end: float, report_tokens: bool = True) -> tuple[dict[str, int], list[DecodeFinished]]:
+        """One decode iteration ending at `end`: tokens per running request (only if `report_tokens`), and
+        those that finished."""
+        self._iteration = now = self._iteration + 1
         tokens: dict[str, int] = {}
+        if report_tokens:
+            for job in self.running():
+                i = now - job.start
+                tokens[job.rid] = job.produced_after(i) - job.produced_after(i - 1)
         finished: list[DecodeFinished] = []
-        pt, floor = self.pt, math.floor
-        for job in self.running():
-            job.iterations = i = job.iterations + 1
-            total = min(job.output_tokens, floor(i * job.t_acc + _EPS))
-            tokens[job.rid] = total - job.produced
-            job.produced = total
+        due, pt = self._due, self.pt
+        while due and due[0][0] <= now:
+            job = heapq.heappop(due)[2]
+            if self.jobs.get(job.rid) is not job:
+                continue  # left the node
+            i = now - job.start
+            job.produced = total = job.produced_after(i)
             if (job.prompt_tokens + total) // pt > job.next_page < len(job.pages):
                 self._write_pages(job, end)
             if total >= job.output_tokens:
                 finished.append(self._finish(job, end))
+            else:
+                heapq.heappush(due, (job.start + job.next_event(i, pt), job.seq, job))
         return tokens, finished
 
     def _write_pages(self, job: DecodeJob, end: float) -> None:

@@ -63,7 +63,13 @@ _TIME_EPS = 1e-9
 
 
 class EngineCore:
-    """One node's engine core (contract and invariant in the module docstring)."""
+    """One node's engine core (contract and invariant in the module docstring).
+
+    report_detail: fill `StepOutput.decode_tokens` and `StepOutput.gauges` at every step (the live node agent
+    streams tokens and publishes gauges; a driver that needs neither, like the simulator, turns this off and
+    saves their cost every iteration: an iteration then touches only the requests whose pages complete or
+    that finish in it).
+    """
 
     def __init__(
         self,
@@ -75,6 +81,7 @@ class EngineCore:
         noise: float = 0.0,
         rng: random.Random | None = None,
         check_invariants: bool = False,
+        report_detail: bool = True,
     ) -> None:
         if not noise >= 0:
             raise ValueError(f"noise must be >= 0 (relative standard deviation), got {noise}")
@@ -97,6 +104,8 @@ class EngineCore:
         self._last_kind = IterationKind.IDLE
         self._known: set[str] = set()
         self._gauges: tuple[tuple[object, ...], EngineGauges | None] = ((), None)
+        self._decode_times: dict[int, float] = {}
+        self.report_detail = report_detail
 
     # --- state ---------------------------------------------------------------------------------------
     @property
@@ -197,7 +206,9 @@ class EngineCore:
         self._tick(now)
         if now + _TIME_EPS < self._busy_until:
             raise EngineBusy(f"node {self.node}: step at {now} before the iteration ending at {self._busy_until}")
-        fetches = self._admit(now)
+        decode, prefill = self._decode, self._prefill
+        decode.admit(now)
+        fetches = prefill.admit(now, self._switch.local_decode_ok()) if prefill.jobs else ()
         kind = self._choose()
         started: tuple = ()
         finished: list[PrefillFinished] = []
@@ -206,32 +217,33 @@ class EngineCore:
         record: IterationRecord | None = None
         duration = stall = 0.0
         if kind is IterationKind.PREFILL:
-            plan = self._prefill.plan(now, self._switch.local_decode_ok())
+            plan = prefill.plan(now, self._switch.local_decode_ok())
             if plan.chunks:
                 stall = plan.stall
                 duration = self._noisy(prefill_iteration_time(self._prefill_coef, plan.items)) + stall
                 end = now + duration
-                for job, done in self._prefill.apply(plan, end):
+                for job, done in prefill.apply(plan, end):
                     finished.append(done)
                     if done.local_decode:
-                        self._decode.adopt(job.req)
+                        decode.adopt(job.req)
                         if job.req.output_tokens == 0:
-                            decodes_done.append(self._decode.finish_empty(job.rid, end))
+                            decodes_done.append(decode.finish_empty(job.rid, end))
                 started = tuple(plan.started)
                 record = IterationRecord(self.node, Phase.PREFILL, now, duration, tuple(plan.items), 0)
             else:
-                kind = IterationKind.DECODE if self._decode.has_running() else IterationKind.IDLE
+                kind = IterationKind.DECODE if decode.has_running() else IterationKind.IDLE
         if kind is IterationKind.DECODE:
-            batch = len(self._decode.running())
-            duration = self._noisy(decode_iteration_time(self._decode_coef, batch))
-            tokens, decodes_done = self._decode.apply(now + duration)
+            batch = len(decode.running())
+            duration = self._noisy(self._decode_time(batch))
+            tokens, decodes_done = decode.apply(now + duration, self.report_detail)
             record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch)
         end = now + duration
         if kind is not IterationKind.IDLE:
             self._busy_until = end
             self._last_kind = kind
-        switched = self._maybe_complete_switch(end)
-        self._after()
+        switched = self._maybe_complete_switch(end) if self._switch.state is SwitchState.DRAINING else None
+        if self.check:
+            self.check_invariants()
         return StepOutput(
             now=now,
             kind=kind,
@@ -245,9 +257,16 @@ class EngineCore:
             decodes_finished=tuple(decodes_done),
             load_stall=stall,
             switch_completed=switched,
-            wake_at=self._prefill.wake_at() if kind is IterationKind.IDLE else None,
-            gauges=self.gauges(),
+            wake_at=prefill.wake_at() if kind is IterationKind.IDLE else None,
+            gauges=self.gauges() if self.report_detail else None,
         )
+
+    def _decode_time(self, batch: int) -> float:
+        """Eq. 2 for `batch` running requests (a pure function of the batch size: remembered per size)."""
+        seconds = self._decode_times.get(batch)
+        if seconds is None:
+            seconds = self._decode_times[batch] = decode_iteration_time(self._decode_coef, batch)
+        return seconds
 
     def _choose(self) -> IterationKind:
         prefill = bool(self._prefill.jobs) and self._prefill.has_runnable()
@@ -265,11 +284,13 @@ class EngineCore:
 
     # --- helpers -------------------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
-        if not math.isfinite(now):
+        if not -math.inf < now < math.inf:
             raise ValueError(f"node {self.node}: time must be a finite number of seconds, got {now}")
-        if now + _TIME_EPS < self._now:
-            raise TimeWentBackwards(f"node {self.node}: time {now} is earlier than {self._now}, passed before")
-        self._now = max(self._now, now)
+        last = self._now
+        if now > last:
+            self._now = now
+        elif now + _TIME_EPS < last:
+            raise TimeWentBackwards(f"node {self.node}: time {now} is earlier than {last}, passed before")
 
     def _check_new(self, request: str) -> None:
         if request in self._prefill.jobs or request in self._decode.jobs:

@@ -5,7 +5,8 @@ Many cached pages share a key: a request's release unpins its whole prefix at on
 one last access (and, under branch counts, one of two count groups). The order keeps one bucket (a set of
 pages) per distinct key and a heap of the keys. Entering a page costs one set insertion, and a whole run of
 pages with one key is entered by one C-level set update; choosing k victims walks the buckets in key order,
-each bucket sorted by page hash once (and again only after pages join it).
+each bucket sorted by page hash once (and again only after pages join it), its smallest entries taken
+at once (C-level checks) when they are all live and nothing is excluded.
 
 Keys: the built-in policies' keys depend only on (count > 0, last access), so they are computed here from
 those two (`coarse_key`, equal to `policy.key`); any other policy is asked page by page with a `HostPage`.
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Container, Iterable
-from itertools import groupby
+from itertools import groupby, repeat
+from operator import eq
 
 from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, HostPage, LruEviction
 from evolving_infra.core.pages import PageHash
@@ -95,6 +97,17 @@ class EvictionOrder:
         if self.coarse is _lru_key:
             return lambda page, key: page in cached and access[page] == key[0]
         return lambda page, key: page in cached and self.key(page) == key
+
+    def _all_valid(self, pages: list[PageHash], key: Key) -> bool:
+        """Whether every entry of `pages` under `key` is live (C-level checks; False for other policies)."""
+        coarse, access, counts = self.coarse, self._access, self._counts
+        if coarse is None or not self._cached.issuperset(pages):
+            return False
+        if not all(map(eq, map(access.__getitem__, pages), repeat(key[-1]))):
+            return False
+        if coarse is _lru_key:
+            return True
+        return all(map(counts.__contains__, pages)) if key[0] > 0 else counts.keys().isdisjoint(pages)
 
     # --- entering pages ------------------------------------------------------------------------------
     def _bucket(self, key: Key) -> _Bucket:
@@ -181,6 +194,19 @@ class EvictionOrder:
         self._size = 0
         self.enter_each(self._cached)
 
+    def floor(self, pages: set[PageHash], now: float) -> tuple[Key, PageHash] | None:
+        """The smallest (key, page hash) a page of `pages` (non-empty) has once accessed at `now`; None for a
+        policy without coarse keys."""
+        coarse = self.coarse
+        if coarse is None:
+            return None
+        if self.keyed_by_count:
+            free = pages.difference(self._counts)
+            if free:
+                return coarse(False, now), min(free)
+            return coarse(True, now), min(pages)
+        return coarse(False, now), min(pages)
+
     # --- choosing victims ----------------------------------------------------------------------------
     def victims(self, n: int, exclude: Container[PageHash]) -> list[PageHash]:
         """The first `n` cached pages not in `exclude`, in ascending (key, page hash) order, taken out of the
@@ -196,6 +222,14 @@ class EvictionOrder:
             order = bucket.order
             if order is None:
                 order = bucket.order = sorted(members, reverse=True)
+            k = min(n - len(out), len(order))
+            if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
+                chunk = order[-k:]
+                del order[-k:]
+                members.difference_update(chunk)
+                chunk.reverse()
+                out += chunk
+                taken += k
             held: list[PageHash] = []
             while order and len(out) < n:
                 page = order.pop()

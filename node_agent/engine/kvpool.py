@@ -20,8 +20,12 @@ policies' `victims` give; each tier keeps it as lazy buckets of equal key (`evic
 `check=True` every choice is compared with `policy.victims` over a full snapshot.
 
 Runs: `store_all`, `land_all` and evictions handle a whole run of pages at once (C-level set and dict
-operations) with exactly the state and the event sequence of the page-by-page calls; a run that would need
-an L2 eviction, or meets a page being written, falls back to page by page.
+operations) with exactly the state of the page-by-page calls; the L2 victims of a run's write-through are
+chosen at once (`TierRuns.room_for_run`), and a run where that could choose differently, or that meets a
+page being written, goes page by page. A run's events are the page-by-page ones regrouped: per tier one
+removal event (all its victims) and its stored chains, each page at most once per tier, so each tier's
+events still replay in order to its resident set and name the same removed pages (a directory and the
+branch counts fed a whole drain of events end in the same state).
 
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
@@ -40,6 +44,11 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
+
+
+Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
+Plan = tuple[set[PageHash], list[PageHash]]  # a run's write-through: pages L2 lacks, L2 victims (`_l2_plan`)
+_NO_WRITES: Plan = (set(), [])  # the plan of a run that is not written through
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +132,17 @@ class KvPool:
         self._outbox.append(("R", tier, None, [page], time))
 
     def _stored_run(
-        self, tier: Tier, items: list[tuple[PageHash, PageHash | None]], missing: set[PageHash], time: float
+        self, tier: Tier | None, items: Iterable[tuple[PageHash, PageHash | None]], missing: set[PageHash], time: float
     ) -> None:
-        """For each (page, parent) of `items` in order: `_stored` in `tier`, then in L2 if the page is in
-        `missing` (write-through). Each tier's latest event grows while its chain continues."""
+        """For each (page, parent) of `items` in order: `_stored` in `tier` (unless None), then in L2 if the
+        page is in `missing` (write-through). Each tier's latest event grows while its chain continues."""
         first: list[PageHash] | None = None  # page lists of each tier's latest event, once this run made one
         host: list[PageHash] | None = None
         outbox, last = self._outbox, self._last
         for page, parent in items:
-            if first is not None and first[-1] == parent:
+            if tier is None:
+                pass
+            elif first is not None and first[-1] == parent:
                 first.append(page)
             else:
                 self._stored(tier, page, parent, time)
@@ -189,35 +200,44 @@ class KvPool:
             pool.remove_all(victims)
             self._removed_all(tier, victims, now)
             return victims
-        missing = self._through_room(victims)
-        if missing is None:  # the write-backs need L2 evictions or meet a fetch: page by page
+        plan = self._l2_plan(victims, now)
+        if plan is None:  # the write-backs meet a fetch or need L2 evictions page by page
             for page in victims:
                 self._evict_one(tier, page, now)
             return victims
-        # The run at once, with the same state and events as page by page (no L2 eviction happens).
-        parents = {page: pool.parent(page) for page in victims}
-        self.l2.touch_all(parents.keys() - missing, now)
-        if missing:
-            self.l2.insert_all({p: parents[p] for p in victims if p in missing}, now)
+        # The run at once, with the same state as page by page.
+        parent_of = pool.parents()
+        self._write_through(victims, parent_of, plan, now)
+        if plan[0]:
+            self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)
         pool.remove_all(victims)
-        if not missing:
-            self._removed_all(tier, victims, now)
-            return victims
-        for page in victims:
-            if page in missing:
-                self._stored(Tier.HOST, page, parents[page], now)
-            self._removed(tier, page, now)
+        self._removed_all(tier, victims, now)
         return victims
 
-    def _through_room(self, pages: Iterable[PageHash]) -> set[PageHash] | None:
-        """The pages of `pages` that L2 lacks, if writing them all through to L2 needs no L2 eviction and
-        completes no fetch; else None."""
+    def _l2_plan(self, pages: Iterable[PageHash], now: float) -> Plan | None:
+        """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2
+        victims their room takes (out of the eviction order already); None, changing nothing, if the run must
+        go page by page (see `TierRuns.room_for_run`)."""
+        plan = self.l2.room_for_run(set(pages), now)
+        if plan is not None and plan[1] and self.check:
+            expected = self._policies[Tier.HOST].victims(self.l2.candidates(self._counts, frozenset()), len(plan[1]))
+            if plan[1] != expected:
+                raise PoolInvariantError(f"host: eviction order {plan[1]} differs from the policy's {expected}")
+        return plan
+
+    def _write_through(self, pages: Iterable[PageHash], parent_of: Mapping[PageHash, PageHash | None], plan: Plan,
+                       now: float) -> None:  # fmt: skip
+        """The L2 side of writing the run `pages` (parents in `parent_of`) through, by its plan from `_l2_plan`:
+        evict the victims (one removal event), touch the pages L2 holds, insert the missing ones (their store
+        events are the caller's)."""
+        missing, victims = plan
         l2 = self.l2
-        wanted = set(pages)
-        missing = wanted - (l2.resident_set() & wanted)
-        if len(missing) > l2.free or (l2.writing and not l2.writing_set().isdisjoint(missing)):
-            return None
-        return missing
+        if victims:
+            l2.remove_all(victims)
+            self._removed_all(Tier.HOST, victims, now)
+        l2.touch_all(set(pages).difference(missing), now)
+        if missing:
+            l2.insert_all({page: parent_of[page] for page in pages if page in missing}, now)
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -255,16 +275,9 @@ class KvPool:
         return True
 
     def store(
-        self,
-        tier: Tier,
-        page: PageHash,
-        parent: PageHash | None,
-        now: float,
-        *,
-        owner: Owner,
-        from_reservation: bool = True,
-        pin: bool = True,
-    ) -> None:
+        self, tier: Tier, page: PageHash, parent: PageHash | None, now: float, *, owner: Owner,
+        from_reservation: bool = True, pin: bool = True,
+    ) -> None:  # fmt: skip
         """`owner` makes `page` resident in `tier` (from one of its reserved slots, else from a free slot
         the caller made room for), pinned by `owner`; written through to L2 when `tier` is L1."""
         pool = self.tier(tier)
@@ -291,18 +304,9 @@ class KvPool:
             self._skipped += 1
         self._after()
 
-    def store_all(
-        self,
-        tier: Tier,
-        items: list[tuple[PageHash, PageHash | None]],
-        now: float,
-        *,
-        owner: Owner,
-        from_reservation: bool = True,
-    ) -> None:
-        """`store` (pinned) each (page, parent) of `items`, in order: the same state and events, done as
-        one run when no page is resident or being written in `tier` and the write-through needs no L2
-        eviction."""
+    def store_all(self, tier: Tier, items: Run, now: float, *, owner: Owner, from_reservation: bool = True) -> None:
+        """`store` (pinned) each (page, parent) of `items`, in order: the same state (events: see the module
+        docstring), done as one run when no page is resident or being written in `tier` and `_l2_plan` allows."""
         if not items:
             return
         pool = self.tier(tier)
@@ -312,38 +316,35 @@ class KvPool:
             and pool.resident_set().isdisjoint(run)
             and (not pool.writing or pool.writing_set().isdisjoint(run))
         ):
-            missing = self._through_room(run) if tier is Tier.GPU else set()
-            if missing is not None:
+            plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
+            if plan is not None:
                 pool.insert_all(run, now, owner=owner, slots="reserved" if from_reservation else "free")
-                self._after_run(tier, items, missing, now)
+                self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
 
-    def land_all(self, tier: Tier, owner: Owner, items: list[tuple[PageHash, PageHash | None]], now: float) -> None:
+    def land_all(self, tier: Tier, owner: Owner, items: Run, now: float) -> None:
         """`land` each (page, parent) of `items`, in order (as one run when `owner` is writing them all and
-        the write-through needs no L2 eviction)."""
+        `_l2_plan` allows)."""
         if not items:
             return
         pool = self.tier(tier)
         run = dict(items)
         if len(run) == len(items) and pool.writes_all(owner, run):
-            missing = self._through_room(run) if tier is Tier.GPU else set()
-            if missing is not None:
+            plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
+            if plan is not None:
                 pool.insert_all(run, now, owner=owner, slots="writing")
-                self._after_run(tier, items, missing, now)
+                self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
             self.land(tier, owner, page, parent, now)
 
-    def _after_run(
-        self, tier: Tier, items: list[tuple[PageHash, PageHash | None]], missing: set[PageHash], now: float
-    ) -> None:
-        """The write-through and the events of a run just made resident in `tier` (L2 lacks `missing`)."""
+    def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float) -> None:
+        """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier`."""
         if tier is Tier.GPU:
-            self.l2.touch_all({page for page, _ in items if page not in missing}, now)
-            self.l2.insert_all({page: parent for page, parent in items if page in missing}, now)
-        self._stored_run(tier, items, missing, now)
+            self._write_through(run, run, plan, now)
+        self._stored_run(tier, items, plan[0], now)
         self._after()
 
     def begin_writes(self, tier: Tier, owner: Owner, pages: Iterable[PageHash]) -> None:

@@ -155,6 +155,7 @@ class StepOutput:
     prefills_started: tuple[PrefillStarted, ...]
     prefills_finished: tuple[PrefillFinished, ...]
     decode_tokens: dict[RequestId, int] = field(default_factory=dict)
+    """New tokens per running decode request; empty when the engine was made with `report_detail=False`."""
     decodes_finished: tuple[DecodeFinished, ...] = ()
     load_stall: float = 0.0
     """Seconds of the duration spent waiting for KV to reach GPU memory (HiCache load-back only)."""
@@ -162,6 +163,7 @@ class StepOutput:
     wake_at: float | None = None
     """When idle: the earliest time queued work becomes runnable without new input (a load finishing)."""
     gauges: EngineGauges | None = None
+    """The engine's gauges after the step; None when the engine was made with `report_detail=False`."""
 
     @property
     def end(self) -> float:

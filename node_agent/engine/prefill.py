@@ -260,7 +260,8 @@ class PrefillScheduler:
             job.ready_at = now + self.profile.load_time(job.restored_tokens)
             job.stage = PrefillStage.LOADING
         else:
-            loaded = [(page, job.parent(i)) for i, page in from_l2]
+            pages = req.prompt_pages  # (page, parent) pairs, as `job.parent` gives them
+            loaded = [(page, pages[i - 1] if i else None) for i, page in from_l2]
             self.pool.store_all(Tier.GPU, loaded, now, owner=job.rid, from_reservation=False)
             l2.unpin_all(job.rid, now)
             job.stage = PrefillStage.READY

@@ -54,6 +54,8 @@ class PrefillRequest:
 
     def __post_init__(self) -> None:
         _check_common(self.request, self.prompt_tokens, self.output_tokens, self.t_acc)
+        if not self.fetch:
+            return
         prompt = set(self.prompt_pages)
         seen: set[PageHash] = set()
         for run in self.fetch:
@@ -91,11 +93,12 @@ def validate_pages(req: PrefillRequest | DecodeRequest, page_tokens: int) -> Non
             f"request {req.request}: {req.prompt_tokens} prompt tokens make {full} full page(s) of {page_tokens} "
             f"tokens, but {len(req.prompt_pages)} page hash(es) were given"
         )
-    if len(set(req.prompt_pages)) != len(req.prompt_pages):
+    prompt = set(req.prompt_pages)
+    if len(prompt) != len(req.prompt_pages):
         raise ValueError(f"request {req.request}: prompt page hashes repeat")
     if req.generated_pages is not None:
-        clash = set(req.generated_pages) & set(req.prompt_pages)
-        if clash or len(set(req.generated_pages)) != len(req.generated_pages):
+        generated = set(req.generated_pages)
+        if len(generated) != len(req.generated_pages) or not prompt.isdisjoint(generated):
             raise ValueError(f"request {req.request}: generated page hashes repeat or reuse prompt page hashes")
         want = generated_page_count(req.prompt_tokens, req.output_tokens, page_tokens)
         if len(req.generated_pages) != want:

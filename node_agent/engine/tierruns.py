@@ -4,14 +4,15 @@ instead of a Python step per page. `TierPool` inherits them; they read and write
 
 Exactness rules: a run is touched at `now` in one `dict.update` only when no page of it was last accessed
 after `now` (otherwise page by page, keeping the later access); a run enters the eviction order in one set
-update per key (`EvictionOrder.enter_all`); error cases raise before anything changes.
+update per key (`EvictionOrder.enter_all`); error cases raise before anything changes. `room_for_run` plans
+the evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
 
 Boundary: page accounting of one tier, like `tier`; which runs to move, and the KV events, are `kvpool`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
@@ -162,6 +163,34 @@ class TierRuns:
         else:
             self._cached |= pages
             self._order.enter_all(pages, now)
+
+    def parents(self) -> Mapping[PageHash, PageHash | None]:
+        """A live, read-only view of the resident pages' parents (do not keep)."""
+        return self._parent
+
+    def room_for_run(self, pages: set[PageHash], now: float) -> tuple[set[PageHash], list[PageHash]] | None:
+        """Plan writing `pages` into this tier at `now` one page at a time, each page the tier lacks taking a
+        free slot or else evicting the first cached page in eviction order (as `KvPool._into_l2` does): the
+        pages it lacks, and the victims in order, taken out of the eviction order (the caller removes them and
+        inserts the lacking pages). None, changing nothing, where the run cannot be done at once: a lacking
+        page is being written, the cached pages run out, or a victim is a page of `pages` or does not come
+        before every page of `pages` once accessed at `now` (then evicting the first victims up front chooses
+        the later ones differently from page by page, which can evict a page the run inserted or touched)."""
+        missing = pages.difference(self._parent)
+        if self._writing and not self._writing.keys().isdisjoint(missing):
+            return None
+        need = len(missing) - self._free
+        if need <= 0:
+            return missing, []
+        floor = self._order.floor(pages, now)
+        if floor is None:
+            return None
+        victims = self._order.victims(need, ())
+        late = len(victims) < need or (self._order.key(victims[-1]), victims[-1]) >= floor
+        if late or not pages.isdisjoint(victims):
+            self._order.enter_each(victims)  # they stay cached: put them back
+            return None
+        return missing, victims
 
     def remove_all(self, pages: Iterable[PageHash]) -> None:
         """`remove` every page of `pages` (all cached)."""

@@ -133,12 +133,8 @@ class RouterCore:
     # -- counts ----------------------------------------------------------------------------------------
     def take_counts(self) -> list[PushCounts]:
         """Every count changed since the last call, per node (in node order)."""
-        out: list[PushCounts] = []
-        for node in self.nodes:
-            updates = self.branches.take_updates(node)
-            if updates:
-                out.append(PushCounts(node, updates))
-        return out
+        take = self.branches.take_updates
+        return [PushCounts(node, updates) for node in self.nodes if (updates := take(node))]
 
     def absorb(self, events: Iterable[KvEvent]) -> list[PushCounts]:
         """KV events to the directory, host removals to the branch counts; the count changes (none if no events)."""
@@ -182,6 +178,8 @@ class RouterCore:
         self.router.on_routed(req.route, decision, now)
         node = self.nodes[decision.node]
         view = next(v for v in views if v.node == node.id)
+        if req.prefill_node in self.nodes:  # drivers release a request before routing it again, but to be sure:
+            self.nodes[req.prefill_node].rerouting(req.id)  # type: ignore[index]
         req.prefill_node = node.id
         req.routed_cached = decision.cached_tokens
         req.routed_restore = max(0, decision.cached_tokens - view.own_gpu_pages * req.route.page_tokens)

@@ -73,6 +73,49 @@ class RoutedRequest:
         return QueuedPrefill(self.route.id, work, min(self.routed_restore, cached))
 
 
+class SentRequests(dict[str, RoutedRequest]):
+    """`NodeTrack.sent`: a dict that counts its changes in `version` (every call that may change it counts),
+    so what is built from it can be reused until it changes (`NodeTrack.sent_views`)."""
+
+    version = 0  # per instance once it changed (a class default survives copying and unpickling)
+
+    def touch(self) -> None:
+        """A request in it changed its routed work (what `RoutedRequest.queued_view` reads)."""
+        self.version += 1
+
+    def __setitem__(self, key: str, value: RoutedRequest) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def __ior__(self, other: object) -> SentRequests:  # type: ignore[override]
+        self.version += 1
+        return super().__ior__(other)  # type: ignore[operator,return-value]
+
+    def pop(self, key: str, *default: object) -> RoutedRequest:  # type: ignore[override]
+        self.version += 1
+        return super().pop(key, *default)  # type: ignore[arg-type]
+
+    def popitem(self) -> tuple[str, RoutedRequest]:
+        self.version += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def update(self, *args: object, **kwargs: RoutedRequest) -> None:  # type: ignore[override]
+        self.version += 1
+        super().update(*args, **kwargs)  # type: ignore[arg-type]
+
+    def setdefault(self, key: str, default: RoutedRequest) -> RoutedRequest:  # type: ignore[override]
+        self.version += 1
+        return super().setdefault(key, default)
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """Page counts of a node's KV tiers the router reads (from a state report)."""
@@ -107,7 +150,7 @@ class NodeTrack:
     mode: NodeMode | None = None
     """Mode last reported; None while the node serves nothing (down, relaunching, never reported)."""
     pool: PoolSnapshot | None = None
-    sent: dict[str, RoutedRequest] = field(default_factory=dict)
+    sent: SentRequests = field(default_factory=SentRequests)
     """Prefill requests sent to the node whose prefill has not finished, in sending order."""
     report_time: float | None = None
     report_running: tuple[RunningPrefill, ...] = ()
@@ -122,6 +165,12 @@ class NodeTrack:
     """Requests bound at routing that wait for their KV reservation here (the SGLang baseline's pre-allocation)."""
     fitter: ModelFitter | None = None
     usage: UsageCounts = field(default_factory=UsageCounts)
+    _sent_views: tuple[object, ...] = field(default=(), init=False, repr=False)
+    """(sent version, in flight, report ids, unreported) of the last `sent_views`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sent, SentRequests):
+            self.sent = SentRequests(self.sent)
 
     # -- what the driver supplies --------------------------------------------------------------------
     def current_mode(self) -> NodeMode | None:
@@ -161,17 +210,41 @@ class NodeTrack:
         """Requests the node would have to finish (or lose) if it moved now."""
         return float(len(self.sent) + len(self.decode_jobs))
 
+    def sent_views(self) -> tuple[tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...]]:
+        """(unreported, in flight): the requests of `sent` the last report did not list, and all of them, each as
+        the router records it (`queued_view`). Reused until `sent` changes (its version) or a report comes."""
+        sent, ids = self.sent, self.report_ids
+        version = getattr(sent, "version", None)  # a plain dict put here by hand is never reused
+        cache = self._sent_views
+        if version is None or not cache or cache[0] != version:
+            cache = (version, tuple(r.queued_view() for r in sent.values()), None, ())
+        if cache[2] is not ids:
+            cache = (version, cache[1], ids, tuple(q for q, rid in zip(cache[1], sent, strict=True) if rid not in ids))
+        self._sent_views = cache
+        return cache[3], cache[1]  # type: ignore[return-value]
+
+    def rerouting(self, rid: str) -> None:
+        """Request `rid` is being routed again: if it is still in `sent`, its routed work changes there."""
+        if rid in self.sent and isinstance(self.sent, SentRequests):
+            self.sent.touch()
+
     def record_report(self, now: float, running: tuple[RunningPrefill, ...], queued_ids: tuple[str, ...]) -> None:
         """The node's report at an iteration launch: its running prefills and the ids queued, in order."""
-        queue: list[QueuedPrefill] = []
-        for rid in queued_ids:
-            req = self.sent.get(rid)
-            if req is not None:
-                queue.append(req.queued_view())
         self.report_time = now
         self.report_running = running
+        sent = self.sent
+        if not sent:
+            self.report_queue, self.report_ids = (), _NO_IDS
+            return
+        queue: list[QueuedPrefill] = []
+        if queued_ids:
+            views = dict(zip(sent, self.sent_views()[1], strict=True))
+            queue = [views[rid] for rid in queued_ids if rid in views]
         self.report_queue = tuple(queue)
-        self.report_ids = frozenset(self.sent)
+        self.report_ids = frozenset(sent)
 
     def forget_report(self) -> None:
-        self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), frozenset(), None
+        self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), _NO_IDS, None
+
+
+_NO_IDS: frozenset[str] = frozenset()

@@ -30,7 +30,7 @@ def prefill_view(
     fetch_pages = sum(r.pages for r in runs)
     if not shared_pool:  # private host memory: only the node's own KV is reusable
         runs, fetch_pages, cluster = (), 0, either
-    unreported = tuple(r.queued_view() for rid, r in node.sent.items() if rid not in node.report_ids)
+    unreported, in_flight = node.sent_views()
     pool = node.current_pool()
     return PrefillNodeView(
         node=node.id,
@@ -42,7 +42,7 @@ def prefill_view(
         running=node.report_running,
         queue=node.report_queue,
         unreported=unreported,
-        router_in_flight=tuple(r.queued_view() for r in node.sent.values()),
+        router_in_flight=in_flight,
         state_age_s=None if node.report_time is None else max(0.0, now - node.report_time),
         model=model,
         cached_pages=0 if pool is None else pool.cached_pages,

@@ -1,0 +1,100 @@
+"""The router's per-node views of the requests it sent (`NodeTrack.sent_views`, `record_report`) are reused until
+`sent` changes or a report comes, and always equal the views built afresh from `sent` and the last report."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolving_infra.core.types import BranchId, NodeId, Phase, RequestId
+from evolving_infra.router.core import NodeTrack, RoutedRequest
+from evolving_infra.router.core.tracking import SentRequests
+from evolving_infra.router.routing import QueuedPrefill, RouteRequest
+
+PT = 64
+RIDS = [f"r{i}" for i in range(6)]
+
+
+def _request(rid: str, cached: int) -> RoutedRequest:
+    route = RouteRequest(RequestId(rid), BranchId("b"), (), 1000, 10, page_tokens=PT)
+    req = RoutedRequest(route, (), 1)
+    req.routed_cached = cached
+    req.routed_restore = cached // 2
+    return req
+
+
+def _fresh(node: NodeTrack) -> tuple[tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...]]:
+    """The views built from scratch, as the router did before they were reused."""
+    unreported = tuple(r.queued_view() for rid, r in node.sent.items() if rid not in node.report_ids)
+    return unreported, tuple(r.queued_view() for r in node.sent.values())
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.sampled_from(RIDS), st.integers(0, 900)),
+        st.tuples(st.just("pop"), st.sampled_from(RIDS), st.just(0)),
+        st.tuples(st.just("delete"), st.sampled_from(RIDS), st.just(0)),
+        st.tuples(st.just("report"), st.sampled_from(RIDS), st.integers(0, 63)),
+        st.tuples(st.just("reroute"), st.sampled_from(RIDS), st.integers(0, 900)),
+        st.tuples(st.just("update"), st.sampled_from(RIDS), st.integers(0, 900)),
+        st.tuples(st.just("clear"), st.just(""), st.just(0)),
+        st.tuples(st.just("forget"), st.just(""), st.just(0)),
+        st.tuples(st.just("copy"), st.just(""), st.integers(0, 1)),
+    ),
+    max_size=40,
+)
+
+
+@given(ops)
+def test_sent_views_equal_views_built_afresh(steps: list[tuple[str, str, int]]) -> None:
+    node = NodeTrack(NodeId("p0"), Phase.PREFILL)
+    assert isinstance(node.sent, SentRequests)
+    for op, rid, arg in steps:
+        if op == "send":
+            node.sent[rid] = _request(rid, arg)
+        elif op == "pop":
+            node.sent.pop(rid, None)
+        elif op == "delete" and rid in node.sent:
+            del node.sent[rid]
+        elif op == "report":  # a report lists a subset of what was sent, in sending order
+            queued = tuple(r for i, r in enumerate(node.sent) if arg >> i & 1) + ("unknown",)
+            node.record_report(1.0, (), queued)
+            assert node.report_queue == tuple(node.sent[r].queued_view() for r in queued if r in node.sent)
+            assert node.report_ids == frozenset(node.sent)
+        elif op == "reroute" and rid in node.sent:  # its routed work changes while it is still listed
+            node.rerouting(rid)
+            node.sent[rid].routed_cached = arg
+            node.sent[rid].routed_restore = 0
+        elif op == "update":
+            node.sent.update({rid: _request(rid, arg)})
+        elif op == "clear":
+            node.sent.clear()
+        elif op == "forget":
+            node.forget_report()
+        elif op == "copy":
+            node = copy.deepcopy(node) if arg % 2 == 0 else pickle.loads(pickle.dumps(node))
+        assert node.sent_views() == _fresh(node)
+
+
+def test_views_are_reused_until_sent_changes_or_a_report_comes() -> None:
+    node = NodeTrack(NodeId("p0"), Phase.PREFILL)
+    node.sent["a"] = _request("a", 64)
+    first = node.sent_views()
+    assert node.sent_views()[1] is first[1] and node.sent_views()[0] is first[0]
+    node.record_report(1.0, (), ("a",))
+    after_report = node.sent_views()
+    assert after_report[1] is first[1] and after_report == ((), first[1])
+    node.sent["b"] = _request("b", 0)
+    assert node.sent_views() == _fresh(node) and len(node.sent_views()[0]) == 1
+
+
+def test_a_plain_dict_put_in_by_hand_is_read_afresh_every_time() -> None:
+    node = NodeTrack(NodeId("p0"), Phase.PREFILL, sent={"a": _request("a", 0)})  # type: ignore[arg-type]
+    assert isinstance(node.sent, SentRequests)
+    node.sent = {"b": _request("b", 0)}  # type: ignore[assignment]
+    assert node.sent_views() == _fresh(node)
+    node.sent["c"] = _request("c", 64)
+    assert node.sent_views() == _fresh(node)
