@@ -56,10 +56,10 @@ def on_wake(state: ClusterState, event: Event) -> list[Command]:
 
 def issue(state: ClusterState, effect: IssueRequest, now: float) -> list[Command]:
     spec = effect.request
-    pages = tuple(int(h) for h in state.content.prompt_pages(spec.id))
+    pages = tuple(state.content.prompt_pages(spec.id).tolist())  # numpy uint64 -> Python ints
     context = state.content.context_pages(spec.id)
     pt = state.profile.page_tokens
-    generated = tuple(int(h) for h in context[len(pages) : (spec.prompt_tokens + spec.output_tokens) // pt])
+    generated = tuple(context[len(pages) : (spec.prompt_tokens + spec.output_tokens) // pt].tolist())
     version = state.core.admit(BranchId(spec.branch), pages)
     route = RouteRequest(
         id=RequestId(spec.id),
@@ -198,6 +198,13 @@ def grant_reservations(state: ClusterState, node: SimNode, now: float) -> list[C
             break
         node.prealloc.popleft()
         state.core.reserve(req)
+        if not state.nodes[req.prefill_node].accepts(Phase.PREFILL):  # type: ignore[index]
+            # its prefill node stopped taking prefills (relaunch or switch) while it waited: route it again;
+            # the decode binding and reservation stay
+            state.stats.rerouted += 1
+            state.core.release_prefill(req)
+            out += route_request(state, req, now)
+            continue
         out += submit_prefill(state, req, now)
     return out
 
