@@ -27,12 +27,17 @@ def test_osworld_is_prefill_heavy_with_one_second_pauses(generated: dict[str, li
     assert s.mean_new > 2_000
     assert 1.0 <= s.mean_pause_s <= 1.4
     assert s.subagents > 0, "OSWorld is multi-agent"
+    # calibrated (docs/workloads.md): ~48K-token prompts sit between C.1's h* and D.1's 91 % decode reservation
+    assert 40_000 <= s.mean_prompt <= 56_000
+    assert 2_500 <= s.mean_new <= 4_000, "one ~2.7K-token screenshot per step"
 
 
 def test_cc_manages_context(generated: dict[str, list[dict[str, object]]]) -> None:
     s = shape(generated, "cc")
     assert s.subagents > 0 and s.forks > 0 and s.rewrites > 0
     assert 13.0 <= s.mean_pause_s <= 19.0
+    assert 650 <= s.mean_output <= 950, "calibrated against table D.1 (docs/workloads.md)"
+    assert s.mean_prompt > 100_000, "table D.4: long prompts (~150K tokens in the scored window)"
     n, wait, reuse = s.wait(Wait.REWRITE)
     assert n > 0 and 0.10 <= reuse <= 0.20, "figure 2c: ~14 % reuse after a compaction"
     assert 8.0 <= wait <= 16.0
