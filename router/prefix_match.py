@@ -13,9 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import groupby
 
 from evolving_infra.core.types import NodeId
+
+
+@lru_cache(maxsize=64)
+def _host_bits(nodes: int) -> int:
+    """The mask with the host-memory bit (3i + 1) of each of `nodes` node indexes set."""
+    return sum(1 << (3 * i + 1) for i in range(nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class PrefixMatch:
         """Which pages of its reachable prefix `node` lacks, grouped in runs of equal host holders."""
         bit_index = self._index.get(node)
         own = 0 if bit_index is None else 4 << bit_index
-        host_bits = sum(1 << (3 * i + 1) for i in range(len(self._ids)))
+        host_bits = _host_bits(len(self._ids))
         reachable = self.reachable_for(node)
         runs: list[FetchRun] = []
         start = -1
