@@ -10,6 +10,8 @@ transfer). The simulator (virtual time) and the node agent service (wall clock) 
    admission and fetch starts, finished loads, GPU admission; see `prefill` and `decode`);
 2. the iteration kind: prefill if a prefill is runnable, decode if a decode runs. A collocated node with
    both alternates (after a prefill iteration a decode iteration, and the reverse), so neither starves;
+   while it switches to prefill it runs only decode iterations until its decodes are done (the switch then
+   completes without waiting behind long prefill chunks);
 3. the iteration's duration from the profile (eq. 1 for a prefill batch plus any HiCache load stall,
    eq. 2 for a decode batch), times seeded log-normal noise when `noise > 0`; its results (pages written,
    tokens, finished requests) are applied at once and stamped `now + duration`; the next `step` must
@@ -272,6 +274,8 @@ class EngineCore:
         prefill = bool(self._prefill.jobs) and self._prefill.has_runnable()
         decode = self._decode.has_running()
         if prefill and decode:
+            if self._switch.draining and Phase.DECODE in self._switch.old_phases():
+                return IterationKind.DECODE  # switching to prefill: finish the decodes first, so the switch completes
             return IterationKind.DECODE if self._last_kind is IterationKind.PREFILL else IterationKind.PREFILL
         if prefill:
             return IterationKind.PREFILL

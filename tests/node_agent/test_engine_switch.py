@@ -151,11 +151,18 @@ def test_collocated_to_prefill_keeps_prefill_work_and_drains_local_decodes() -> 
     e.submit_prefill(prefill("p2", 1000), first.end)  # prefill is served by both modes
     with pytest.raises(WrongPhase):
         e.submit_decode(decode("d2", 200, 4), first.end)
-    now, finished = first.end, []
+    now, finished, kinds = first.end, [], []
     while e.switch_state is SwitchState.DRAINING:
+        out = e.step(now)
+        finished += out.prefills_finished
+        kinds.append(out.kind)
+        now = out.end
+    # the local decodes finish first (decode-only iterations), so the switch does not wait behind prefill chunks
+    assert kinds and set(kinds) == {IterationKind.DECODE}
+    assert e.mode is NodeMode.PREFILL
+    while not any(f.request == "p2" for f in finished):
         out = e.step(now)
         finished += out.prefills_finished
         now = out.end
     p2 = [f for f in finished if f.request == "p2"]
-    assert p2 and not p2[0].local_decode  # started while switching to prefill: its KV goes elsewhere
-    assert e.mode is NodeMode.PREFILL
+    assert not p2[0].local_decode  # queued while switching to prefill: its KV goes elsewhere
