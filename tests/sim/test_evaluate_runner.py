@@ -62,6 +62,16 @@ def test_evaluation_table_groups_by_workload_and_orders_systems() -> None:
     assert "7.72 / 19.1 / 2 / 2.47" in dynamo
 
 
+def test_runs_from_another_initial_split_get_their_own_table_after_the_best_split() -> None:
+    paper = record("cc", 90, "evolving", 5.0, 9.0)
+    paper["spec"]["split"] = "6P3D"
+    text = render_evaluation([paper, record("cc", 90, "dynamo", 4.0, 10.0), record("cc", 90, "evolving", 5.5, 8.0)])
+    best, other = text.index("### cc, 90 agents, from 4P5D"), text.index("### cc, 90 agents, from 6P3D")
+    assert best < other
+    assert text[best:other].count("| evolving |") == 1 and text[other:].count("| evolving |") == 1
+    assert "| dynamo |" not in text[other:]
+
+
 def test_a_run_whose_trace_ran_out_before_the_window_end_is_flagged() -> None:
     short = record("osworld", 128, "best-static", 9.0, 3.0, end=794.0)
     assert "600+1200 (trace ran out)" in render_calibration([short])
