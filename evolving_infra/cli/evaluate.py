@@ -238,6 +238,8 @@ def render_calibration(records: Iterable[Mapping[str, Any]]) -> str:
         spec = r["spec"]
         if spec["system"] != "best-static" or spec["workload"] not in PAPER_D1:
             continue
+        if spec["agents"] != PAPER_CONCURRENCY[spec["workload"]]:
+            continue  # table D.1 has the lowest concurrency only
         s, p = summarize(r), PAPER_D1[spec["workload"]]
         lo, hi = PAPER_PAUSE[spec["workload"]]
         lines.append(
