@@ -253,16 +253,17 @@ def render_calibration(records: Iterable[Mapping[str, Any]]) -> str:
 
 
 def render_evaluation(records: Iterable[Mapping[str, Any]]) -> str:
-    """One table per (workload, agents, initial split): every system's figures, with the paper's C.1/C.3 figures
-    beside (runs from the best static split first, then runs from other splits)."""
-    groups: dict[tuple[str, int, bool, str], list[Mapping[str, Any]]] = {}
+    """One table per (workload, agents, initial split, window): every system's figures, with the paper's C.1/C.3
+    figures beside (runs from the best static split first, then runs from other splits)."""
+    groups: dict[tuple[str, int, bool, str, float, float], list[Mapping[str, Any]]] = {}
     for r in records:
         spec = r["spec"]
         other = spec["split"] != BEST_SPLIT.get(spec["workload"])
-        groups.setdefault((spec["workload"], spec["agents"], other, spec["split"]), []).append(r)
+        key = (spec["workload"], spec["agents"], other, spec["split"], spec["warmup_s"], spec["duration_s"])
+        groups.setdefault(key, []).append(r)
     out: list[str] = []
     order = {s: i for i, s in enumerate(SYSTEMS)}
-    for (workload, agents, _, _), rs in sorted(groups.items()):
+    for (workload, agents, *_), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: (order.get(r["spec"]["system"], 99), r["spec"]["system"]))
         spec = rs[0]["spec"]
         out.append(f"### {workload}, {agents} agents, from {spec['split']} "

@@ -71,6 +71,10 @@ def test_runs_from_another_initial_split_get_their_own_table_after_the_best_spli
     assert best < other
     assert text[best:other].count("| evolving |") == 1 and text[other:].count("| evolving |") == 1
     assert "| dynamo |" not in text[other:]
+    longer = record("cc", 90, "evolving", 5.2, 8.5)
+    longer["spec"]["duration_s"] = 3600.0
+    text = render_evaluation([longer, record("cc", 90, "evolving", 5.5, 8.0)])
+    assert text.count("### cc, 90 agents, from 4P5D") == 2, "runs of different windows never share a table"
 
 
 def test_a_run_whose_trace_ran_out_before_the_window_end_is_flagged() -> None:
