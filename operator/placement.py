@@ -116,8 +116,9 @@ def _message(move: Move, result: SwitchResult) -> str:
     )
 
 
-async def place(rt: Runtime, body: Mapping[str, Any], nodes: Sequence[NodeStatus], placement: Placement) -> PlaceResult:
-    """Call `SwitchPhase` for every move at once; record the switched nodes, one event each."""
+async def call_moves(rt: Runtime, moves: Sequence[Move]) -> list[SwitchResult | AgentError]:
+    """Call `SwitchPhase` for every move at once (at most `agent_concurrency` in flight); each result is the
+    agent's answer or the `AgentError` it raised, in the order of `moves`."""
     gate = asyncio.Semaphore(rt.settings.agent_concurrency)
 
     async def one(move: Move) -> SwitchResult | AgentError:
@@ -129,9 +130,14 @@ async def place(rt: Runtime, body: Mapping[str, Any], nodes: Sequence[NodeStatus
             except AgentError as exc:
                 return exc
 
+    return list(await asyncio.gather(*(one(m) for m in moves)))
+
+
+async def place(rt: Runtime, body: Mapping[str, Any], nodes: Sequence[NodeStatus], placement: Placement) -> PlaceResult:
+    """Call `SwitchPhase` for every move at once; record the switched nodes, one event each."""
     out = list(nodes)
     failures = []
-    results = await asyncio.gather(*(one(m) for m in placement.moves))
+    results = await call_moves(rt, placement.moves)
     for move, result in zip(placement.moves, results, strict=True):
         if isinstance(result, AgentError):
             state = NodeState.UNREACHABLE if isinstance(result, AgentUnavailable) else NodeState.SERVING

@@ -18,7 +18,6 @@ Boundary: calls agents and the API; the decisions are in `switching`.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 from evolving_infra.operator import conditions, summary, switching
 from evolving_infra.operator.agents import AgentError, AgentRejected, AgentUnavailable, SwitchResult
 from evolving_infra.operator.conditions import Want
+from evolving_infra.operator.placement import call_moves
 from evolving_infra.operator.reconcile import Runtime, fetch, observe_nodes, parse, parse_status, write_status
 from evolving_infra.operator.status import AgentServingClusterStatus, ConditionType, NodeState, NodeStatus
 from evolving_infra.operator.switching import Move
@@ -52,21 +52,6 @@ class SwitchOutcome:
 
 def _fmt_move(move: Move) -> str:
     return f"{move.node} {move.source.value}->{move.target.value}"
-
-
-async def _call(rt: Runtime, moves: Sequence[Move]) -> list[SwitchResult | AgentError]:
-    gate = asyncio.Semaphore(rt.settings.agent_concurrency)
-
-    async def one(move: Move) -> SwitchResult | AgentError:
-        if move.address is None:
-            return AgentUnavailable(move.node, "NO_ADDRESS", "the node agent pod has no IP")
-        async with gate:
-            try:
-                return await rt.agents.switch_phase(move.address, move.target, move.generation)
-            except AgentError as exc:
-                return exc
-
-    return list(await asyncio.gather(*(one(m) for m in moves)))
 
 
 def _event_message(move: Move, result: SwitchResult) -> str:
@@ -95,7 +80,7 @@ class _Attempt:
     async def run(self, moves: Sequence[Move], reason: str, event_type: str) -> list[tuple[Move, AgentError]]:
         """Call the agents for `moves`; record successes (with events); return the failures."""
         failures = []
-        for move, result in zip(moves, await _call(self.rt, moves), strict=True):
+        for move, result in zip(moves, await call_moves(self.rt, moves), strict=True):
             if isinstance(result, AgentError):
                 state = NodeState.UNREACHABLE if isinstance(result, AgentUnavailable) else NodeState.SERVING
                 self.nodes = switching.mark(self.nodes, [move.node], state)

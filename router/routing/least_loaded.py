@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evolving_infra.core.types import BranchId, RequestId
 from evolving_infra.router.routing.base import (
     NodeScore,
     PrefillPolicyName,
     RouteReason,
+    RouterHooks,
     RoutingDecision,
     by_node,
     decision_without_fetch,
@@ -35,7 +35,7 @@ def outstanding_tokens(view: PrefillNodeView, max_age_s: float = STATE_MAX_AGE_S
     return sum(q.work.t_in for q in view.router_in_flight)
 
 
-class LeastLoadedRouter:
+class LeastLoadedRouter(RouterHooks):
     """Least outstanding prompt tokens wins; no KV moves."""
 
     name = PrefillPolicyName.LEAST_LOADED
@@ -46,15 +46,3 @@ class LeastLoadedRouter:
         node = min(loads, key=lambda n: (loads[n], n))
         diagnostics = tuple(NodeScore(n, float(t), {"outstanding_tokens": float(t)}) for n, t in loads.items())
         return decision_without_fetch(request, by_node(nodes, node), self.name, RouteReason.LEAST_LOADED, diagnostics)
-
-    def on_routed(self, request: RouteRequest, decision: RoutingDecision, now: float) -> None:
-        return None
-
-    def on_first_token(self, request: RequestId, now: float) -> None:
-        return None
-
-    def on_finished(self, request: RequestId, now: float) -> None:
-        return None
-
-    def on_branch_finished(self, branch: BranchId, now: float) -> None:
-        return None
