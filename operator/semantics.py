@@ -1,7 +1,8 @@
 """Checks of a spec that the CRD schema cannot express, because they need the hardware profiles.
 
 `validate_spec_semantics(spec)` returns one message per problem (empty when the spec can be applied); the
-operator sets the `Invalid` condition from them and creates nothing. `effective_kv` and
+operator sets the `Invalid` condition from them and creates nothing. A reserved engine backend (`sglang`,
+which no node agent implements yet) is one such problem. `effective_kv` and
 `host_memory_bytes` resolve the profile's values against the spec's overrides, for the builders.
 
 Boundary: pure functions; profiles are passed in (or the built-in ones are read once from package data).
@@ -17,7 +18,11 @@ from fractions import Fraction
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import builtin_profiles, load_profile
 from evolving_infra.operator.quantity import format_bytes, parse_quantity
-from evolving_infra.operator.spec import AgentServingClusterSpec, Quantity
+from evolving_infra.operator.spec import AgentServingClusterSpec, EngineBackend, Quantity
+
+RESERVED_BACKENDS = frozenset({EngineBackend.SGLANG})
+"""Backends the CRD accepts (their fields are settled) but no node agent implements yet: such a cluster is
+Invalid and nothing is deployed for it."""
 
 
 @functools.cache
@@ -67,6 +72,11 @@ def validate_spec_semantics(
     """Problems that make `spec` impossible to apply, each naming the field, the value and what is allowed."""
     table = builtin_profile_table() if profiles is None else profiles
     problems: list[str] = []
+    if spec.engine.backend in RESERVED_BACKENDS:
+        problems.append(
+            f"engine.backend {spec.engine.backend.value!r} is reserved: no node agent implements an SGLang engine yet, "
+            f"so nothing is deployed for this cluster; use engine.backend emulated"
+        )
     name = spec.engine.profile
     profile = resolve_profile(spec, table)
     if name is not None and profile is None:

@@ -117,7 +117,8 @@ class EngineSpec(KubeModel):
         default=EngineBackend.EMULATED,
         description=(
             "emulated: real scheduling and KV accounting on CPUs, iteration times from the hardware profile; "
-            "sglang: SGLang on the node's GPUs."
+            "sglang: reserved for SGLang on the node's GPUs. No node agent implements it yet, so the operator "
+            "marks such a cluster Invalid and deploys nothing for it."
         ),
     )
     profile: str | None = Field(

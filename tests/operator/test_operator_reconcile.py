@@ -152,6 +152,24 @@ async def test_an_invalid_spec_that_passes_the_schema_gets_invalid_and_no_childr
 
 @pytest.mark.asyncio
 @pytest.mark.looptime
+async def test_a_cluster_asking_for_the_reserved_sglang_backend_is_invalid_and_gets_nothing() -> None:
+    async with H.operator_running() as h:
+        obj = H.cluster_object("gpu", "s")
+        obj["spec"]["engine"] = {"backend": "sglang", "model": "zai/GLM-5.2", "profile": "glm-5.2-4xgb300-tp4"}
+        body = await h.create(obj)
+
+        async def invalid() -> Any:
+            conds = {c["type"]: c for c in ((await h.cluster("gpu")).get("status") or {}).get("conditions") or ()}
+            return conds.get("Invalid") if conds.get("Invalid", {}).get("status") == "True" else None
+
+        cond = await h.wait_for("Invalid", invalid)
+        assert "engine.backend 'sglang' is reserved: no node agent implements an SGLang engine yet" in cond["message"]
+        assert _children(h, body["metadata"]["uid"]) == []
+        assert not any(r.method.value == "POST" and "/daemonsets" in r.url.path for r in h.emulator.writes())
+
+
+@pytest.mark.asyncio
+@pytest.mark.looptime
 async def test_deleting_the_cluster_leaves_its_children_to_the_garbage_collector() -> None:
     async with H.operator_running() as h:
         body = await h.create(H.cluster_object("gone", "g"))

@@ -78,3 +78,11 @@ def test_parse_quantity_refuses_non_quantities(text: Any) -> None:
 @given(st.integers(0, 2**62))
 def test_format_bytes_round_trips(n: int) -> None:
     assert parse_quantity(format_bytes(n)) == n
+
+
+def test_the_reserved_sglang_backend_is_invalid_with_a_message_saying_why() -> None:
+    problems = validate_spec_semantics(_spec(engine={"backend": "sglang", "model": "zai/GLM-5.2", "profile": "glm-5.2-4xgb300-tp4"}))
+    assert problems == [
+        "engine.backend 'sglang' is reserved: no node agent implements an SGLang engine yet, so nothing is deployed "
+        "for this cluster; use engine.backend emulated"
+    ]
