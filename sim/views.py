@@ -5,15 +5,14 @@ Reports: a prefill node reports its running batch and queue at every iteration l
 core adds the requests it sent since and its own record of every request sent and not yet prefilled
 (`evolving_infra.router.core.views`).
 
-The engine core has no public accessor for its prefill queue, so `engine_report` reads it in one place (the
-live node agent will need the same accessor; see the report of this module's author).
+`engine_report` builds a node's report from the engine's public `prefill_queue()`, as the live node agent does.
 
 Boundary: pure reads of driver and engine state; nothing here changes the cluster except the node's report.
 """
 
 from __future__ import annotations
 
-from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.core.types import NodeId, Phase, RequestId
 from evolving_infra.node_agent.engine import EngineCore
 from evolving_infra.router.core import decode_need, decode_view, kv_room_tokens
 from evolving_infra.router.routing import RunningPrefill
@@ -23,24 +22,13 @@ __all__ = ["capacity_tokens", "decode_need", "decode_view", "engine_of", "engine
 
 
 def engine_report(node: SimNode, now: float) -> None:
-    """Snapshot the node's running prefills and queue as it would report them at an iteration launch."""
+    """Record the node's running prefills and queue as it reports them at an iteration launch."""
     engine = node.engine
     if engine is None:
         return
-    jobs = engine._prefill.jobs  # noqa: SLF001 - see the module docstring
-    if not jobs:
-        node.record_report(now, (), ())
-        return
-    running: list[RunningPrefill] = []
-    queued: list[str] = []
-    pt = engine.profile.page_tokens
-    for rid, job in jobs.items():
-        if job.stage.value == "running":
-            context = job.prefix_pages * pt + job.done
-            running.append(RunningPrefill(rid, max(0, job.req.prompt_tokens - context), context))  # type: ignore[arg-type]
-        else:
-            queued.append(rid)
-    node.record_report(now, tuple(running), tuple(queued))
+    queue = engine.prefill_queue()
+    running = tuple(RunningPrefill(RequestId(r.request), r.remaining_tokens, r.context_tokens) for r in queue.running)
+    node.record_report(now, running, queue.queued)
 
 
 def capacity_tokens(state: ClusterState) -> dict[NodeId, int]:

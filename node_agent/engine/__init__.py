@@ -6,7 +6,7 @@ docs/engine.md for the step contract, request states, data planes, the switch st
 invariants.
 """
 
-from evolving_infra.node_agent.engine.engine import EngineCore
+from evolving_infra.node_agent.engine.engine import EngineCore, PrefillQueue, RunningChunk
 from evolving_infra.node_agent.engine.errors import (
     DuplicateRequest,
     EngineBusy,
@@ -53,9 +53,11 @@ __all__ = [
     "PoolGauges",
     "PoolInvariantError",
     "PrefillFinished",
+    "PrefillQueue",
     "PrefillRequest",
     "PrefillStarted",
     "RequestTooLarge",
+    "RunningChunk",
     "StepOutput",
     "SwitchBegun",
     "SwitchInProgress",

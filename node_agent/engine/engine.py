@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy
 from evolving_infra.core.itermodel import IterationRecord, decode_iteration_time, prefill_iteration_time
@@ -56,12 +57,32 @@ from evolving_infra.node_agent.engine.outputs import (
     SwitchReport,
     SwitchState,
 )
-from evolving_infra.node_agent.engine.prefill import PrefillScheduler
+from evolving_infra.node_agent.engine.prefill import PrefillScheduler, PrefillStage
 from evolving_infra.node_agent.engine.requests import DecodeRequest, PrefillRequest, pages_needed, validate_pages
 from evolving_infra.node_agent.engine.switch import PhaseSwitch, serves
 from evolving_infra.node_agent.profile import HardwareProfile
 
 _TIME_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class RunningChunk:
+    """A prefill running chunk by chunk: tokens still to compute, and the context its next chunk attends to."""
+
+    request: str
+    remaining_tokens: int
+    context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillQueue:
+    """The node's prefills (`EngineCore.prefill_queue`): those running, and the ids of the others in arrival order."""
+
+    running: tuple[RunningChunk, ...] = ()
+    queued: tuple[str, ...] = ()
+
+
+_NO_PREFILLS = PrefillQueue()
 
 
 class EngineCore:
@@ -129,6 +150,22 @@ class EngineCore:
     def resident(self, tier: Tier) -> frozenset[PageHash]:
         """Pages resident (complete) in `tier`."""
         return self.pool.tier(tier).resident()
+
+    def prefill_queue(self) -> PrefillQueue:
+        """The prefills this node holds, as it reports them at an iteration launch (for routing)."""
+        jobs = self._prefill.jobs
+        if not jobs:
+            return _NO_PREFILLS
+        running: list[RunningChunk] = []
+        queued: list[str] = []
+        pt = self.profile.page_tokens
+        for rid, job in jobs.items():
+            if job.stage is PrefillStage.RUNNING:
+                context = job.prefix_pages * pt + job.done
+                running.append(RunningChunk(rid, max(0, job.req.prompt_tokens - context), context))
+            else:
+                queued.append(rid)
+        return PrefillQueue(tuple(running), tuple(queued))
 
     def gauges(self) -> EngineGauges:
         running, waiting = self._prefill.stage_counts() if self._prefill.jobs else (0, 0)
