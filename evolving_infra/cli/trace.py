@@ -23,6 +23,7 @@ from evolving_infra.traces.content import ContentModel, ProgressFn
 from evolving_infra.traces.errors import TraceError
 from evolving_infra.traces.loader import load_trace
 from evolving_infra.traces.mooncake import ASSUMPTIONS, MooncakeError, import_mooncake
+from evolving_infra.traces.mooncake_export import EXPORT_ASSUMPTIONS, BlockTokens, export_mooncake
 from evolving_infra.traces.records import Trace
 from evolving_infra.traces.stats import Counts, TraceStats, ideal_hit_tokens_from_pages, trace_stats
 
@@ -76,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     mooncake.add_argument("--json", action="store_true", help="print the import report as JSON only")
     mooncake.set_defaults(handler=_import_mooncake)
+    _register_export(actions)
 
 
 def _load(path: str, progress: ProgressFn | None = None) -> Trace:
@@ -233,4 +235,50 @@ def _import_mooncake(args: argparse.Namespace) -> int:
     console = Console()
     console.print(table)
     console.print(f"OK {args.output}: {_summary(trace)}; next: evolving-infra trace stats {args.output}")
+    return 0
+
+
+def _register_export(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    exports = actions.add_parser("export", help="convert a trace into another format")
+    formats = exports.add_subparsers(dest="export_format", metavar="FORMAT", required=True)
+    epilog = "assumptions:\n" + "\n".join(
+        textwrap.fill(a, width=100, initial_indent="  - ", subsequent_indent="    ") for a in EXPORT_ASSUMPTIONS
+    )
+    mooncake = formats.add_parser(
+        "mooncake",
+        help="Mooncake request rows (timestamp, input_length, output_length, hash_ids, session_id, delay)",
+        description="Write one Mooncake row per request, e.g. for Dynamo's trace replay.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mooncake.add_argument("input", help="trace file (.jsonl or .jsonl.gz)")
+    mooncake.add_argument("output", help="Mooncake .jsonl file to write")
+    mooncake.add_argument(
+        "--block-tokens", type=int, choices=[b.value for b in BlockTokens], default=BlockTokens.MOONCAKE.value,
+        help="tokens per hash id (512: Mooncake's public traces; 64: engine KV pages); default 512",
+    )  # fmt: skip
+    mooncake.add_argument(
+        "--service-s", type=float, default=0.0, metavar="S",
+        help="service time assumed per request for the open-loop timestamps (default 0)",
+    )  # fmt: skip
+    mooncake.add_argument("--json", action="store_true", help="print the export report as JSON only")
+    mooncake.set_defaults(handler=_export_mooncake)
+
+
+def _export_mooncake(args: argparse.Namespace) -> int:
+    if args.service_s < 0:
+        raise CliError(f"--service-s must be >= 0, got {args.service_s}", USAGE_ERROR)
+    try:
+        report = export_mooncake(args.input, args.output, block_tokens=args.block_tokens, service_s=args.service_s)
+    except TraceError as exc:
+        raise CliError(f"{args.input}:{exc.line}: [{exc.rule.value}] {exc.message}", USAGE_ERROR) from None
+    except OSError as exc:
+        raise CliError(f"cannot export {args.input} to {args.output}: {exc.strerror or exc}", USAGE_ERROR) from None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(
+        f"OK {args.output}: {report.rows:,} rows, {report.sessions:,} sessions, {report.distinct_blocks:,} distinct "
+        f"{report.block_tokens}-token blocks, {report.cross_branch_waits:,} cross-branch waits estimated"
+    )
     return 0
