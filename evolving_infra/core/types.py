@@ -44,6 +44,21 @@ class NodeMode(enum.Enum):
         return cls(phase.value)
 
 
+class SwitchMode(enum.Enum):
+    """How a decided phase switch is applied to each moving node.
+
+    IN_PLACE: the node drains its running requests and serves the new phase without a restart; its host KV
+    stays readable by every node. IN_PLACE_STRAND_KV: as IN_PLACE, but the node's KV is no longer reachable
+    for prefill afterwards (each engine indexes its KV locally). RELAUNCH: the node's worker is terminated
+    (in-flight requests are not waited for) and relaunched in the other role; it serves nothing until ready
+    and its KV starts empty.
+    """
+
+    IN_PLACE = "in_place"
+    IN_PLACE_STRAND_KV = "in_place_strand_kv"
+    RELAUNCH = "relaunch"
+
+
 class Tier(enum.Enum):
     """KV memory tiers of a node: L1 is GPU memory, L2 is host memory (the shared pool)."""
 

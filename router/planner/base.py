@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.core.types import NodeId, Phase, SwitchMode  # SwitchMode lives in the core: node agents apply it too
 from evolving_infra.router.planner.diagnostics import Diagnostics
 from evolving_infra.router.planner.throughput import NodeModel
 from evolving_infra.router.planner.window import SliceStats
@@ -30,21 +30,6 @@ class PlannerName(enum.Enum):
     DYNAMO = "dynamo"
     ARROW = "arrow"
     STATIC = "static"
-
-
-class SwitchMode(enum.Enum):
-    """How a decided switch is applied to each moving node.
-
-    IN_PLACE: the node drains its running requests and serves the new phase without a restart; its host KV
-    stays readable by every node. IN_PLACE_STRAND_KV: as IN_PLACE, but the node's KV is no longer reachable
-    for prefill afterwards (each engine indexes its KV locally). RELAUNCH: the node's worker is terminated
-    (in-flight requests are not waited for) and relaunched in the other role; it serves nothing until ready
-    and its KV starts empty.
-    """
-
-    IN_PLACE = "in_place"
-    IN_PLACE_STRAND_KV = "in_place_strand_kv"
-    RELAUNCH = "relaunch"
 
 
 class Outcome(enum.Enum):
