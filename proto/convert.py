@@ -2,6 +2,8 @@
 
 The node agent (`node_agent.api.convert`, which adds its engine's own types) and the router
 (`router.service.wire`) both speak these messages; the conversions of core values live here once. Every
+This module also carries the node report's prefill queue (`set_prefill_queue`, `prefill_queue_from_proto`) and a
+SwitchPhase call's mode and downtime (`SwitchHow`). Every
 `*_from_proto` validates what the wire cannot (UNSPECIFIED enums, parallel arrays of equal length) and raises
 ValueError naming the field. Round trips `from_proto(to_proto(x)) == x` hold for every valid value.
 
@@ -10,13 +12,15 @@ Boundary: pure functions over `evolving_infra.proto.v1` messages and `evolving_i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from evolving_infra.core.itermodel import IterationRecord, PrefillItem
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
+from evolving_infra.core.types import NodeId, NodeMode, Phase, SwitchMode, Tier
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 E = TypeVar("E")
@@ -28,6 +32,11 @@ _MODE = {
     NodeMode.COLLOCATED: pb.NODE_MODE_COLLOCATED,
 }
 _TIER = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST}
+_SWITCH_MODE = {
+    SwitchMode.IN_PLACE: pb.SWITCH_MODE_IN_PLACE,
+    SwitchMode.IN_PLACE_STRAND_KV: pb.SWITCH_MODE_IN_PLACE_STRAND_KV,
+    SwitchMode.RELAUNCH: pb.SWITCH_MODE_RELAUNCH,
+}
 
 
 def reverse_enum(table: Mapping[E, int], value: int, field: str, enum_name: str) -> E:
@@ -62,6 +71,86 @@ def tier_to_proto(tier: Tier | None) -> int:
 
 def tier_from_proto(value: int, field: str = "tier") -> Tier:
     return reverse_enum(_TIER, value, field, "Tier")
+
+
+# --- phase switches ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SwitchHow:
+    """How a SwitchPhase call asks the node to switch: the mode and, for RELAUNCH, the downtime in seconds."""
+
+    mode: SwitchMode = SwitchMode.IN_PLACE
+    relaunch_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, SwitchMode):
+            raise ValueError(f"mode must be a SwitchMode, got {self.mode!r}")
+        if not (math.isfinite(self.relaunch_s) and self.relaunch_s >= 0):
+            raise ValueError(f"relaunch_seconds must be a finite number >= 0, got {self.relaunch_s}")
+        if self.relaunch_s > 0 and self.mode is not SwitchMode.RELAUNCH:
+            raise ValueError(f"relaunch_seconds {self.relaunch_s} is set, but mode is {self.mode.value}, not relaunch")
+
+
+def switch_request_to_proto(target: Phase, generation: int, how: SwitchHow = SwitchHow()) -> pb.SwitchPhaseRequest:
+    return pb.SwitchPhaseRequest(
+        target=phase_to_proto(target), generation=generation, mode=_SWITCH_MODE[how.mode], relaunch_seconds=how.relaunch_s
+    )
+
+
+def switch_how_from_proto(message: pb.SwitchPhaseRequest) -> SwitchHow:
+    """The request's mode (UNSPECIFIED: in place, what an older caller means) and downtime; ValueError names
+    the field that is wrong."""
+    if message.mode == pb.SWITCH_MODE_UNSPECIFIED:
+        mode = SwitchMode.IN_PLACE
+    else:
+        mode = reverse_enum(_SWITCH_MODE, message.mode, "SwitchPhaseRequest.mode", "SwitchMode")
+    try:
+        return SwitchHow(mode, message.relaunch_seconds)
+    except ValueError as error:
+        raise ValueError(f"SwitchPhaseRequest.relaunch_seconds: {error}") from None
+
+
+# --- the prefill queue of a node report ------------------------------------------------------------
+class RunningPrefillLike(Protocol):
+    """A running chunked prefill, as the engine (`RunningChunk`) and the router (`RunningPrefill`) hold it."""
+
+    @property
+    def request(self) -> str: ...
+    @property
+    def remaining_tokens(self) -> int: ...
+    @property
+    def context_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedPrefills:
+    """A node report's prefill queue: (request id, remaining tokens, context tokens) of each running prefill,
+    and the queued ids in the order they will run."""
+
+    running: tuple[tuple[str, int, int], ...]
+    queued: tuple[str, ...]
+
+
+def set_prefill_queue(state: pb.NodeState, running: Iterable[RunningPrefillLike], queued: Iterable[str]) -> pb.NodeState:
+    """Fill `state`'s prefill queue fields (and mark them reported); returns `state`."""
+    state.running_prefills.extend(
+        pb.RunningPrefill(request_id=r.request, remaining_tokens=r.remaining_tokens, context_tokens=r.context_tokens)
+        for r in running
+    )
+    state.queued_prefills.extend(queued)
+    state.prefill_queue_reported = True
+    return state
+
+
+def prefill_queue_from_proto(state: pb.NodeState) -> ReportedPrefills | None:
+    """The report's prefill queue, or None when the node does not report one (an older node agent)."""
+    if not state.prefill_queue_reported:
+        return None
+    running = []
+    for i, r in enumerate(state.running_prefills):
+        if not r.request_id:
+            raise ValueError(f"NodeState.running_prefills[{i}].request_id is empty")
+        running.append((r.request_id, r.remaining_tokens, r.context_tokens))
+    return ReportedPrefills(tuple(running), tuple(state.queued_prefills))
 
 
 # --- KV events ------------------------------------------------------------------------------------

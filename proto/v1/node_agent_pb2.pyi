@@ -32,6 +32,14 @@ class SwitchState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SWITCH_STATE_SERVING: _ClassVar[SwitchState]
     SWITCH_STATE_DRAINING: _ClassVar[SwitchState]
     SWITCH_STATE_SWITCHED: _ClassVar[SwitchState]
+    SWITCH_STATE_RELAUNCHING: _ClassVar[SwitchState]
+
+class SwitchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SWITCH_MODE_UNSPECIFIED: _ClassVar[SwitchMode]
+    SWITCH_MODE_IN_PLACE: _ClassVar[SwitchMode]
+    SWITCH_MODE_IN_PLACE_STRAND_KV: _ClassVar[SwitchMode]
+    SWITCH_MODE_RELAUNCH: _ClassVar[SwitchMode]
 
 class TransportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +68,11 @@ SWITCH_STATE_UNSPECIFIED: SwitchState
 SWITCH_STATE_SERVING: SwitchState
 SWITCH_STATE_DRAINING: SwitchState
 SWITCH_STATE_SWITCHED: SwitchState
+SWITCH_STATE_RELAUNCHING: SwitchState
+SWITCH_MODE_UNSPECIFIED: SwitchMode
+SWITCH_MODE_IN_PLACE: SwitchMode
+SWITCH_MODE_IN_PLACE_STRAND_KV: SwitchMode
+SWITCH_MODE_RELAUNCH: SwitchMode
 TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_MOONCAKE_TCP: TransportKind
 TRANSPORT_KIND_GRPC: TransportKind
@@ -108,14 +121,18 @@ class TierGauges(_message.Message):
     def __init__(self, capacity: _Optional[int] = ..., free: _Optional[int] = ..., cached: _Optional[int] = ..., pinned: _Optional[int] = ..., in_use: _Optional[int] = ...) -> None: ...
 
 class SwitchPhaseRequest(_message.Message):
-    __slots__ = ("target", "generation", "trace")
+    __slots__ = ("target", "generation", "trace", "mode", "relaunch_seconds")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     target: Phase
     generation: int
     trace: TraceContext
-    def __init__(self, target: _Optional[_Union[Phase, str]] = ..., generation: _Optional[int] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
+    mode: SwitchMode
+    relaunch_seconds: float
+    def __init__(self, target: _Optional[_Union[Phase, str]] = ..., generation: _Optional[int] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., mode: _Optional[_Union[SwitchMode, str]] = ..., relaunch_seconds: _Optional[float] = ...) -> None: ...
 
 class SwitchPhaseResponse(_message.Message):
     __slots__ = ("phase", "generation", "drain_seconds", "switch_seconds", "handed_back", "already_serving")
@@ -137,8 +154,18 @@ class GetStateRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RunningPrefill(_message.Message):
+    __slots__ = ("request_id", "remaining_tokens", "context_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    remaining_tokens: int
+    context_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., remaining_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ...) -> None: ...
+
 class NodeState(_message.Message):
-    __slots__ = ("node", "mode", "switch_state", "generation", "l1", "l2", "prefill_queued", "prefill_waiting", "prefill_running", "decode_queued", "decode_running", "time", "prefill_events")
+    __slots__ = ("node", "mode", "switch_state", "generation", "l1", "l2", "prefill_queued", "prefill_waiting", "prefill_running", "decode_queued", "decode_running", "time", "prefill_events", "running_prefills", "queued_prefills", "prefill_queue_reported")
     NODE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +179,9 @@ class NodeState(_message.Message):
     DECODE_RUNNING_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     PREFILL_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_PREFILLS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILLS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_QUEUE_REPORTED_FIELD_NUMBER: _ClassVar[int]
     node: str
     mode: NodeMode
     switch_state: SwitchState
@@ -165,7 +195,10 @@ class NodeState(_message.Message):
     decode_running: int
     time: float
     prefill_events: bool
-    def __init__(self, node: _Optional[str] = ..., mode: _Optional[_Union[NodeMode, str]] = ..., switch_state: _Optional[_Union[SwitchState, str]] = ..., generation: _Optional[int] = ..., l1: _Optional[_Union[TierGauges, _Mapping]] = ..., l2: _Optional[_Union[TierGauges, _Mapping]] = ..., prefill_queued: _Optional[int] = ..., prefill_waiting: _Optional[int] = ..., prefill_running: _Optional[int] = ..., decode_queued: _Optional[int] = ..., decode_running: _Optional[int] = ..., time: _Optional[float] = ..., prefill_events: _Optional[bool] = ...) -> None: ...
+    running_prefills: _containers.RepeatedCompositeFieldContainer[RunningPrefill]
+    queued_prefills: _containers.RepeatedScalarFieldContainer[str]
+    prefill_queue_reported: bool
+    def __init__(self, node: _Optional[str] = ..., mode: _Optional[_Union[NodeMode, str]] = ..., switch_state: _Optional[_Union[SwitchState, str]] = ..., generation: _Optional[int] = ..., l1: _Optional[_Union[TierGauges, _Mapping]] = ..., l2: _Optional[_Union[TierGauges, _Mapping]] = ..., prefill_queued: _Optional[int] = ..., prefill_waiting: _Optional[int] = ..., prefill_running: _Optional[int] = ..., decode_queued: _Optional[int] = ..., decode_running: _Optional[int] = ..., time: _Optional[float] = ..., prefill_events: _Optional[bool] = ..., running_prefills: _Optional[_Iterable[_Union[RunningPrefill, _Mapping]]] = ..., queued_prefills: _Optional[_Iterable[str]] = ..., prefill_queue_reported: _Optional[bool] = ...) -> None: ...
 
 class SubmitPrefillRequest(_message.Message):
     __slots__ = ("request_id", "branch_id", "prompt_pages", "prompt_tokens", "output_tokens", "t_acc", "fetch", "generated_pages", "trace")
