@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from evolving_infra.node_agent.profile import HardwareProfile
-from evolving_infra.operator import conditions, kube, meta, nodes, placement, summary
+from evolving_infra.operator import conditions, images, kube, meta, nodes, placement, summary
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, NodeAgentClient
 from evolving_infra.operator.builders import BuildContext, build_children
 from evolving_infra.operator.children import ApplyResult, apply_children
@@ -282,7 +282,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         cluster,
         spec,
         resolve_profile(spec, rt.profile_table()),
-        rt.settings.default_image,
+        rt.settings.default_image or images.FALLBACK_IMAGE,
         operator_namespace=rt.settings.namespace,
         excluded_nodes=excluded,
     )

@@ -9,16 +9,20 @@ Boundary: process wiring; no decisions.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import kopf
 from kubernetes import client as kclient
 
+from evolving_infra.operator import images
 from evolving_infra.operator.agents import GrpcNodeAgentClient, NodeAgentClient
 from evolving_infra.operator.handlers import build_registry, kopf_event_sink, kopf_settings
 from evolving_infra.operator.kube import KubeApi, load_client
 from evolving_infra.operator.reconcile import Runtime
 from evolving_infra.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
 
 
 def make_runtime(api_client: kclient.ApiClient, settings: OperatorSettings, agents: NodeAgentClient | None = None) -> Runtime:
@@ -36,7 +40,12 @@ async def operator_task(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
-    """Run kopf with our handlers until `stop_flag` is set (or forever); cluster-wide without namespaces."""
+    """Run kopf with our handlers until `stop_flag` is set (or forever); cluster-wide without namespaces.
+
+    First the children's default image is settled: the settings' own, else the operator pod's (see `images`)."""
+    image, source = await images.resolve_default_image(rt.api, rt.settings.default_image, rt.settings.namespace, rt.settings.pod_name)
+    rt.settings = rt.settings.model_copy(update={"default_image": image})
+    log.info("routers and node agents default to image %s (from %s)", image, source)
     await kopf.operator(
         registry=build_registry(rt, api_client.configuration),
         settings=kopf_settings(),

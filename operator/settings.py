@@ -26,11 +26,20 @@ class OperatorSettings(BaseSettings):
         max_length=63,
         description="Namespace the operator runs in (the NetworkPolicy admits its pods to the node agents).",
     )
-    default_image: str = Field(
-        default="evolving-infra:latest",
+    default_image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
-        description="Image of routers and node agents whose spec names none (normally the operator's own image).",
+        description=(
+            "Image of routers and node agents whose spec names none; unset: the operator's own image, read from "
+            "its pod (see `images`)."
+        ),
+    )
+    pod_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The operator's own pod (downward API), read at start for its image.",
     )
     node_agent_port: int = Field(
         default=NODE_AGENT_GRPC_PORT,

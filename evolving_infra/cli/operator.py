@@ -26,6 +26,7 @@ from rich.console import Console
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.operator import crdgen, meta
 from evolving_infra.operator.builders import BuildContext, build_children
+from evolving_infra.operator.images import FALLBACK_IMAGE
 from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
 from evolving_infra.operator.spec import AgentServingClusterSpec
 
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     render = actions.add_parser("render", help="print the child objects the operator would create")
     render.add_argument("file", metavar="FILE", help="a YAML file with one AgentServingCluster")
-    render.add_argument("--image", default="evolving-infra:latest", help="image used where the spec sets none")
+    render.add_argument("--image", default=FALLBACK_IMAGE, help="image used where the spec sets none (the operator's own)")
     render.add_argument("--namespace", default="default", help="namespace if the object names none")
     render.set_defaults(handler=_render)
 
