@@ -1,9 +1,11 @@
 """Conversions between `evolving_infra.v1` messages and the pure core's values, shared by every service.
 
 The node agent (`node_agent.api.convert`, which adds its engine's own types) and the router
-(`router.service.wire`) both speak these messages; the conversions of core values live here once, with the node report's prefill queue (`set_prefill_queue`,
-`prefill_queue_from_proto`) and a SwitchPhase call's mode and downtime (`SwitchHow`). Every `*_from_proto` validates what the wire cannot (UNSPECIFIED enums, parallel arrays of equal length) and raises
-ValueError naming the field. Round trips `from_proto(to_proto(x)) == x` hold for every valid value.
+(`router.service.wire`) both speak these messages; the conversions of core values live here once, with the
+node report's prefill queue (`set_prefill_queue`, `prefill_queue_from_proto`) and a SwitchPhase call's mode
+and downtime (`SwitchHow`). Every `*_from_proto` validates what the wire cannot (UNSPECIFIED enums, parallel
+arrays of equal length) and raises ValueError naming the field. Round trips `from_proto(to_proto(x)) == x`
+hold for every valid value.
 
 Boundary: pure functions over `evolving_infra.proto.v1` messages and `evolving_infra.core` values.
 """
