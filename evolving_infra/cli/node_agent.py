@@ -24,12 +24,13 @@ from typing import Any
 
 from evolving_infra.cli.args import parse_addresses
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.node_agent.api.auth import CredentialsError
 from evolving_infra.node_agent.profiles import ProfileError
 from evolving_infra.node_agent.service.main import run
 from evolving_infra.node_agent.service.settings import NodeAgentSettings, SettingsError, load_settings
 from evolving_infra.node_agent.transfer import TransportKind, TransportUnavailable
 
-CUSTOM_FLAGS = {"transfer": "--transport", "peers": "--peer"}
+CUSTOM_FLAGS = {"transfer": "--transport", "peers": "--peer", "peer_networks": "--peer-network"}
 """Settings whose flags are not generated: the transfer section (its kind) and the peer map."""
 
 
@@ -67,6 +68,10 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         "--peer", dest="peer", action="append", default=None, metavar="NODE=HOST:PORT",
         help="a peer node agent's gRPC address (repeatable).",
     )
+    parser.add_argument(
+        "--peer-network", dest="peer_network", action="append", default=None, metavar="CIDR",
+        help="a network fetch runs' peer addresses may point into (repeatable; replaces the loopback default).",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -90,6 +95,8 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
         flags["transfer"] = {"kind": args.transport}
     if args.peer:
         flags["peers"] = parse_addresses(args.peer, "--peer", "NODE")
+    if args.peer_network:
+        flags["peer_networks"] = list(args.peer_network)
     return flags
 
 
@@ -109,5 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(f"hardware profile: {exc}", USAGE_ERROR) from exc
     except TransportUnavailable as exc:
         raise CliError(f"transport {settings.transfer.kind.value}: {exc} (or use --transport grpc)", 1) from exc
+    except CredentialsError as exc:
+        raise CliError(f"credentials: {exc}", USAGE_ERROR) from exc
     except OSError as exc:
         raise CliError(f"cannot serve on {settings.host}: {exc}", 1) from exc

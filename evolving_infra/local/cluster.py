@@ -146,7 +146,7 @@ class LocalCluster:
             for i, node in enumerate(self.spec.node_ids()):
                 path = self._write(f"node-{node}", self.node_settings(i))
                 child = Child(f"node-agent {node}", python_command("node-agent", "serve", "--settings", str(path),
-                                                                  "--log-level", "WARNING"), self.workdir)  # fmt: skip
+                                                                  "--log-level", "WARNING", "--insecure"), self.workdir)  # fmt: skip
                 self.nodes[node] = child
                 child.start()
             deadline = time.monotonic() + self.spec.start_timeout_s

@@ -18,6 +18,7 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId
 from evolving_infra.node_agent.engine.outputs import PrefillFinished, PrefillStarted, SwitchReport, SwitchState
 from evolving_infra.node_agent.engine.requests import DecodeRequest, FetchRun, PrefillRequest
+from evolving_infra.node_agent.api.limits import MAX_PROMPT_PAGES, check_count, check_request_fields
 from evolving_infra.node_agent.engine.tier import TierGauges
 from evolving_infra.node_agent.transfer.base import TransportKind
 from evolving_infra.proto.convert import (  # noqa: F401 - re-exported: the node agent's edge in one place
@@ -167,8 +168,20 @@ def prefill_request_to_proto(
     return message
 
 
+def _check_bounds(where: str, message: pb.SubmitPrefillRequest | pb.SubmitDecodeRequest) -> None:
+    fetch = [(run.peer, len(run.pages), run.peer_address) for run in message.fetch]
+    check_request_fields(
+        where, message.request_id, message.branch_id, len(message.prompt_pages), message.prompt_tokens,
+        message.output_tokens, message.t_acc, fetch,
+    )  # fmt: skip
+    if message.HasField("generated_pages"):
+        check_count(len(message.generated_pages.pages), f"{where}.generated_pages (count)", 0, MAX_PROMPT_PAGES)
+
+
 def prefill_request_from_proto(message: pb.SubmitPrefillRequest) -> PrefillRequest:
-    """The engine's request (its own checks raise ValueError naming the request)."""
+    """The engine's request, its ids, sizes and numbers bounded first (`limits`); the engine's own checks
+    raise ValueError naming the request."""
+    _check_bounds("SubmitPrefillRequest", message)
     return PrefillRequest(
         request=RequestId(message.request_id),
         branch=BranchId(message.branch_id),
@@ -201,7 +214,8 @@ def decode_request_to_proto(
 
 
 def decode_request_from_proto(message: pb.SubmitDecodeRequest) -> tuple[DecodeRequest, tuple[FetchRun, ...]]:
-    """The engine's request and where its prompt KV is to be fetched from."""
+    """The engine's request and where its prompt KV is to be fetched from (bounded first, as a prefill)."""
+    _check_bounds("SubmitDecodeRequest", message)
     req = DecodeRequest(
         request=RequestId(message.request_id),
         branch=BranchId(message.branch_id),

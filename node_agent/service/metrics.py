@@ -94,6 +94,10 @@ class NodeMetrics:
         self.dropped = Counter(
             p + "event_subscribers_dropped", "StreamEvents subscribers dropped for falling behind.", registry=r
         )
+        self.denied = Counter(p + "unauthenticated_calls", "gRPC calls refused for missing or wrong credentials.", registry=r)
+        self.invalid = Counter(
+            p + "invalid_requests", "gRPC requests refused by validation (INVALID_ARGUMENT).", ["method"], registry=r
+        )
 
     # --- recording -----------------------------------------------------------------------------------
     def iteration(self, record: IterationRecord) -> None:

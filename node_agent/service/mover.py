@@ -16,6 +16,7 @@ Boundary: moving bytes and measuring them; which pages to move is the engine's (
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +36,37 @@ RETRY_MAX_S = 0.1
 
 
 class UnknownPeer(ValueError):
-    """A fetch run names a peer with no address (none given, none configured)."""
+    """A fetch run names a peer with no address (none given, none configured), or an address outside the
+    cluster (neither a configured peer's nor in `peer_networks`)."""
+
+
+def _host_of(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise UnknownPeer(f"peer_address {address[:100]!r} must be host:port with a port 1-65535")
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class PeerPolicy:
+    """Which addresses the node may connect to for KV: the configured peers' addresses, and IP literals in
+    `networks` (the cluster's pod network; loopback by default). Host names are followed only when they are
+    a configured peer's address, so a caller can never point the node at an arbitrary host."""
+
+    def __init__(self, peers: Mapping[str, str], networks: Sequence[str]) -> None:
+        self.known = frozenset(peers.values())
+        self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+    def check(self, peer: NodeId, address: str) -> str:
+        if address in self.known:
+            return address
+        host = _host_of(address)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise UnknownPeer(f"fetch run from peer {peer!r}: {address[:100]!r} is not a configured peer's address and not an IP address") from None
+        if not any(ip in net for net in self.networks):
+            raise UnknownPeer(f"fetch run from peer {peer!r}: {address!r} is outside the cluster's peer networks")
+        return address
 
 
 class KvMover:
@@ -47,16 +78,21 @@ class KvMover:
         executor: Executor,
         metrics: NodeMetrics,
         peers: Mapping[str, str],
+        networks: Sequence[str] = ("127.0.0.0/8", "::1/128"),
     ) -> None:
         self.transport = transport
         self.executor = executor
         self.metrics = metrics
         self.peers = dict(peers)
+        self.policy = PeerPolicy(self.peers, networks)
         self.kind = transport.kind
 
     def address_of(self, peer: NodeId, given: str = "") -> str:
-        """The peer's gRPC address: the one given with the run, else the configured one."""
-        address = given or self.peers.get(peer, "")
+        """The peer's gRPC address: the one given with the run (checked against `policy`), else the
+        configured one."""
+        if given:
+            return self.policy.check(peer, given)
+        address = self.peers.get(peer, "")
         if not address:
             known = ", ".join(sorted(self.peers)) or "none"
             raise UnknownPeer(

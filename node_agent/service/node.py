@@ -44,6 +44,7 @@ from evolving_infra.node_agent.engine import (
     SwitchReport,
     SwitchState,
 )
+from evolving_infra.node_agent.api.auth import AuthMode, blocking_channel, load_credentials
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.node_agent.service import messages
 from evolving_infra.node_agent.service.decodes import Accepted, DecodeCheck, DecodeTable, Failed, Finished, Tokens
@@ -56,7 +57,7 @@ from evolving_infra.node_agent.service.runner import EngineRunner, NodeClock
 from evolving_infra.node_agent.service.settings import NodeAgentSettings, resolve_memory
 from evolving_infra.node_agent.service.switching import Generation, SwitchAction, decide_switch
 from evolving_infra.node_agent.transfer import KvArena, Transport, TransportKind, make_transport
-from evolving_infra.node_agent.transfer.channels import PeerChannels
+from evolving_infra.node_agent.transfer.channels import CHANNEL_OPTIONS, PeerChannels
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,10 @@ class NodeAgent:
         from evolving_infra.node_agent.service.servicer import NodeAgentServicer
 
         s = self.settings
+        self.credentials = load_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure)
+        if self.credentials.mode is AuthMode.INSECURE:
+            log.warning("node %s: serving WITHOUT authentication (--insecure): anyone who reaches %s:%s may call it",
+                        self.node, s.host, s.grpc_port)  # fmt: skip
         memory = resolve_memory(s, load_profile(s.profile))
         self.memory = memory
         rng = random.Random(s.seed) if s.noise > 0 else None
@@ -121,7 +126,8 @@ class NodeAgent:
             check_invariants=s.check_invariants,
         )
         self.arena = KvArena(memory.arena_slots, memory.page_bytes)
-        self.channels = PeerChannels()
+        credentials = self.credentials
+        self.channels = PeerChannels(lambda address: blocking_channel(address, credentials, CHANNEL_OPTIONS))
         self._transport = make_transport(s.transfer, self.arena, self.channels)
         if s.transfer.kind is TransportKind.MOONCAKE_TCP:
             self.mooncake_address = getattr(self._transport, "address", None)
@@ -129,7 +135,7 @@ class NodeAgent:
         l2 = self.engine.pool.l2
         self.sync = ArenaSync(self.arena, l2.contains, l2.is_writing)
         self.clock = NodeClock(s.speed_up)
-        self.mover = KvMover(self._transport, self.executor, self.metrics, s.peers)
+        self.mover = KvMover(self._transport, self.executor, self.metrics, s.peers, s.peer_networks)
         self.runner = EngineRunner(self.engine, self.clock, self, self.mover)
         self.runner.on_failure = self._engine_failed
         self.decodes = DecodeTable()
@@ -139,7 +145,8 @@ class NodeAgent:
         self.metrics.engine_gauges(self.engine.gauges())
         servicer = NodeAgentServicer(self)
         self._server = server = await start_aio_server(
-            servicer, s.host, s.grpc_port, allow_wildcard=s.allow_wildcard_host
+            servicer, s.host, s.grpc_port, allow_wildcard=s.allow_wildcard_host, credentials=self.credentials,
+            on_denied=lambda method: self.metrics.denied.inc(),
         )
         self.address = server.address
         if s.metrics_enabled:
@@ -266,6 +273,9 @@ class NodeAgent:
         self._check_accepting()
         decision = decide_switch(self.generation, self.engine.mode, self._draining, target, generation, self.node)
         action = decision.action
+        if action is SwitchAction.INVALID:
+            self.metrics.invalid.labels("SwitchPhase").inc()
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, decision.message)
         if action in (SwitchAction.STALE, SwitchAction.CONFLICT):
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, decision.message)
         if action is SwitchAction.BUSY:

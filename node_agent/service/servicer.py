@@ -27,6 +27,7 @@ from evolving_infra.node_agent.api.convert import (
     phase_to_proto,
     prefill_request_from_proto,
 )
+from evolving_infra.node_agent.api.limits import MAX_COUNT_PAGES, MAX_SUBSCRIBER_CHARS, check_count, check_id
 from evolving_infra.node_agent.api.pages_service import PagesServicer
 from evolving_infra.node_agent.service.decodes import Accepted, Finished, Tokens
 from evolving_infra.node_agent.service.errors import ServiceError, to_service_error
@@ -96,6 +97,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         updates = pages = 0
         async for update in request_iterator:
             try:
+                check_count(len(update.pages), "CountUpdate.pages (count)", 0, MAX_COUNT_PAGES)
                 counts = counts_from_proto(update)
             except ValueError as error:
                 await _abort(context, to_service_error(error))
@@ -169,6 +171,11 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     ) -> AsyncIterator[pb.NodeEvent]:
         if not self.node.accepting:
             await _abort(context, ServiceError(grpc.StatusCode.UNAVAILABLE, f"node {self.node.node} is shutting down"))
+        if request.subscriber:
+            try:
+                check_id(request.subscriber, "StreamEventsRequest.subscriber", MAX_SUBSCRIBER_CHARS)
+            except ValueError as error:
+                await _abort(context, to_service_error(error))
         hub = self.node.hub
         sub = hub.subscribe(request.subscriber or context.peer())
         self.node.metrics.subscribers.set(len(hub))

@@ -16,6 +16,7 @@ Boundary: configuration values and their resolution against a profile; no socket
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,6 +136,20 @@ class NodeAgentSettings(BaseSettings):
     )
     workers: int = Field(default=8, ge=1, le=256, description="Threads for KV transfers and page streaming.")
     check_invariants: bool = Field(default=False, description="Check the engine's page accounting after every call.")
+    cluster_token_file: Path | None = Field(
+        default=None, description="File holding the shared cluster token callers must send (and this node sends to peers)."
+    )
+    tls_cert_file: Path | None = Field(default=None, description="Mutual TLS: this node's certificate chain (PEM).")
+    tls_key_file: Path | None = Field(default=None, description="Mutual TLS: this node's private key (PEM).")
+    tls_ca_file: Path | None = Field(default=None, description="Mutual TLS: the cluster CA that signs every member (PEM).")
+    insecure: bool = Field(
+        default=False,
+        description="Serve without authentication when no token or TLS files are given (local runs only).",
+    )
+    peer_networks: list[str] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"],
+        description="Networks (CIDR) a fetch run's peer_address may point into, besides the addresses in peers.",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -173,6 +188,16 @@ class NodeAgentSettings(BaseSettings):
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) <= 65535:
                 raise ValueError(f"peer {node!r}: address {address!r} must be host:port with a port 1-65535")
+        return value
+
+    @field_validator("peer_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as error:
+                raise ValueError(f"peer network {network!r} is not a CIDR network: {error}") from None
         return value
 
     @model_validator(mode="after")

@@ -1,6 +1,10 @@
 """What a `SwitchPhase(target, generation)` call does, decided from the node's switch generation.
 
 The generation is the operator's switch epoch. Rules, in order:
+0. `generation` > MAX_GENERATION (2^53 - 1), or more than MAX_GENERATION_STEP above the node's generation:
+   INVALID (refused, INVALID_ARGUMENT). So no caller can push a node to a generation from which the next
+   one (max + 1, as the router and the operator compute it) overflows, or far enough that honest switches
+   could never catch up.
 1. `generation` < the node's generation: STALE (refused, FAILED_PRECONDITION).
 2. A switch is draining: the same (target, generation) JOINs it (waits for it, hands nothing back
    twice); anything else is BUSY (ABORTED: retry once it completes).
@@ -10,7 +14,8 @@ The generation is the operator's switch epoch. Rules, in order:
 4. Otherwise (a newer generation, or the node's initial generation 0 never used by a call): if the node
    already serves exactly `target`, ADOPT (record the generation, nothing to switch); else SWITCH.
 
-Invariant: a generation, once used, names one phase on this node; generations never decrease.
+Invariant: a generation, once used, names one phase on this node; generations never decrease, never exceed
+MAX_GENERATION, and one call raises them by at most MAX_GENERATION_STEP.
 
 Boundary: a pure decision over plain values; the servicer carries it out.
 """
@@ -21,9 +26,16 @@ import enum
 from dataclasses import dataclass
 
 from evolving_infra.core.types import NodeMode, Phase
+from evolving_infra.node_agent.api.limits import MAX_GENERATION
+
+
+MAX_GENERATION_STEP = 1_000_000
+"""Most one switch call may raise a node's generation (a node left behind by a million switches of other
+nodes still catches up in one call; a forged huge generation is refused)."""
 
 
 class SwitchAction(enum.Enum):
+    INVALID = "invalid"
     SWITCH = "switch"
     ADOPT = "adopt"
     ALREADY = "already"
@@ -56,6 +68,14 @@ def decide_switch(
     node: str = "node",
 ) -> SwitchDecision:
     """The action for `SwitchPhase(target, generation)` (rules in the module docstring)."""
+    if generation > MAX_GENERATION:
+        return SwitchDecision(SwitchAction.INVALID, f"node {node}: switch generation {generation} exceeds {MAX_GENERATION}")
+    if generation > gen.value + MAX_GENERATION_STEP:
+        return SwitchDecision(
+            SwitchAction.INVALID,
+            f"node {node}: switch generation {generation} is more than {MAX_GENERATION_STEP} above the node's "
+            f"generation {gen.value}",
+        )
     if generation < gen.value:
         return SwitchDecision(
             SwitchAction.STALE,

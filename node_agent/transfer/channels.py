@@ -6,6 +6,7 @@ Boundary: channel lifetime only (no retries; callers map errors).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -21,7 +22,9 @@ CHANNEL_OPTIONS = (
 class PeerChannels:
     """Open channels to peers by gRPC address (`host:port`); `close` closes them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, factory: Callable[[str], grpc.Channel] | None = None) -> None:
+        """`factory(address)` opens a channel (default: insecure); it carries the cluster's credentials."""
+        self._factory = factory or (lambda address: grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
 
@@ -31,7 +34,7 @@ class PeerChannels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self._factory(address)
                 self._channels[address] = channel
         return rpc.NodeAgentStub(channel)
 

@@ -30,7 +30,7 @@ def chain(name: str, n: int, parent: int = 0) -> list[PageHash]:
 async def scenario() -> dict[str, Any]:
     settings = NodeAgentSettings(
         node="ev", mode=NodeMode.PREFILL, grpc_port=0, metrics_port=0, metrics_enabled=False, speed_up=2.0,
-        l1_pages=4096, l2_pages=4096, page_bytes=4096, state_interval_s=0,
+        l1_pages=4096, l2_pages=4096, page_bytes=4096, state_interval_s=0, insecure=True,
     )  # fmt: skip
     node = NodeAgent(settings)
     await node.start()

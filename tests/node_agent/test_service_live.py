@@ -48,6 +48,7 @@ def node_settings(node: str, mode: NodeMode, kind: TransportKind = TransportKind
     values: dict[str, Any] = dict(
         node=node, mode=mode, grpc_port=0, metrics_port=0, speed_up=20.0, l2_pages=2048, l1_pages=2048,
         page_bytes=4096, state_interval_s=0, transfer=TransportSettings(kind=kind), decode_pull_timeout_s=10,
+        insecure=True,
     )
     values.update(extra)
     return NodeAgentSettings(**values)

@@ -35,7 +35,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def test_sigterm_drains_the_running_decode_and_exits_zero() -> None:
-    argv = SERVE + ["--node", "p", "--mode", "decode", "--grpc-port", "0", "--metrics-port", "0", "--speed-up", "10"]
+    argv = SERVE + ["--node", "p", "--mode", "decode", "--grpc-port", "0", "--metrics-port", "0", "--speed-up", "10", "--insecure"]
     argv += ["--l2-pages", "512", "--shutdown-grace-s", "20", "--state-interval-s", "0"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -126,7 +126,7 @@ def start_agents(
     handles: list[AgentProcess] = []
     try:
         for node, phase in sorted(phases.items()):
-            args = ["node-agent", "serve", "--log-level", "WARNING"]
+            args = ["node-agent", "serve", "--log-level", "WARNING", "--insecure"]
             if settings_file is not None:
                 args += ["--settings", str(settings_file)]
             if identity_args:

@@ -31,7 +31,7 @@ PROMPT = " ".join(f"w{i}" for i in range(300))
 def node_settings(node: str, mode: NodeMode, **extra: Any) -> NodeAgentSettings:
     values: dict[str, Any] = dict(
         node=node, mode=mode, grpc_port=0, metrics_port=0, metrics_enabled=False, speed_up=50.0, l2_pages=1024,
-        l1_pages=1024, page_bytes=4096, state_interval_s=0.2, decode_pull_timeout_s=10,
+        l1_pages=1024, page_bytes=4096, state_interval_s=0.2, decode_pull_timeout_s=10, insecure=True,
     )
     values.update(extra)
     return NodeAgentSettings(**values)
