@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.cli.trace_agents import register_agent_imports
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS
 from evolving_infra.traces.content import ContentModel, ProgressFn
 from evolving_infra.traces.errors import TraceError
@@ -77,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     mooncake.add_argument("--json", action="store_true", help="print the import report as JSON only")
     mooncake.set_defaults(handler=_import_mooncake)
+    register_agent_imports(formats)
     _register_export(actions)
 
 
