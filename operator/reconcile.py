@@ -22,6 +22,7 @@ Boundary: the imperative shell around the pure builders, claims, node tracking a
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -126,19 +127,62 @@ def _selection(obj: Mapping[str, Any]) -> ClusterSelection | None:
         return None  # an invalid cluster claims nothing
 
 
-async def claim(rt: Runtime, cluster: meta.ClusterRef) -> PartitionClaim | None:
-    """This cluster's claim among all clusters, or None where the operator may not list nodes or clusters."""
+class ClaimScope(enum.Enum):
+    """How far the partition check reached (the `PartitionsChecked` condition's reason)."""
+
+    ALL_NAMESPACES = "AllNamespaces"
+    NAMESPACE_ONLY = "NamespaceOnly"
+    UNAVAILABLE = "CheckUnavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """This cluster's claim (None when unchecked) and how far the check reached."""
+
+    claim: PartitionClaim | None
+    scope: ClaimScope
+    detail: str = ""
+
+    def want(self) -> Want:
+        if self.scope is ClaimScope.ALL_NAMESPACES:
+            return Want.true(ConditionType.PARTITIONS_CHECKED, self.scope.value, "node claims checked against clusters in every namespace")
+        if self.scope is ClaimScope.NAMESPACE_ONLY:
+            message = (
+                f"node claims checked against clusters in namespace {self.detail} only: the operator may not list clusters "
+                "in other namespaces (namespaced install), so overlaps with them are not detected"
+            )
+            return Want.false(ConditionType.PARTITIONS_CHECKED, self.scope.value, message)
+        message = f"node claims not checked: {self.detail}; node agents run on every selected node"
+        return Want.false(ConditionType.PARTITIONS_CHECKED, self.scope.value, message)
+
+
+async def claim(rt: Runtime, cluster: meta.ClusterRef) -> Claimed:
+    """This cluster's claim among all clusters it may list: every namespace, else its own (a namespaced
+    install), else none (nodes cannot be listed); the scope says which, for the `PartitionsChecked` condition."""
+    scope = ClaimScope.ALL_NAMESPACES
     try:
         others = await rt.api.list(kube.CLUSTER)
+    except KubeError as exc:
+        if not exc.forbidden:
+            raise
+        scope = ClaimScope.NAMESPACE_ONLY
+        try:
+            others = await rt.api.list(kube.CLUSTER, cluster.namespace)
+        except KubeError as inner:
+            if not inner.forbidden:
+                raise
+            return Claimed(None, ClaimScope.UNAVAILABLE, f"clusters cannot be listed ({inner.message or inner.reason})")
+    try:
         node_objs = await rt.api.list(kube.NODE)
     except KubeError as exc:
-        if exc.forbidden:
-            log.info("partition claims skipped for %s/%s: %s", cluster.namespace, cluster.name, exc)
-            return None
-        raise
+        if not exc.forbidden:
+            raise
+        log.warning("partition claims not checked for %s/%s: %s", cluster.namespace, cluster.name, exc)
+        return Claimed(None, ClaimScope.UNAVAILABLE, f"nodes cannot be listed ({exc.message or exc.reason})")
     selections = [s for s in (_selection(o) for o in others if not (o.get("metadata") or {}).get("deletionTimestamp")) if s]
     labelled = [NodeLabels(str(n["metadata"]["name"]), (n["metadata"].get("labels") or {})) for n in node_objs]
-    return claim_nodes(selections, labelled).get((cluster.namespace, cluster.name))
+    found = claim_nodes(selections, labelled).get((cluster.namespace, cluster.name))
+    return Claimed(found, scope, cluster.namespace if scope is ClaimScope.NAMESPACE_ONLY else "")
 
 
 def claim_problems(claim_: PartitionClaim | None) -> list[Problem]:
@@ -275,7 +319,8 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         written = await write_status(rt, body, before, after)
         return Outcome(valid=False, status_written=written, problems=parsed.problems)
     cluster, spec = parsed.cluster, parsed.spec
-    claim_ = await claim(rt, cluster)
+    claimed = await claim(rt, cluster)
+    claim_ = claimed.claim
     # Node agents run on the claimed nodes only: not on nodes an earlier cluster holds, nor on the surplus.
     excluded = tuple(sorted({c.node for c in claim_.conflicts} | set(claim_.surplus))) if claim_ is not None else ()
     ctx = BuildContext(
@@ -304,8 +349,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         now=rt.clock(),
         generation=generation,
     )
-    if placed.wants:
-        after = summary.with_conditions(after, placed.wants, rt.clock(), generation)
+    after = summary.with_conditions(after, (claimed.want(), *placed.wants), rt.clock(), generation)
     written = await write_status(rt, body, before, after)
     return Outcome(
         valid=True, children=applied, status_written=written, problems=tuple(p.message for p in problems),

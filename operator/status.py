@@ -44,6 +44,7 @@ class ConditionType(enum.Enum):
     ADAPTING = "Adapting"
     DEGRADED = "Degraded"
     INVALID = "Invalid"
+    PARTITIONS_CHECKED = "PartitionsChecked"
 
 
 class ConditionStatus(enum.Enum):
@@ -66,7 +67,9 @@ class Condition(KubeModel):
         description=(
             "Ready: serving requests (stays True during a routine re-split); RouterReady; NodeAgentsReady; "
             "Adapting: a switch is in progress; Degraded: serving with less than asked (a node unreachable, a "
-            "switch rolled back, a node claimed by another cluster); Invalid: the spec cannot be applied."
+            "switch rolled back, a node claimed by another cluster); Invalid: the spec cannot be applied; "
+            "PartitionsChecked: whether node claims were checked against clusters in every namespace (False in a "
+            "namespaced install, which sees only its own namespace)."
         )
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")

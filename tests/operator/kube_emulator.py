@@ -8,7 +8,10 @@ On top of `kmock.KubernetesEmulator` this supplies:
 - list responses with `kind: <Kind>List` and `apiVersion`, filtered by `labelSelector`;
 - a `meta.k8s.io/v1` Table (for `kubectl get`) built from the CRD's `additionalPrinterColumns`;
 - the right groupVersion (`v1`) in core discovery;
-- `collect_garbage()`: deletes objects whose controlling owner is gone (a real cluster's GC).
+- `collect_garbage()`: deletes objects whose controlling owner is gone (a real cluster's GC);
+- RBAC refusals and stalls on demand: `refuse(predicate)` answers matching requests with 403 Forbidden
+  (as a namespaced Role would), `stall(predicate)` holds matching requests until `release()` (a hung
+  API server or a dead connection).
 
 No schema validation, defaulting, CEL, 409 on stale resourceVersions or server-side apply merging
 (an apply is merged like a JSON merge patch).
@@ -16,18 +19,21 @@ No schema validation, defaulting, CEL, 409 on stale resourceVersions or server-s
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import itertools
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import kmock
 import yaml
 from kmock._internal import enums, rendering
+from kmock._internal.k8s import KubernetesError
 
 CORE_KINDS = (
     ("v1", "configmaps", "ConfigMap", True),
@@ -89,6 +95,18 @@ def _matches_selector(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+@attrs.frozen
+class Forbidden(KubernetesError):
+    """What the API server answers a request RBAC does not allow."""
+
+    status: int = 403
+    reason: str = "Forbidden"
+    message: str = "forbidden by the emulator's refusal rules (RBAC)"
+
+
+Predicate = Callable[[rendering.Request], bool]
+
+
 class Emulator(kmock.KubernetesEmulator):
     """See the module docstring; `load_crd(path)` declares a custom resource."""
 
@@ -97,6 +115,10 @@ class Emulator(kmock.KubernetesEmulator):
         self._counter = itertools.count(1)
         self._columns: dict[Any, list[dict[str, Any]]] = {}
         self._status_subresource: set[Any] = set()
+        self._refusals: list[Predicate] = []
+        self._stalls: list[Predicate] = []
+        self._released: asyncio.Event | None = None
+        self.stalled: list[str] = []
         for api_version, plural, kind, namespaced in CORE_KINDS:
             self.resources[f"{api_version}/{plural}"] = kmock.ResourceInfo(
                 kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=VERBS
@@ -165,7 +187,28 @@ class Emulator(kmock.KubernetesEmulator):
                 return known
         return resource
 
+    def refuse(self, predicate: Predicate) -> None:
+        """Answer requests matching `predicate` with 403 Forbidden."""
+        self._refusals.append(predicate)
+
+    def stall(self, predicate: Predicate) -> None:
+        """Hold requests matching `predicate` without answering until `release()`."""
+        self._stalls.append(predicate)
+
+    def release(self) -> None:
+        """Let stalled requests go on (they are answered normally) and stop stalling."""
+        self._stalls.clear()
+        if self._released is not None:
+            self._released.set()
+
     async def _handle(self, request: rendering.Request) -> Any:
+        if any(refuse(request) for refuse in self._refusals):
+            return await self._render_error(Forbidden())
+        if any(stall(request) for stall in self._stalls):
+            self.stalled.append(f"{request.method.value} {request.url.path}")
+            if self._released is None:
+                self._released = asyncio.Event()
+            await self._released.wait()
         self._stamp(request)
         return await super()._handle(request)
 

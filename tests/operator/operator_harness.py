@@ -191,6 +191,7 @@ async def operator_running(settings: OperatorSettings = TEST_SETTINGS, run: bool
                 await asyncio.wait_for(ready.wait(), 30)
             yield harness
         finally:
+            emulator.release()  # answer any request a test stalled, so the server can shut down
             stop.set()
             if task is not None:
                 await asyncio.wait_for(task, 60)

@@ -73,7 +73,7 @@ def test_kustomize_builds(folder: str) -> None:
     if folder == "overlays/namespaced":
         docs = [d for d in yaml.safe_load_all(out.stdout) if d]
         cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
-        assert [d["metadata"]["name"] for d in cluster_roles] == ["evolving-infra-operator-read"]
+        assert [d["metadata"]["name"] for d in cluster_roles] == ["evolving-infra-operator-read.evolving-infra-system"]
         resources = {res for rule in cluster_roles[0]["rules"] for res in rule["resources"]}
         assert resources == {"customresourcedefinitions", "nodes"}
         [dep] = [d for d in docs if d["kind"] == "Deployment"]
