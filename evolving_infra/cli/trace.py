@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
-from evolving_infra.cli.trace_agents import register_agent_imports
+from evolving_infra.cli.trace_agents import register_agent_imports, register_transforms
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS
 from evolving_infra.traces.content import ContentModel, ProgressFn
 from evolving_infra.traces.errors import TraceError
@@ -80,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mooncake.set_defaults(handler=_import_mooncake)
     register_agent_imports(formats)
     _register_export(actions)
+    register_transforms(actions)
 
 
 def _load(path: str, progress: ProgressFn | None = None) -> Trace:

@@ -10,16 +10,19 @@ import argparse
 import json
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
-from evolving_infra.traces import claude_code, miniswe, openai_log
+from evolving_infra.traces import claude_code, miniswe, openai_log, transforms
 from evolving_infra.traces.errors import TraceError
 from evolving_infra.traces.importing import AgentImportReport, ImportKind, LogFormatError
 from evolving_infra.traces.loader import load_trace
 from evolving_infra.traces.records import Trace
+from evolving_infra.traces.writer import write_records
 
 _IMPORTERS: dict[ImportKind, tuple[Callable[..., AgentImportReport], tuple[str, ...], str, str]] = {
     ImportKind.MINI_SWE_AGENT: (
@@ -94,3 +97,77 @@ def _load(path: str) -> Trace:
         raise CliError(f"{path}:{exc.line}: [{exc.rule.value}] {exc.message}", USAGE_ERROR) from None
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}", USAGE_ERROR) from None
+
+
+def register_transforms(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `trace scale`, `trace merge` and `trace slice`."""
+    scale = actions.add_parser("scale", help="replicate every agent with fresh content (named prefixes stay shared)")
+    scale.add_argument("input", help="trace file")
+    scale.add_argument("output", help="trace to write (.jsonl or .jsonl.gz)")
+    scale.add_argument("--copies", type=int, required=True, metavar="K", help="number of copies (>= 1)")
+    scale.add_argument("--stagger", type=float, default=0.0, metavar="S", help="copy c starts c*S seconds later")
+    scale.set_defaults(handler=_scale)
+
+    merge = actions.add_parser("merge", help="several traces in one run, each keeping (or setting) its workload")
+    merge.add_argument("output", help="trace to write (.jsonl or .jsonl.gz)")
+    merge.add_argument(
+        "inputs", nargs="+", metavar="FILE[=WORKLOAD]",
+        help="input traces; '=WORKLOAD' relabels every agent of that input; ids get the prefix 'iN/'",
+    )  # fmt: skip
+    merge.add_argument("--name", default="merged", help="trace name in the header")
+    merge.set_defaults(handler=_merge)
+
+    sliced = actions.add_parser("slice", help="the agents of a start-time range and/or a range of agent positions")
+    sliced.add_argument("input", help="trace file")
+    sliced.add_argument("output", help="trace to write (.jsonl or .jsonl.gz)")
+    sliced.add_argument("--from-s", type=float, default=0.0, help="keep agents starting at or after this time")
+    sliced.add_argument("--to-s", type=float, default=float("inf"), help="keep agents starting before this time")
+    sliced.add_argument("--agents", default=None, metavar="LO:HI", help="keep agents at positions LO..HI-1 (file order)")
+    sliced.add_argument("--keep-time", action="store_true", help="keep start times (default: the first kept agent starts at 0)")
+    sliced.set_defaults(handler=_slice)
+
+
+def _write(records: list[dict[str, Any]], path: str) -> Trace:
+    try:
+        write_records(records, path)
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}", USAGE_ERROR) from None
+    return _load(path)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.copies < 1 or args.stagger < 0:
+        raise CliError(f"--copies must be >= 1 and --stagger >= 0, got {args.copies} and {args.stagger}", USAGE_ERROR)
+    trace = _write(transforms.scale(_load(args.input), args.copies, args.stagger), args.output)
+    print(f"OK {args.output}: {len(trace.requests):,} requests, {len(trace.agents):,} agents ({args.copies} copies)")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    items = []
+    for n, spec in enumerate(args.inputs):
+        path, workload = spec, None
+        if not Path(spec).exists() and "=" in spec:
+            path, workload = spec.rsplit("=", 1)
+        items.append(transforms.MergeInput(_load(path), f"i{n}", workload or None))
+    trace = _write(transforms.merge(items, name=args.name), args.output)
+    workloads = sorted({a.workload for a in trace.agents.values()})
+    print(f"OK {args.output}: {len(trace.requests):,} requests, {len(trace.agents):,} agents; workloads {', '.join(workloads)}")
+    return 0
+
+
+def _slice(args: argparse.Namespace) -> int:
+    agents = None
+    if args.agents is not None:
+        try:
+            lo, hi = (int(x) for x in args.agents.split(":"))
+        except ValueError:
+            raise CliError(f"--agents must be LO:HI (two integers), got {args.agents!r}", USAGE_ERROR) from None
+        agents = (lo, hi)
+    records, report = transforms.slice_trace(
+        _load(args.input), from_s=args.from_s, to_s=args.to_s, agents=agents, rebase_time=not args.keep_time
+    )
+    trace = _write(records, args.output)
+    print(f"OK {args.output}: {len(trace.requests):,} requests, {len(trace.agents):,} agents; "
+          f"{report.detached} requests lost a base outside the slice (now fresh prompts of the same length)")  # fmt: skip
+    return 0
