@@ -3,8 +3,10 @@
     python scripts/evaluate.py run --matrix calibration --warmup 600 --duration 1200 --jobs 2 --cache runs/eval
     python scripts/evaluate.py render --cache runs/eval > tables.md
 
+    python scripts/evaluate.py run --trace mine.jsonl --profile glm-5.2-4xgb300-tp4 --split 4P5D --agents 32
+
 A run is a `RunSpec` (workload, concurrency, system preset, initial split, warmup, scored duration, seed and
-optional generator overrides); its result is one JSON file in the cache folder named by `RunSpec.key()`, so an
+optional generator overrides, or a trace file instead of the generator); its result is one JSON file in the cache folder named by `RunSpec.key()`, so an
 interrupted matrix resumes where it stopped and `render` reads whatever has finished. The paper's figures
 (tables C.1, C.3 and D.1) sit next to the measured ones in the rendered tables.
 
@@ -90,10 +92,16 @@ class RunSpec:
     seed: int = 0
     overrides: tuple[tuple[str, Any], ...] = field(default=())
     """Generator parameter overrides (dotted path, value), e.g. `(("output_tokens.mean", 900),)`."""
+    trace: str | None = None
+    """A trace file (imported, recorded, scaled or merged) replayed instead of the generator; `workload` is then
+    its label in the tables."""
+    trace_sha256: str = ""
+    profile_name: str | None = None
+    """The hardware profile (required with `trace`; the generator's workloads have their own)."""
 
     @property
     def profile(self) -> str:
-        return PROFILE[self.workload]
+        return self.profile_name or PROFILE[self.workload]
 
     def key(self) -> str:
         """A file-name-safe name that differs whenever any field differs."""
@@ -102,11 +110,17 @@ class RunSpec:
         if self.overrides:
             tail = "_".join(f"{k}={v}" for k, v in self.overrides)
             base += "-" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)
+        if self.trace is not None:
+            base += f"-t{self.trace_sha256[:12]}-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in self.profile)
         return base
 
     def command(self) -> str:
         """The equivalent `evolving-infra simulate` command line (generator overrides are not expressible)."""
         span = self.warmup_s + self.duration_s
+        if self.trace is not None:
+            return (f"evolving-infra simulate {self.trace} --agents {self.agents} --system {self.system} "
+                    f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
+                    f"--duration {self.duration_s:g} --seed {self.seed} --json")
         cmd = (f"evolving-infra simulate --workload {self.workload} --agents {self.agents} "
                f"--trace-agents {trace_agents(self.workload, self.agents, span)} --system {self.system} "
                f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
@@ -137,6 +151,20 @@ def matrix(name: str, warmup_s: float, duration_s: float, seed: int = 0) -> list
     raise ValueError(f"unknown matrix {name!r}; known: {', '.join(MATRICES)}")
 
 
+def trace_runs(paths: Sequence[str], *, profile: str, split: str, agents: int, warmup_s: float, duration_s: float,
+               seed: int = 0, systems: Sequence[str] = SYSTEMS) -> list[RunSpec]:
+    """Every system on each trace file (label: the file name without its extensions), keyed by its content."""
+    import hashlib
+
+    specs = []
+    for path in paths:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        label = Path(path).name.split(".")[0]
+        specs += [RunSpec(label, agents, s, split, warmup_s, duration_s, seed, trace=str(path), trace_sha256=digest,
+                          profile_name=profile) for s in systems]
+    return specs
+
+
 def run_spec(spec: RunSpec) -> dict[str, Any]:
     """Simulate one run; returns the record cached for it (spec, metrics, wall time, events)."""
     from evolving_infra.sim.run import simulate
@@ -144,11 +172,17 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
     from evolving_infra.traces.loader import trace_from_records
     from evolving_infra.workloads import generate
 
+    from evolving_infra.traces.loader import load_trace
+
     cfg = build_config(spec.system, profile=spec.profile, split=spec.split, agents=spec.agents, seed=spec.seed,
                        warmup_s=spec.warmup_s, duration_s=spec.duration_s)
-    count = trace_agents(spec.workload, spec.agents, spec.warmup_s + spec.duration_s)
-    trace = trace_from_records(generate(spec.workload, count, spec.seed, **dict(spec.overrides)),
-                               source=f"workload:{spec.workload}")
+    if spec.trace is not None:
+        trace = load_trace(spec.trace)
+        count = len(trace.agents)
+    else:
+        count = trace_agents(spec.workload, spec.agents, spec.warmup_s + spec.duration_s)
+        trace = trace_from_records(generate(spec.workload, count, spec.seed, **dict(spec.overrides)),
+                                   source=f"workload:{spec.workload}")
     start = time.perf_counter()
     result = simulate(cfg, trace)
     wall = time.perf_counter() - start
@@ -309,6 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
     run.add_argument("--force", action="store_true", help="rerun cached runs")
+    run.add_argument("--trace", action="append", metavar="FILE",
+                     help="replay this trace file (repeatable) instead of the matrix; needs --profile, --split, --agents")
+    run.add_argument("--profile", help="hardware profile of --trace runs")
+    run.add_argument("--split", help="initial split of --trace runs, e.g. 4P5D")
+    run.add_argument("--agents", type=int, help="closed-loop concurrency of --trace runs")
     render = sub.add_parser("render", help="print the markdown tables of the cached runs")
     render.add_argument("--cache", default="runs/eval")
     render.add_argument("--table", choices=["calibration", "evaluation", "both"], default="both")
@@ -323,7 +362,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("error: --warmup must be >= 0, --duration > 0 and --jobs >= 1", file=sys.stderr)
             return 2
         try:
-            specs = matrix(args.matrix, args.warmup, args.duration, args.seed)
+            if args.trace:
+                if not (args.profile and args.split and args.agents and args.agents > 0):
+                    raise ValueError("--trace needs --profile, --split and --agents (>= 1)")
+                specs = trace_runs(args.trace, profile=args.profile, split=args.split, agents=args.agents,
+                                   warmup_s=args.warmup, duration_s=args.duration, seed=args.seed)
+            else:
+                specs = matrix(args.matrix, args.warmup, args.duration, args.seed)
+        except OSError as exc:
+            print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
