@@ -1,6 +1,6 @@
 """Protobuf messages the node agent sends that no `api.convert` function builds: node state, the KV
 snapshot a new `StreamEvents` subscriber starts with, and `NodeEvent` bodies (KV, iterations, prefill
-starts and ends, hand-backs, switch reports, state).
+starts and ends, hand-backs, switch reports, state with the prefill queue).
 
 Boundary: pure builders from engine values (protobuf stays at the edge of the service).
 """
@@ -24,19 +24,24 @@ from evolving_infra.node_agent.api.convert import (
     switch_state_to_proto,
     tier_gauges_to_proto,
 )
-from evolving_infra.node_agent.engine import EngineCore, PrefillFinished, PrefillStarted, SwitchReport
+from evolving_infra.node_agent.engine import EngineCore, PrefillFinished, PrefillQueue, PrefillStarted, SwitchReport
+from evolving_infra.proto.convert import set_prefill_queue
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 SNAPSHOT_BATCH = 4096
 """Most KV events per snapshot message."""
 
 
-def node_state(engine: EngineCore, generation: int, time: float) -> pb.NodeState:
+def node_state(
+    engine: EngineCore, generation: int, time: float, relaunching: bool = False, queue: PrefillQueue | None = None
+) -> pb.NodeState:
+    """The node's state with its prefill queue (`queue`, default: the engine's now); while `relaunching`, a node
+    that serves nothing (no mode)."""
     g = engine.gauges()
-    return pb.NodeState(
+    state = pb.NodeState(
         node=engine.node,
-        mode=mode_to_proto(g.mode),
-        switch_state=switch_state_to_proto(g.switch_state),
+        mode=pb.NODE_MODE_UNSPECIFIED if relaunching else mode_to_proto(g.mode),
+        switch_state=pb.SWITCH_STATE_RELAUNCHING if relaunching else switch_state_to_proto(g.switch_state),
         generation=generation,
         l1=tier_gauges_to_proto(g.pool.l1),
         l2=tier_gauges_to_proto(g.pool.l2),
@@ -48,6 +53,9 @@ def node_state(engine: EngineCore, generation: int, time: float) -> pb.NodeState
         time=time,
         prefill_events=True,
     )
+    if queue is None:
+        queue = engine.prefill_queue()
+    return set_prefill_queue(state, queue.running, queue.queued)
 
 
 def resident_chains(node: NodeId, tier: Tier, pages: Iterable[PageHash], parent_of: dict[PageHash, PageHash | None] | None, time: float) -> list[KvStored]:

@@ -12,7 +12,14 @@ them), submits it to the engine and yields `Accepted`, `Tokens` ... `Finished` a
 
 Events: besides KV events, iteration reports, switch reports and state snapshots, the node publishes each
 prefill's start (with the prompt tokens the engine reused) and finish, and, when a switch begins, the ids of
-the queued requests it hands back (before the drain, so the router routes them again at once).
+the queued requests it hands back (before the drain, so the router routes them again at once). While it holds
+prefills it publishes its state, with its prefill queue, at every engine step (`queue_report`).
+
+Switch modes (`SwitchHow`): IN_PLACE drains as above; IN_PLACE_STRAND_KV also evicts every cached page once
+the switch completes; RELAUNCH terminates the engine at once (`_relaunch`): every request it holds is handed
+back (decode streams end with ABORTED), its KV is cleared (`KvCleared` of every tier), the node reports
+SWITCH_STATE_RELAUNCHING with no mode and refuses work (UNAVAILABLE) for the downtime, then a fresh, empty
+engine serves the new phase and the switch completes as any other.
 
 Boundary: wiring and request bookkeeping; scheduling is the engine's, wire formats the servicer's.
 """
@@ -30,15 +37,16 @@ import grpc
 
 from evolving_infra.core.eviction import eviction_policy
 from evolving_infra.core.itermodel import IterationRecord
-from evolving_infra.core.kv_events import KvEvent
+from evolving_infra.core.kv_events import KvCleared, KvEvent
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.core.types import NodeId, NodeMode, Phase, SwitchMode
 from evolving_infra.node_agent.engine import (
     DecodeFinished,
     DecodeRequest,
     EngineCore,
     EngineGauges,
     PrefillFinished,
+    PrefillQueue,
     PrefillRequest,
     PrefillStarted,
     SwitchReport,
@@ -58,6 +66,7 @@ from evolving_infra.node_agent.service.settings import NodeAgentSettings, resolv
 from evolving_infra.node_agent.service.switching import Generation, SwitchAction, decide_switch
 from evolving_infra.node_agent.transfer import KvArena, Transport, TransportKind, make_transport
 from evolving_infra.node_agent.transfer.channels import CHANNEL_OPTIONS, PeerChannels
+from evolving_infra.proto.convert import SwitchHow
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -99,6 +108,12 @@ class NodeAgent:
         self._transport: Transport | None = None
         self._reused: dict[str, int] = {}
         """Prompt tokens the engine reused for each running prefill (from its start), for its finish report."""
+        self._strand_kv = False
+        """Whether the switch in progress drops the node's cached KV when it completes (IN_PLACE_STRAND_KV)."""
+        self.relaunching = False
+        self._relaunch: asyncio.Task[None] | None = None
+        self._queue_reported = False
+        """Whether the last state published at an engine step listed prefills."""
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,11 +135,7 @@ class NodeAgent:
                         self.node, s.host, s.grpc_port)  # fmt: skip
         memory = resolve_memory(s, load_profile(s.profile))
         self.memory = memory
-        rng = random.Random(s.seed) if s.noise > 0 else None
-        self.engine = EngineCore(
-            self.node, memory.profile, s.mode, eviction_policy(s.eviction), s.data_plane, s.noise, rng,
-            check_invariants=s.check_invariants,
-        )
+        self.engine = self._new_engine(s.mode)
         self.arena = KvArena(memory.arena_slots, memory.page_bytes)
         credentials = self.credentials
         self.channels = PeerChannels(lambda address: blocking_channel(address, credentials, CHANNEL_OPTIONS))
@@ -157,6 +168,14 @@ class NodeAgent:
             self._state_task = asyncio.get_running_loop().create_task(self._tick_state(s.state_interval_s))
         self.accepting = True
 
+    def _new_engine(self, mode: NodeMode) -> EngineCore:
+        s = self.settings
+        rng = random.Random(s.seed) if s.noise > 0 else None
+        return EngineCore(
+            self.node, self.memory.profile, mode, eviction_policy(s.eviction), s.data_plane, s.noise, rng,
+            check_invariants=s.check_invariants,
+        )
+
     def _engine_failed(self, error: BaseException) -> None:
         self.accepting = False
         self.failed.set()
@@ -180,6 +199,8 @@ class NodeAgent:
         self.accepting = False
         if self._state_task is not None:
             self._state_task.cancel()
+        if self._relaunch is not None:
+            self._relaunch.cancel()
         if hasattr(self, "hub"):
             self.hub.close()
         if self._server is not None:
@@ -199,9 +220,11 @@ class NodeAgent:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     # --- operations (called by the servicer) ---------------------------------------------------------
-    def _check_accepting(self) -> None:
+    def _check_accepting(self, work: bool = True) -> None:
         if not self.accepting:
             raise unavailable(self.node)
+        if work and self.relaunching:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"node {self.node} is relaunching for a phase switch")
 
     def _draining_now(self) -> bool:
         return self.engine.switch_state is SwitchState.DRAINING
@@ -267,10 +290,10 @@ class NodeAgent:
         self.runner.set_counts(counts)
 
     def state(self) -> pb.NodeState:
-        return messages.node_state(self.engine, self.generation.value, self.clock.now())
+        return messages.node_state(self.engine, self.generation.value, self.clock.now(), self.relaunching)
 
-    async def switch(self, target: Phase, generation: int) -> SwitchOutcome:
-        self._check_accepting()
+    async def switch(self, target: Phase, generation: int, how: SwitchHow = SwitchHow()) -> SwitchOutcome:
+        self._check_accepting(work=False)
         decision = decide_switch(self.generation, self.engine.mode, self._draining, target, generation, self.node)
         action = decision.action
         if action is SwitchAction.INVALID:
@@ -290,7 +313,61 @@ class NodeAgent:
             assert self._switch_done is not None
             report = await asyncio.shield(self._switch_done)
             return SwitchOutcome(target, generation, report.drain, self.clock.now() - report.began, (), False)
+        if how.mode is SwitchMode.RELAUNCH:
+            return await self._relaunch_to(target, generation, how.relaunch_s)
+        self._strand_kv = how.mode is SwitchMode.IN_PLACE_STRAND_KV
         return await self._switch(target, generation)
+
+    async def _relaunch_to(self, target: Phase, generation: int, downtime: float) -> SwitchOutcome:
+        """RELAUNCH (module docstring): terminate the engine now, serve nothing for `downtime` seconds of the node
+        clock, then serve `target` with a fresh engine. The relaunch runs on even if the caller goes away."""
+        started = self.clock.now()
+        old_mode, old_runner = self.engine.mode, self.runner
+        self._switch_done = asyncio.get_running_loop().create_future()
+        self._draining = (target, generation)
+        self._switch_started = started
+        self.generation = Generation(generation, True)
+        self.metrics.generation.set(generation)
+        self.relaunching = True
+        old_runner.halt()
+        queue = self.engine.prefill_queue()
+        prefills = [r.request for r in queue.running] + list(queue.queued)
+        reason = f"node {self.node} relaunches for a switch to {target.value} (generation {generation})"
+        decodes = self.decodes.cancel_pending(reason)  # still pulling: `decode` ends them once the pull returns
+        for entry in self.decodes:
+            if entry.submitted:
+                decodes.append(entry.request)
+                self._fail_decode(entry.request, grpc.StatusCode.ABORTED, reason)
+        self._reused.clear()
+        self._queue_reported = False
+        self.metrics.request("prefill", "handed_back", len(prefills))
+        self.metrics.request("decode", "handed_back", len(decodes))
+        self.engine = self._new_engine(NodeMode.of(target))
+        l2 = self.engine.pool.l2
+        self.sync.holds, self.sync.writing = l2.contains, l2.is_writing
+        self.runner = EngineRunner(self.engine, self.clock, self, self.mover)
+        self.runner.on_failure = self._engine_failed
+        self.kv_events((KvCleared(self.node, None, started),))
+        self.hub.publish(messages.state_body(self.state()))
+        handed = prefills + decodes
+        if handed:
+            self.hub.publish(messages.handed_back_body(self.node, handed, generation, started))
+        self._relaunch = asyncio.get_running_loop().create_task(
+            self._relaunched(old_runner, old_mode, NodeMode.of(target), started, downtime, len(handed))
+        )
+        report = await asyncio.shield(self._switch_done)
+        return SwitchOutcome(target, generation, 0.0, report.completed - started, tuple(handed), False)
+
+    async def _relaunched(
+        self, old: EngineRunner, source: NodeMode, target: NodeMode, started: float, downtime: float, handed: int
+    ) -> None:
+        await old.stop()
+        await asyncio.sleep(self.clock.wall_delay(started + downtime))
+        now = self.clock.now()
+        self.sync.apply_events((KvCleared(self.node, None, now),))  # pages a cancelled fetch wrote meanwhile
+        self.relaunching = False
+        self.runner.start()
+        self.switch_completed(SwitchReport(self.node, source, target, started, now, handed))
 
     async def _switch(self, target: Phase, generation: int) -> SwitchOutcome:
         started = self.clock.now()
@@ -358,6 +435,9 @@ class NodeAgent:
         self.hub.publish(messages.prefill_finished_body(self.node, done, reused))
 
     def switch_completed(self, report: SwitchReport) -> None:
+        if self._strand_kv:
+            self._strand_kv = False
+            self.runner.drop_cached_kv()
         took = self.clock.now() - self._switch_started
         self.metrics.switched(report, took)
         self.metrics.state(self.engine.mode, self.engine.switch_state, self.generation.value)
@@ -374,6 +454,17 @@ class NodeAgent:
 
     def fetch_settled(self, pages: Sequence[PageHash]) -> None:
         self.sync.reconcile(pages)
+
+    def queue_report(self, queue: PrefillQueue, time: float) -> None:
+        """At an engine step: the state with the prefill queue as of the step, while the node holds prefills
+        (and once when the last one left), so the router's queue of this node stays fresh."""
+        held = bool(queue.running or queue.queued)
+        if not (held or self._queue_reported):
+            return
+        self._queue_reported = held
+        if len(self.hub):
+            state = messages.node_state(self.engine, self.generation.value, time, queue=queue)
+            self.hub.publish(messages.state_body(state))
 
     # --- events --------------------------------------------------------------------------------------
     def _snapshot(self) -> list[dict[str, object]]:

@@ -15,6 +15,10 @@ calls (submissions, landed fetches) are held and published after it, in order.
 
 Boundary: timing and effect dispatch; what the outputs mean for the arena, streams, events and metrics
 is the sink's (`node.NodeAgent`).
+
+Reports: at every step (an iteration's launch, or an idle step) the runner hands the sink the engine's prefill
+queue as it stood before the step (`queue_report`), as the simulator records it, so routing sees fresh queues
+while the node holds prefills.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Protocol
 from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.kv_events import KvEvent
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.core.types import NodeId, Phase, Tier
 from evolving_infra.node_agent.engine import (
     DecodeFinished,
     DecodeRequest,
@@ -39,6 +43,7 @@ from evolving_infra.node_agent.engine import (
     FetchStarted,
     IterationKind,
     PrefillFinished,
+    PrefillQueue,
     PrefillRequest,
     PrefillStarted,
     StepOutput,
@@ -85,6 +90,7 @@ class RunnerSink(Protocol):
     def switch_completed(self, report: SwitchReport) -> None: ...
     def gauges(self, gauges: EngineGauges) -> None: ...
     def fetch_settled(self, pages: Sequence[PageHash]) -> None: ...
+    def queue_report(self, queue: PrefillQueue, time: float) -> None: ...
 
 
 class FetchExecutor(Protocol):
@@ -117,6 +123,8 @@ class EngineRunner:
         self._addresses: dict[str, dict[NodeId, str]] = {}
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
+        self.halted = False
+        """Set by `halt`: nothing more reaches the sink."""
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,6 +140,12 @@ class EngineRunner:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+    def halt(self) -> None:
+        """Publish nothing from now on (a relaunch terminates the engine: what it produced since its last
+        publication, and the iteration in flight, are lost); `stop()` then ends the loop and the fetches."""
+        self.halted = True
+        self._held = []
 
     def busy(self) -> bool:
         """Whether any accepted work is left (queued, running, or a fetch in flight)."""
@@ -170,6 +184,12 @@ class EngineRunner:
     def set_counts(self, counts: Mapping[PageHash, int]) -> None:
         self.engine.set_counts(counts)
 
+    def drop_cached_kv(self) -> None:
+        """Evict every page no request holds, GPU (written back) then host memory (a switch that strands KV)."""
+        now, pool = self.clock.now(), self.engine.pool
+        self._effects(self.engine.evict(Tier.GPU, pool.l1.capacity, now))
+        self._effects(self.engine.evict(Tier.HOST, pool.l2.capacity, now))
+
     # --- effects -------------------------------------------------------------------------------------
     def _effects(self, effects: Effects) -> None:
         self._start_fetches(effects.fetches)
@@ -200,12 +220,16 @@ class EngineRunner:
         self.sink.fetch_settled([p for run in runs for p in run.pages])
 
     def _emit(self, output: _Output) -> None:
+        if self.halted:
+            return
         if self._holding:
             self._held.append(output)
         else:
             self._publish(output)
 
     def _publish(self, output: _Output, starts: bool = True) -> None:
+        if self.halted:
+            return
         sink = self.sink
         if isinstance(output, _Switched):
             sink.switch_completed(output.report)
@@ -239,12 +263,15 @@ class EngineRunner:
     # --- the loop ------------------------------------------------------------------------------------
     async def _run(self) -> None:
         try:
-            while True:
+            while not self.halted:
                 self._wake.clear()
-                out = self.engine.step(self.clock.now())
+                now = self.clock.now()
+                queue = self.engine.prefill_queue()
+                out = self.engine.step(now)
                 self._start_fetches(out.fetches_started)
                 if out.kind is IterationKind.IDLE:
                     self._publish(out)
+                    self.sink.queue_report(queue, now)
                     timeout = self.clock.wall_delay(out.wake_at) if out.wake_at is not None else None
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout)
@@ -253,12 +280,14 @@ class EngineRunner:
                     continue
                 for started in out.prefills_started:  # published at launch (module docstring)
                     self.sink.prefill_started(started)
+                self.sink.queue_report(queue, now)
                 self._holding = True
                 self._held.append(out)
                 try:
                     await asyncio.sleep(self.clock.wall_delay(out.end))
                 finally:
-                    self.clock.advance_to(out.end)
+                    if not self.halted:  # a terminated engine's iteration never ends
+                        self.clock.advance_to(out.end)
                     self._holding = False
                     held, self._held = self._held, []
                     for item in held:

@@ -32,6 +32,7 @@ from evolving_infra.node_agent.api.pages_service import PagesServicer
 from evolving_infra.node_agent.service.decodes import Accepted, Finished, Tokens
 from evolving_infra.node_agent.service.errors import ServiceError, to_service_error
 from evolving_infra.node_agent.service.events import SubscriberDropped
+from evolving_infra.proto.convert import switch_how_from_proto
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 
@@ -75,7 +76,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     ) -> pb.SwitchPhaseResponse:
         try:
             target = phase_from_proto(request.target, "SwitchPhaseRequest.target")
-            outcome = await self.node.switch(target, request.generation)
+            outcome = await self.node.switch(target, request.generation, switch_how_from_proto(request))
         except Exception as error:
             await _abort(context, to_service_error(error))
             raise  # unreachable: abort raises
