@@ -28,6 +28,8 @@ from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import ProfileError, load_profile
 from evolving_infra.router.service import ModelShape, RouterSettings, SettingsError, load_settings
+from evolving_infra.router.http.security import ApiKeyFileError
+from evolving_infra.router.service.client import CredentialsError
 from evolving_infra.router.service.main import run
 
 SKIPPED = {"nodes", "planner_settings", "routing_settings"}
@@ -96,7 +98,11 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(info: dict[str, Any]) -> None:
         print(json.dumps(info), flush=True)
 
+    if settings.api_key_file is None and not settings.insecure:
+        raise CliError("no API keys: give --api-key-file FILE, or --insecure to serve without keys (local runs only)", USAGE_ERROR)
     try:
         return run(settings, shape, ready)
+    except (CredentialsError, ApiKeyFileError) as exc:
+        raise CliError(f"credentials: {exc}", USAGE_ERROR) from exc
     except OSError as exc:
         raise CliError(f"cannot serve on {settings.host}:{settings.port}: {exc}", 1) from exc

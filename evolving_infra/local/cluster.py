@@ -130,7 +130,7 @@ class LocalCluster:
             "planner": s.planner, "planner_settings": planner_settings, "window_s": s.window_s / s.speed_up,
             "slices": s.slices, "prefill_routing": s.routing, "profile": s.profile, "applier": "local",
             "request_timeout_s": s.request_timeout_s, "switch_timeout_s": 60.0, "bind_wait_s": 30.0,
-            "rpc_timeout_s": 10.0, "seed": s.seed,
+            "rpc_timeout_s": 10.0, "seed": s.seed, "insecure": True,
         }  # fmt: skip
 
     def _write(self, name: str, data: Mapping[str, Any]) -> Path:

@@ -27,7 +27,7 @@ from evolving_infra.router.http.errors import (
     NodeUnavailable,
 )
 from evolving_infra.router.http.fake import FakeBackend
-from evolving_infra.router.http.server import RunningServer, create_app, start_server
+from evolving_infra.router.http.server import RunningServer, create_admin_app, create_app, start_server
 from evolving_infra.router.http.settings import RouterHttpSettings, TokenizerKind
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "ServingNodes",
     "TokenChunk",
     "TokenizerKind",
+    "create_admin_app",
     "create_app",
     "start_server",
 ]

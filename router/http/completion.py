@@ -1,7 +1,10 @@
 """One completion exchange: validated request in, backend stream out, as JSON or server-sent events.
 
-Order of events for a request: parse (400s) -> model check (404) -> branch resolution (400s) ->
-tokenization (400s) -> `backend.complete` under the request's deadline. The HTTP status is committed only
+Order of events for a request: body read (408 past `body_read_timeout_s`) -> parse (400s) -> model
+check (404) -> branch resolution (400s) -> tokenization (400s) -> length limits (400 naming the limit:
+prompt tokens, `max_tokens` cap, prompt + `max_tokens` within the context) -> `backend.complete` under the
+request's deadline. Bodies of `offload_bytes` or more are parsed and tokenized on a worker thread, so a
+huge prompt never stalls the event loop (health checks, other streams). The HTTP status is committed only
 when the backend yields its first chunk, so every failure before that (no capacity, node down, deadline,
 rejected by the backend) still gets its own status code and retry headers. The serving nodes the backend
 names by then go into the headers `x-evolving-prefill-node` / `x-evolving-decode-node`; the last ones it
@@ -76,6 +79,24 @@ def _prompt_ids(state: AppState, parsed: ParsedRequest) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def check_lengths(
+    max_prompt: int, cap: int, context: int | None, prompt: int, max_tokens: int | None, param: str = "messages"
+) -> None:
+    """400 naming the limit when the prompt or `max_tokens` can never be served (`param`: the prompt's field)."""
+    if prompt > max_prompt:
+        raise invalid(f"the prompt has {prompt} tokens; the limit is {max_prompt}", param)
+    if max_tokens is not None and max_tokens > cap:
+        raise invalid(f"max_tokens: {max_tokens} is above the limit of {cap}", "max_tokens")
+    if context is not None:
+        total = prompt + (max_tokens or 0)
+        if total > context:
+            raise invalid(
+                f"the prompt ({prompt} tokens) and max_tokens ({max_tokens or 0}) need {total} tokens; "
+                f"the limit is {context}",
+                "max_tokens" if max_tokens else param,
+            )
+
+
 def _check_model(state: AppState, parsed: ParsedRequest) -> str:
     model = parsed.model or state.settings.model_name
     served = [m.id for m in state.backend.models()]
@@ -106,15 +127,27 @@ async def handle_completion(
     loop = asyncio.get_running_loop()
     request_id, start = context.request_id, context.arrived_at
     deadline = start + state.settings.request_timeout_s
-    raw = await request.read()
-    parsed = parse_chat(raw) if endpoint is Endpoint.CHAT_COMPLETIONS else parse_completion(raw)
+    settings = state.settings
+    try:
+        async with asyncio.timeout(settings.body_read_timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body was not received within {settings.body_read_timeout_s:g} s",
+            ErrorType.INVALID_REQUEST, ErrorCode.BODY_TIMEOUT,
+        ) from None  # fmt: skip
+    parse = parse_chat if endpoint is Endpoint.CHAT_COMPLETIONS else parse_completion
+    offload = len(raw) >= settings.offload_bytes
+    parsed = await asyncio.to_thread(parse, raw) if offload else parse(raw)
     model = _check_model(state, parsed)
     resolved = resolve_branch(request.headers, parsed.hints, request_id)
     state.metrics.branch_resolved(resolved.source)
     echo = {BRANCH_HEADER: resolved.branch.branch_id, SOURCE_HEADER: resolved.source.value}
     handed_over = False
     try:
-        prompt = _prompt_ids(state, parsed)
+        prompt = await asyncio.to_thread(_prompt_ids, state, parsed) if offload else _prompt_ids(state, parsed)
+        check_lengths(settings.max_prompt_tokens, settings.max_tokens_cap, settings.context_tokens, len(prompt), parsed.max_tokens,
+                      "messages" if parsed.messages is not None else "prompt")  # fmt: skip
         traceparent, tracestate = trace_context(request.headers)
         backend_request = CompletionRequest(
             request_id=request_id,

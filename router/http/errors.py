@@ -30,6 +30,8 @@ class ErrorType(enum.Enum):
     SERVER = "server_error"
     OVERLOADED = "overloaded_error"
     TIMEOUT = "timeout_error"
+    AUTHENTICATION = "authentication_error"
+    RATE_LIMIT = "rate_limit_error"
 
 
 class ErrorCode(enum.Enum):
@@ -48,6 +50,9 @@ class ErrorCode(enum.Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal_error"
+    INVALID_API_KEY = "invalid_api_key"
+    RATE_LIMITED = "rate_limit_exceeded"
+    BODY_TIMEOUT = "request_timeout"
 
 
 @dataclass(eq=False)

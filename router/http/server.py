@@ -2,7 +2,11 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 `POST /v1/branches/{branch_id}/finish`, `GET /healthz` (liveness), `GET /readyz` (readiness: backend
-ready and not draining), `GET /metrics` (Prometheus text, this app's own registry).
+ready and not draining). The admin application (`create_admin_app`, its own port) serves `GET /metrics`
+(Prometheus text, this app's own registry and any extra ones), `/healthz` and `/readyz`.
+
+With API keys configured (security.py) every route but the probes needs `Authorization: Bearer <key>`
+(401 otherwise), completions are limited per key, and each answered request is one access log line.
 
 Every response carries `X-Request-Id` (the client's, if valid, else a generated one). Every error is
 OpenAI-shaped (errors.py), including 404/405/413 from routing and body limits. On shutdown the server
@@ -19,7 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +44,7 @@ from evolving_infra.router.http.errors import (
     shutting_down,
 )
 from evolving_infra.router.http.metrics import CLIENT_CLOSED, FinishTrigger, RouterMetrics
+from evolving_infra.router.http.security import OPEN_PATHS, ApiKeys, KeyLimiter, access_line, unauthorized
 from evolving_infra.router.http.settings import RouterHttpSettings
 from evolving_infra.router.http.state import (
     CURRENT,
@@ -55,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evolving_infra.core.types import BranchId, RequestId
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("evolving_infra.router.access")
 
 STATE: web.AppKey[AppState] = web.AppKey("evolving_router_state", AppState)
 MAX_REQUEST_ID_LENGTH = 128
@@ -91,12 +97,29 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request, limit: in
     return ApiError(exc.status, message, ErrorType.INVALID_REQUEST, code)
 
 
+def _route(request: web.Request) -> str:
+    """The route's pattern (`/v1/branches/{branch_id}/finish`), so the access log holds no ids."""
+    info = request.match_info
+    resource = info.route.resource if info.http_exception is None else None
+    return resource.canonical if resource is not None else "-"
+
+
 @web.middleware
 async def _middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
+    loop = asyncio.get_running_loop()
+    arrived = loop.time()
     request_id, bad_id = _request_id(request.headers)
-    token = CURRENT.set(RequestContext(request_id, asyncio.get_running_loop().time()))
+    key: str | None = None
+    token = CURRENT.set(RequestContext(request_id, arrived))
+    response: web.StreamResponse | None = None
     try:
+        if state.api_keys is not None and request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization")
+            key = state.api_keys.identify(given)
+            if key is None:
+                raise unauthorized(missing=given is None)
+            CURRENT.set(RequestContext(request_id, arrived, key))
         if bad_id is not None:
             raise bad_id
         if state.draining and request.path in _COMPLETION_PATHS:
@@ -104,6 +127,8 @@ async def _middleware(request: web.Request, handler: Handler) -> web.StreamRespo
         response = await handler(request)
     except ApiError as exc:
         response = error_response(exc)
+        if exc.code is ErrorCode.INVALID_API_KEY:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="evolving-infra"'
     except web.HTTPException as exc:
         response = error_response(_from_http_exception(exc, request, state.settings.max_body_bytes))
     except Exception:
@@ -111,6 +136,10 @@ async def _middleware(request: web.Request, handler: Handler) -> web.StreamRespo
         response = error_response(internal_error())
     finally:
         CURRENT.reset(token)
+        status = response.status if response is not None else CLIENT_CLOSED
+        sent = response.body_length if response is not None and response.prepared else None
+        access_log.info(access_line(request_id, key, request.method, _route(request), status, loop.time() - arrived, sent))
+    assert response is not None
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
     return response
@@ -150,7 +179,8 @@ def _completion_handler(endpoint: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         context = CURRENT.get()
-        return await _counted(state, endpoint, lambda: handle_completion(request, state, endpoint, context))
+        with state.limiter.hold(context.key or "-", state.settings.retry_after_s):
+            return await _counted(state, endpoint, lambda: handle_completion(request, state, endpoint, context))
 
     return handle
 
@@ -220,9 +250,13 @@ async def _readyz(request: web.Request) -> web.StreamResponse:
     return json_response({"status": "ready"})
 
 
+EXTRA_METRICS: web.AppKey[tuple[Callable[[], bytes], ...]] = web.AppKey("evolving_extra_metrics", tuple)
+
+
 async def _metrics(request: web.Request) -> web.StreamResponse:
     metrics = request.app[STATE].metrics
-    response = web.Response(body=metrics.exposition())
+    body = b"".join([metrics.exposition(), *(more() for more in request.app.get(EXTRA_METRICS, ()))])
+    response = web.Response(body=body)
     response.headers["Content-Type"] = metrics.content_type
     return response
 
@@ -252,6 +286,8 @@ def create_app(
         tokenizer=tokenizer or load_tokenizer(settings.tokenizer, settings.tokenizer_path),
         metrics=RouterMetrics(),
         clock=clock,
+        api_keys=ApiKeys.load(settings.api_key_file) if settings.api_key_file is not None else None,
+        limiter=KeyLimiter(settings.max_concurrent_per_key),
     )
     app.router.add_post("/v1/chat/completions", _completion_handler(Endpoint.CHAT_COMPLETIONS))
     app.router.add_post("/v1/completions", _completion_handler(Endpoint.COMPLETIONS))
@@ -259,11 +295,22 @@ def create_app(
     app.router.add_post("/v1/branches/{branch_id}/finish", _finish_branch)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
     app.on_response_prepare.append(_stamp_request_id)
     app.on_shutdown.append(_on_shutdown)
     app.on_cleanup.append(_on_cleanup)
     return app
+
+
+def create_admin_app(api: web.Application, extra_metrics: Sequence[Callable[[], bytes]] = ()) -> web.Application:
+    """The admin application of the front end `api`: `/metrics` (its series, then each of `extra_metrics`'
+    exposition), `/healthz` and `/readyz`. Serve it on a port that only the cluster reaches."""
+    admin = web.Application()
+    admin[STATE] = api[STATE]
+    admin[EXTRA_METRICS] = tuple(extra_metrics)
+    admin.router.add_get("/metrics", _metrics)
+    admin.router.add_get("/healthz", _healthz)
+    admin.router.add_get("/readyz", _readyz)
+    return admin
 
 
 @dataclass
@@ -273,30 +320,60 @@ class RunningServer:
     runner: web.AppRunner
     host: str
     port: int
+    admin_runner: web.AppRunner | None = None
+    admin_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def admin_url(self) -> str | None:
+        return None if self.admin_port is None else f"http://{self.host}:{self.admin_port}"
+
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests (up to the grace period), finish pending work."""
         await self.runner.cleanup()
+        if self.admin_runner is not None:
+            await self.admin_runner.cleanup()
+
+
+async def _serve(app: web.Application, host: str, port: int, **options: Any) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None, **options)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    addresses = runner.addresses
+    return runner, int(addresses[0][1]) if addresses else port
 
 
 async def start_server(
-    settings: RouterHttpSettings, backend: RouterBackend, *, tokenizer: Tokenizer | None = None
+    settings: RouterHttpSettings,
+    backend: RouterBackend,
+    *,
+    tokenizer: Tokenizer | None = None,
+    extra_metrics: Sequence[Callable[[], bytes]] = (),
 ) -> RunningServer:
-    """Start serving on `settings.host:settings.port` (port 0: any free port). Client disconnects cancel
-    the request's handler, which closes its backend stream."""
+    """Start serving on `settings.host:settings.port` (port 0: any free port), and the admin server on
+    `settings.admin_port` when set. Client disconnects cancel the request's handler, which closes its
+    backend stream. A connection that has not sent a complete request head within
+    `header_read_timeout_s` (also the longest idle keep-alive) is closed."""
     app = create_app(settings, backend, tokenizer=tokenizer)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s, access_log=None
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
-    port = settings.port
-    addresses = runner.addresses
-    if addresses:
-        port = int(addresses[0][1])
-    return RunningServer(runner, settings.host, port)
+    runner, port = await _serve(
+        app, settings.host, settings.port, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s,
+        keepalive_timeout=settings.header_read_timeout_s,
+    )  # fmt: skip
+    if settings.admin_port is None:
+        return RunningServer(runner, settings.host, port)
+    try:
+        admin_runner, admin_port = await _serve(
+            create_admin_app(app, extra_metrics), settings.host, settings.admin_port,
+            keepalive_timeout=settings.header_read_timeout_s,
+        )  # fmt: skip
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return RunningServer(runner, settings.host, port, admin_runner, admin_port)

@@ -73,6 +73,49 @@ class RouterHttpSettings(BaseSettings):
         description="For the huggingface tokenizer: a tokenizer.json file or a local model folder.",
     )
 
+    api_key_file: Path | None = Field(
+        default=None,
+        description="File of API keys (one `key` or `name:key` per line, '#' comments); every route but "
+        "/healthz and /readyz then needs `Authorization: Bearer <key>`. None: no keys checked.",
+    )
+    max_concurrent_per_key: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Completions one API key may have in flight (429 above)."
+    )
+    max_prompt_tokens: int = Field(
+        default=1_000_000, ge=1, le=1 << 24, description="Largest prompt in tokens (400 above)."
+    )
+    max_tokens_cap: int = Field(
+        default=32_768, ge=1, le=1 << 24, description="Largest max_tokens a request may ask for (400 above)."
+    )
+    context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 26,
+        description="Tokens one request may hold in all (prompt + max_tokens; 400 above). None: not checked.",
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="Time a client has to send a request's body, seconds (408 after)."
+    )
+    header_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Time a connection has to send a complete request head, and longest idle keep-alive, seconds.",
+    )
+    offload_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        le=1 << 30,
+        description="Bodies at least this large are parsed and tokenized on a worker thread, never on the event loop.",
+    )
+    admin_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the admin server (/metrics, /healthz, /readyz); 0: any free port. None: no admin "
+        "server. /metrics is never served on the API port.",
+    )
+
     @model_validator(mode="after")
     def _tokenizer_path_matches_kind(self) -> RouterHttpSettings:
         if self.tokenizer is TokenizerKind.HUGGINGFACE and self.tokenizer_path is None:

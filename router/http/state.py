@@ -22,6 +22,7 @@ from aiohttp import web
 from evolving_infra.router.http.backend import BranchRef, FinishOutcome, RouterBackend
 from evolving_infra.router.http.errors import ApiError
 from evolving_infra.router.http.metrics import FinishTrigger, RouterMetrics
+from evolving_infra.router.http.security import ApiKeys, KeyLimiter
 from evolving_infra.router.http.settings import RouterHttpSettings
 from evolving_infra.router.http.tokenizer import Tokenizer
 
@@ -36,6 +37,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 class RequestContext:
     request_id: RequestId
     arrived_at: float
+    key: str | None = None
+    """The name of the API key the request presented (None: keys are not checked)."""
 
 
 CURRENT: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("evolving_router_request")
@@ -50,6 +53,8 @@ class AppState:
     clock: Callable[[], float]
     draining: bool = False
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    api_keys: ApiKeys | None = None
+    limiter: KeyLimiter = field(default_factory=lambda: KeyLimiter(None))
 
     async def finish(self, branch: BranchRef, trigger: FinishTrigger) -> FinishOutcome:
         """Finish `branch` through the backend (bounded by the request deadline) and count it."""

@@ -10,6 +10,9 @@
 - `PushCounts`: one client stream kept open in a task, fed from a queue (`push_counts` never blocks); after a
   broken stream the client reconnects and `on_up` lets the owner resend the node's full counts.
 
+Every call carries the cluster credentials of the endpoint (`NodeCredentials`: the token as
+`authorization` metadata, and/or mutual TLS).
+
 Boundary: transport only; what the messages mean is the owner's (`backend.LiveRouter`).
 """
 
@@ -19,6 +22,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -33,17 +38,123 @@ log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.initial_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 _END = object()
+MAX_GENERATION = (1 << 53) - 1
+"""Largest switch generation a node agent accepts (its `limits.MAX_GENERATION`); the router neither sends
+nor believes a larger one, so its next generation (max + 1) can never overflow."""
+
+
+def _local_error(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.OUT_OF_RANGE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def generation_in_range(event: pb.NodeEvent) -> bool:
+    """False for an event carrying a switch generation no conforming node agent reports."""
+    kind = event.WhichOneof("body")
+    if kind == "state":
+        return event.state.generation <= MAX_GENERATION
+    if kind == "switch_completed":
+        return event.switch_completed.generation <= MAX_GENERATION
+    if kind == "handed_back":
+        return event.handed_back.generation <= MAX_GENERATION
+    return True
+
+
+class CredentialsError(ValueError):
+    """Cluster credentials are missing, unreadable or malformed (the message names the file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCredentials:
+    """What the router presents to node agents: the cluster token (sent as `authorization: Bearer <token>`
+    metadata on every call) and/or mutual TLS PEM bytes (certificate chain, key, cluster CA)."""
+
+    token: str | None = None
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    tls_ca: bytes | None = None
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", "Bearer " + self.token),) if self.token else ()
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()[: 1 << 20]
+    except OSError as error:
+        raise CredentialsError(f"{what} {str(path)!r}: cannot read it ({error.strerror or error})") from error
+    if not data.strip():
+        raise CredentialsError(f"{what} {str(path)!r}: the file is empty")
+    return data
+
+
+def load_node_credentials(
+    token_file: Path | None, cert: Path | None, key: Path | None, ca: Path | None, insecure: bool
+) -> NodeCredentials | None:
+    """The router's cluster credentials from files; None for an explicitly insecure cluster. Raises
+    `CredentialsError` when none are given without `insecure`, or when a file is bad."""
+    token = None
+    if token_file is not None:
+        raw = _read(token_file, "cluster token file")
+        try:
+            token = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise CredentialsError(f"cluster token file {str(token_file)!r}: the token must be ASCII") from None
+        if not 16 <= len(token) <= 4096 or not token.isprintable() or " " in token:
+            raise CredentialsError(f"cluster token file {str(token_file)!r}: 16-4096 printable characters without spaces")
+    paths = (cert, key, ca)
+    if any(p is not None for p in paths) and not all(p is not None for p in paths):
+        raise CredentialsError("mutual TLS needs all three of tls_cert_file, tls_key_file and tls_ca_file")
+    tls = tuple(_read(p, "TLS file") for p in paths if p is not None)
+    if token is None and not tls:
+        if insecure:
+            return None
+        raise CredentialsError(
+            "no cluster credentials for the node agents: give cluster_token_file or the tls_* files, "
+            "or --insecure (local runs only)"
+        )
+    return NodeCredentials(token, *(tls or (None, None, None)))
+
+
+class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
+    """Adds the cluster token to every call."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        return details._replace(metadata=grpc.aio.Metadata(*(tuple(details.metadata or ()) + self._metadata)))  # type: ignore[attr-defined]
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def open_channel(address: str, credentials: NodeCredentials | None) -> grpc.aio.Channel:
+    """A channel to a node agent presenting `credentials` (None: insecure), with keepalive pings."""
+    interceptors = [_Metadata(credentials.metadata())] if credentials is not None and credentials.token else None
+    if credentials is not None and credentials.tls_ca is not None:
+        tls = grpc.ssl_channel_credentials(credentials.tls_ca, credentials.tls_key, credentials.tls_cert)
+        return grpc.aio.secure_channel(address, tls, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeEndpoint:
     node: NodeId
     address: str
+    credentials: NodeCredentials | None = None
+    """What to present to this node (None: an insecure cluster)."""
 
 
 class NodeClient:
@@ -65,7 +176,7 @@ class NodeClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.on_event, self.on_down, self.on_up = on_event, on_down, on_up
         self.backoff_first_s, self.backoff_max_s = backoff_first_s, backoff_max_s
-        self.channel = grpc.aio.insecure_channel(endpoint.address, options=CHANNEL_OPTIONS)
+        self.channel = open_channel(endpoint.address, endpoint.credentials)
         self.stub = rpc.NodeAgentStub(self.channel)
         self.up = False
         self._closed = False
@@ -101,8 +212,15 @@ class NodeClient:
         return self.stub.SubmitDecode(message, timeout=max(0.001, timeout))
 
     async def switch_phase(self, phase: object, generation: int, timeout: float) -> pb.SwitchPhaseResponse:
+        """SwitchPhase; a generation outside [0, MAX_GENERATION], sent or answered, fails as OUT_OF_RANGE
+        (an `AioRpcError`, like any refused call) and is never sent or believed."""
+        if not 0 <= generation <= MAX_GENERATION:
+            raise _local_error(f"switch generation {generation} is outside [0, {MAX_GENERATION}]")
         request = pb.SwitchPhaseRequest(target=phase_to_proto(phase), generation=generation)
-        return await self.stub.SwitchPhase(request, timeout=timeout)
+        answer = await self.stub.SwitchPhase(request, timeout=timeout)
+        if answer.generation > MAX_GENERATION:
+            raise _local_error(f"node {self.node} answered switch generation {answer.generation} > {MAX_GENERATION}")
+        return answer
 
     async def get_state(self) -> pb.NodeState:
         return await self.stub.GetState(pb.GetStateRequest(), timeout=self.rpc_timeout_s)
@@ -124,6 +242,9 @@ class NodeClient:
                         self.up = True
                         backoff = self.backoff_first_s
                         self.on_up(self.node)
+                    if not generation_in_range(event):
+                        log.warning("node %s: event with a switch generation above %d ignored", self.node, MAX_GENERATION)
+                        continue
                     self.on_event(self.node, event)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"

@@ -6,6 +6,11 @@ addresses asked for their node ids), connects, waits up to `rpc_timeout_s` for t
 starts serving, calls `on_ready(info)` with its URLs and serves. The first signal stops accepting requests,
 lets in-flight ones finish (the HTTP server's grace period) and closes everything; a second one cuts it short.
 
+Security (docs/security.md): the node agents are called with the cluster credentials (token and/or mutual TLS
+from files) and the HTTP API checks API keys; without them the router starts only with `insecure`. The
+front end's admin server on `metrics_port` serves `/metrics` (the HTTP series and the service's), never the
+API port.
+
 Boundary: process lifetime; printing is the CLI's (`evolving_infra.cli.router`).
 """
 
@@ -25,8 +30,8 @@ from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 from evolving_infra.router.http import RouterHttpSettings, start_server
 from evolving_infra.router.service.backend import LiveRouter
-from evolving_infra.router.service.client import NodeEndpoint
-from evolving_infra.router.service.metrics import MetricsServer, RouterServiceMetrics
+from evolving_infra.router.service.client import NodeCredentials, NodeEndpoint, load_node_credentials, open_channel
+from evolving_infra.router.service.metrics import RouterServiceMetrics
 from evolving_infra.router.service.models import ModelShape
 from evolving_infra.router.service.planning import KubernetesSplitApplier, LocalSplitApplier, PlannerLoop, SplitApplier
 from evolving_infra.router.service.settings import ApplierKind, RouterSettings
@@ -34,18 +39,30 @@ from evolving_infra.router.service.settings import ApplierKind, RouterSettings
 log = logging.getLogger(__name__)
 
 
-async def resolve_endpoints(settings: RouterSettings) -> list[NodeEndpoint]:
+def node_credentials(settings: RouterSettings) -> NodeCredentials | None:
+    """The cluster credentials from the settings' files (None: insecure; raises CredentialsError)."""
+    s = settings
+    return load_node_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure)
+
+
+def check_api_keys(settings: RouterSettings) -> None:
+    """A router without API keys serves only when `insecure` says so."""
+    if settings.api_key_file is None and not settings.insecure:
+        raise ValueError("no API keys: give api_key_file (--api-key-file), or --insecure to serve the API without keys")
+
+
+async def resolve_endpoints(settings: RouterSettings, credentials: NodeCredentials | None = None) -> list[NodeEndpoint]:
     """The node agents: the static map, or each address of the headless Service with the node id it reports."""
     if settings.nodes:
-        return [NodeEndpoint(NodeId(n), a) for n, a in sorted(settings.nodes.items())]
+        return [NodeEndpoint(NodeId(n), a, credentials) for n, a in sorted(settings.nodes.items())]
     assert settings.nodes_dns is not None
     host, _, port = settings.nodes_dns.rpartition(":")
     infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     out = []
     for address in sorted({f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}" for i in infos}):
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address, credentials) as channel:
             state = await rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=settings.rpc_timeout_s)
-        out.append(NodeEndpoint(NodeId(state.node), address))
+        out.append(NodeEndpoint(NodeId(state.node), address, credentials))
     if not out:
         raise OSError(f"nodes_dns {settings.nodes_dns!r} resolved to no address")
     return out
@@ -82,9 +99,10 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
             installed.append(sig)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
             pass
+    check_api_keys(settings)
+    credentials = node_credentials(settings)
     metrics = RouterServiceMetrics()
-    router = LiveRouter(settings, shape, await resolve_endpoints(settings), metrics)
-    metrics_server = MetricsServer(metrics) if settings.metrics_enabled else None
+    router = LiveRouter(settings, shape, await resolve_endpoints(settings, credentials), metrics)
     planner: PlannerLoop | None = None
     server = None
     try:
@@ -96,10 +114,13 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
         planner.start()
         http = RouterHttpSettings(
             host=settings.host, port=settings.port, model_name=settings.model_name,
-            request_timeout_s=settings.request_timeout_s,
+            request_timeout_s=settings.request_timeout_s, api_key_file=settings.api_key_file,
+            max_concurrent_per_key=settings.max_concurrent_per_key, max_body_bytes=settings.max_body_bytes,
+            max_prompt_tokens=settings.max_prompt_tokens, max_tokens_cap=settings.max_tokens_cap,
+            context_tokens=shape.l1_tokens, admin_port=settings.metrics_port if settings.metrics_enabled else None,
         )  # fmt: skip
-        server = await start_server(http, router)
-        metrics_url = await metrics_server.start(settings.host, settings.metrics_port) if metrics_server else None
+        server = await start_server(http, router, extra_metrics=[metrics.exposition])
+        metrics_url = f"{server.admin_url}/metrics" if server.admin_url else None
         if on_ready is not None:
             on_ready({"url": server.url, "metrics_url": metrics_url, "nodes": {n: e.address for n, e in router.endpoints.items()},
                       "planner": settings.planner.value, "applier": settings.applier.value})  # fmt: skip
@@ -117,8 +138,6 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
         if planner is not None:
             await planner.close()
         await router.close()
-        if metrics_server is not None:
-            await metrics_server.stop()
 
 
 def run(settings: RouterSettings, shape: ModelShape, on_ready: Callable[[dict[str, Any]], None] | None = None) -> int:

@@ -84,6 +84,17 @@ class RouterSettings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, le=20, description="Tries per request before its first token (re-routed after a failure).")
     bind_wait_s: float = Field(default=30.0, gt=0, le=3600, description="How long a request waits for a decode node with KV room.")
     seed: int = Field(default=0, ge=0, description="Seed of the policies' random tie-breaks.")
+    # security and admission (docs/security.md); the HTTP front end's fields of the same names
+    api_key_file: Path | None = Field(default=None, description="API keys of the HTTP API (one `key` or `name:key` a line).")
+    max_concurrent_per_key: int | None = Field(default=None, ge=1, le=1_000_000, description="Completions one API key may have in flight.")
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1 << 30, description="Largest HTTP request body, bytes (413 above).")
+    max_prompt_tokens: int = Field(default=1_000_000, ge=1, le=1 << 24, description="Largest prompt, tokens (400 above).")
+    max_tokens_cap: int = Field(default=32_768, ge=1, le=1 << 24, description="Largest max_tokens a request may ask for (400 above).")
+    cluster_token_file: Path | None = Field(default=None, description="Shared cluster token sent to the node agents.")
+    tls_cert_file: Path | None = Field(default=None, description="Mutual TLS with the node agents: the router's certificate (PEM).")
+    tls_key_file: Path | None = Field(default=None, description="Mutual TLS: the router's private key (PEM).")
+    tls_ca_file: Path | None = Field(default=None, description="Mutual TLS: the cluster CA (PEM).")
+    insecure: bool = Field(default=False, description="Serve without API keys and call node agents without credentials (local runs only).")
 
     @classmethod
     def settings_customise_sources(

@@ -4,6 +4,7 @@ deadlines, disconnects, request identity, metrics, shutdown."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from evolving_infra.router.http import (
     NodeUnavailable,
     RouterHttpSettings,
     TokenChunk,
+    create_admin_app,
     create_app,
     start_server,
 )
@@ -40,6 +42,28 @@ def run(scenario: Scenario, backend: FakeBackend | None = None, **settings: Any)
 
     asyncio.run(main())
     return backend
+
+
+@dataclass
+class AdminAnswer:
+    status: int
+    headers: dict[str, str]
+    body: str
+
+    async def text(self) -> str:
+        return self.body
+
+
+async def admin_get(client: TestClient, path: str) -> AdminAnswer:
+    """GET `path` on the admin application of the front end under test (its own server)."""
+    admin = create_admin_app(client.server.app)
+    async with TestClient(TestServer(admin)) as admin_client:
+        resp = await admin_client.get(path)
+        return AdminAnswer(resp.status, dict(resp.headers), await resp.text())
+
+
+async def metrics_text(client: TestClient) -> str:
+    return (await admin_get(client, "/metrics")).body
 
 
 def events(body: str) -> list[Any]:
@@ -351,7 +375,7 @@ def test_client_disconnect_cancels_the_backend_stream() -> None:
         await wait_for(lambda: bool(backend.cancelled))
         await wait_for(lambda: bool(backend.finish_calls))  # the ephemeral branch is finished too
         assert backend.requests[0].request_id in backend.cancelled
-        metrics = await (await client.get("/metrics")).text()
+        metrics = await metrics_text(client)
         assert 'evolving_requests_total{endpoint="completions",status="499"} 1.0' in metrics
         assert 'evolving_inflight_requests{endpoint="completions"} 0.0' in metrics
 
@@ -422,7 +446,7 @@ def test_metrics_are_exposed_and_never_carry_ids() -> None:
             "/v1/branches/branch-SECRET-1/finish", headers={"x-evolving-tenant": "tenant-SECRET-3"}
         )
         await client.post("/v1/chat/completions", json={**CHAT, "model": "model-SECRET-5"})
-        resp = await client.get("/metrics")
+        resp = await admin_get(client, "/metrics")
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
         text = await resp.text()
         assert "SECRET" not in text
@@ -454,7 +478,7 @@ def test_each_app_has_its_own_registry() -> None:
     run(scenario)
 
     async def fresh(client: TestClient) -> None:
-        text = await (await client.get("/metrics")).text()
+        text = await metrics_text(client)
         assert 'evolving_requests_total{endpoint="chat_completions"' not in text
 
     run(fresh)
@@ -509,7 +533,7 @@ def test_rejected_requests_are_counted_with_their_status_and_finish_nothing() ->
     async def scenario(client: TestClient) -> None:
         await client.post("/v1/completions", json={"prompt": "word " * 2000})
         await client.post("/v1/completions", json={"prompt": "   "})
-        text = await (await client.get("/metrics")).text()
+        text = await metrics_text(client)
         assert 'evolving_requests_total{endpoint="completions",status="413"} 1.0' in text
         assert 'evolving_requests_total{endpoint="completions",status="400"} 1.0' in text
 
