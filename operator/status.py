@@ -23,7 +23,7 @@ from pydantic import Field, StringConstraints
 
 from evolving_infra.core.types import Phase
 from evolving_infra.operator.rules import KubeModel
-from evolving_infra.router.planner.base import Outcome, PlannerName
+from evolving_infra.router.planner.base import Outcome, PlannerName, SwitchMode
 from evolving_infra.router.planner.diagnostics import CandidateVerdict
 
 MAX_NODES = 4096
@@ -108,6 +108,12 @@ class TargetSplit(KubeModel):
     split: str = Field(pattern=SPLIT_PATTERN, description="Target split, e.g. 5P4D.")
     switch_generation: int = Field(ge=0, description="Epoch of this target; a node has applied it when its switchGeneration reaches it.")
     moving: list[NodeName] = Field(default_factory=list, max_length=MAX_NODES, description="Nodes that change phase.")
+    mode: SwitchMode = Field(
+        default=SwitchMode.IN_PLACE,
+        description="How the moving nodes switch: in_place, in_place_strand_kv (their KV is dropped after the switch) "
+        "or relaunch (the engine restarts empty after relaunchSeconds).",
+    )
+    relaunch_seconds: float = Field(default=0.0, ge=0, le=86_400, description="Downtime of a relaunch, seconds.")
     decision: PlannerDecision | None = Field(default=None, description="The decision behind this target.")
 
 

@@ -2,8 +2,9 @@
 prefill router, decode binder), planner, replayer and pause rule, wired onto the kernel (`initial_commands`).
 
 Nodes are named `n0 .. n{N-1}` (zero-padded so that name order is index order); the first P nodes of the
-initial split serve prefill. With a collocated warmup every node starts in collocated mode and switches to its
-initial phase at `warmup_s`; otherwise the nodes start in their initial phases and the planner runs from t=0.
+initial split serve prefill. With a collocated warmup every node starts in collocated mode and the control core
+(`ControlCore`, the same as the live router's) orders each to its initial phase at `warmup_s`; otherwise the nodes
+start in their initial phases and the planner runs from t=0.
 
 Every random choice draws from a named stream of `RandomStreams(cfg.seed)`, so a run is a pure function of
 the config and the trace.
@@ -23,18 +24,14 @@ from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core import CoreSettings, RouterCore
+from evolving_infra.router.core.control import ControlCore, ControlSettings
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.planner import PlannerName, make_planner
-from evolving_infra.router.routing import (
-    CoefficientPrefillModel,
-    PrefillPolicyName,
-    make_decode_binder,
-    make_prefill_router,
-)
+from evolving_infra.router.routing import PrefillPolicyName, make_decode_binder, make_prefill_router
 from evolving_infra.sim import flow, phases, stepping
-from evolving_infra.sim.config import DecodeReservation, ModelSource, PauseRuleName, SimConfig
+from evolving_infra.sim.config import DecodeReservation, PauseRuleName, SimConfig
 from evolving_infra.sim.kernel import Command, Event, Priority
-from evolving_infra.sim.models import PROVISIONAL, make_fitter, profile_planner_model, profile_router_model
+from evolving_infra.sim.models import model_book
 from evolving_infra.sim.pause import ThunderAgentRule
 from evolving_infra.sim.replay import AgentReplayer, ReplayMode
 from evolving_infra.sim.rng import RandomStreams
@@ -85,9 +82,8 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         nid = NodeId(n)
         directory.add_node(nid)
         mode = NodeMode.COLLOCATED if collocated else NodeMode.of(phase)
-        fitter = make_fitter(nid, profile) if collocated and cfg.models is ModelSource.FITTED else None
         nodes[nid] = SimNode(id=nid, phase=None if collocated else phase, engine=make_engine(nid, mode),
-                             fitter=fitter, span_phase=None if collocated else phase)
+                             span_phase=None if collocated else phase)
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
     mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
     core = RouterCore(
@@ -103,27 +99,31 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         directory=directory,
         branches=branches,
     )
+    planner = _planner(cfg, streams)
+    control = ControlCore(
+        core, planner,
+        ControlSettings(
+            initial={NodeId(n): p for n, p in start.items()},
+            warmup_s=cfg.warmup_s if collocated else 0.0,
+            fit_interval_s=cfg.fit_interval_s,
+        ),
+        model_book(profile, cfg.models),
+    )  # fmt: skip
     state = ClusterState(
         cfg=cfg,
         profile=profile,
         nodes=nodes,
         core=core,
-        planner=_planner(cfg, streams),
+        control=control,
+        planner=planner,
         replayer=AgentReplayer(trace, mode),
         content=content,
         trace=trace,
         parents=parents,
         pause=ThunderAgentRule() if cfg.pause_rule is PauseRuleName.THUNDERAGENT else None,
-        collocated=collocated,
         make_engine=make_engine,
         scored_end=cfg.scored_end,
     )
-    for nid in nodes:
-        if cfg.models is ModelSource.FITTED:
-            core.router_models[nid] = CoefficientPrefillModel(PROVISIONAL, t_bar=float(profile.chunk_tokens))
-        else:
-            core.router_models[nid] = profile_router_model(profile)
-            core.planner_models[nid] = profile_planner_model(profile)
     state.on_step = lambda e: stepping.on_step(state, e)
     return state
 
@@ -143,18 +143,10 @@ def _planner(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped
 
 
 def initial_commands(state: ClusterState) -> list[Command]:
-    """What starts the run at t=0: the replayer's first effects, the warmup (or the split), the pause ticks."""
-    cfg = state.cfg
-    out = flow.react(state, state.replayer.start(0.0), 0.0)
-    target = initial_phases(cfg)
-    if state.collocated:
-        if cfg.models is ModelSource.FITTED and cfg.fit_interval_s < cfg.warmup_s:
-            out.append(Event(cfg.fit_interval_s, Priority.CONTROL, lambda e: phases.on_fit_tick(state, e),
-                             label="fit tick"))
-        out.append(Event(cfg.warmup_s, Priority.CONTROL,
-                         lambda e: phases.start_disaggregation(state, target, e.time), label="warmup end"))
-    else:
-        out += phases.start_disaggregation(state, target, 0.0)
+    """What starts the run at t=0: the replayer's first effects, the control core (warmup or split), the pause
+    ticks."""
+    out = phases.start_control(state, 0.0)
+    out += flow.react(state, state.replayer.start(0.0), 0.0)
     if state.pause is not None:
         out.append(Event(state.pause.interval_s, Priority.CONTROL, lambda e: phases.on_pause_tick(state, e),
                          label="pause tick"))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.node_agent.engine import DataPlane
+from evolving_infra.router.core.models import ModelOrigin
 from evolving_infra.router.planner import PlannerName, parse_split
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
 
@@ -31,13 +32,8 @@ class DecodeReservation(enum.Enum):
     transfer; the prefill may not start before the reservation is granted."""
 
 
-class ModelSource(enum.Enum):
-    """Where the node models the router and planner evaluate come from."""
-
-    FITTED = "fitted"
-    """Ours: fitted online during a collocated warmup, then frozen (t̄_n, f_n remeasured per window)."""
-    PROFILE = "profile"
-    """The hardware profile's true coefficients through an adapter (baselines that need a model, tests)."""
+ModelSource = ModelOrigin
+"""Where the node models the router and planner evaluate come from (`ModelOrigin` of the control core)."""
 
 
 class PauseRuleName(enum.Enum):

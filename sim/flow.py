@@ -16,8 +16,11 @@ Boundary: the request path; iterations are driven by `stepping`, switches and th
 
 from __future__ import annotations
 
+import math
+
 from evolving_infra.core.types import BranchId, Phase, RequestId
 from evolving_infra.node_agent.engine import DecodeRequest, FetchRun, FetchStarted, PrefillRequest
+from evolving_infra.router.core.control import RequestFinished
 from evolving_infra.router.routing import RouteRequest
 from evolving_infra.sim.config import DecodeReservation
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority, StopRun
@@ -298,6 +301,8 @@ def on_decode_finished(state: ClusterState, node: SimNode, done, now: float) -> 
     if req is None:
         return []
     state.core.decode_finished(node.id, req, now)
+    iterations = math.ceil(done.output_tokens / req.route.t_acc - 1e-9)  # what the engine ran for it
+    state.control.handle(RequestFinished(done.output_tokens, float(iterations), now))
     assert req.queued is not None and req.prefill_start is not None and req.first_token is not None
     state.records.append(
         RequestRecord(

@@ -1,5 +1,7 @@
-"""Phases of the cluster as kernel event handlers: the collocated warmup and its end, planner ticks, and the
-three ways a decided switch is applied (docs/planner.md, `SwitchMode`):
+"""The simulator's driver of the control core (`router.core.control.ControlCore`): it delivers the core's ticks and
+events on the kernel and carries out its effects. Warmup, model refresh, planner ticks, switch orders and their
+completion are decided by the core, exactly as in the live router; this module only applies a `SwitchOrder` the
+way its mode says (docs/planner.md, `SwitchMode`):
 
 - IN_PLACE: `engine.begin_switch`; queued requests are handed back and re-routed to nodes of the old phase,
   running ones finish in place; when the engine reports completion the node serves its new phase and the
@@ -10,126 +12,92 @@ three ways a decided switch is applied (docs/planner.md, `SwitchMode`):
   KV is cleared (`KvCleared` to the directory, its counts dropped), it serves nothing for `relaunch_s`, then a
   fresh engine serves the new phase.
 
-Also the warmup's periodic refits of the provisional routing models and the pause rule's ticks.
+Also the pause rule's ticks.
 
 Invariant: no request is lost or duplicated by a switch: every request a node hands back or loses is re-routed
 exactly once per hand-back, and stale events of its earlier attempt are ignored (`SimRequest.attempt`).
 
-Boundary: switching and planning; the request path is `flow`.
+Boundary: carrying out control effects on the simulated cluster; decisions are the control core's, the request
+path is `flow`.
 """
 
 from __future__ import annotations
 
 from evolving_infra.core.types import NodeMode, Phase, Tier
 from evolving_infra.node_agent.engine import DecodeRequest, PrefillRequest
-from evolving_infra.router.fitting import UsageCounts
-from evolving_infra.router.core import NodeTrack
-from evolving_infra.router.planner import (
-    Outcome,
-    PlannerDecision,
-    SwitchMode,
-    WindowConfig,
-)
+from evolving_infra.router.core import PushCounts
+from evolving_infra.router.core.control import (
+    ControlEffect, ModelsFrozen, PlannerDecided, SwitchCompleted, SwitchOrder,
+)  # fmt: skip
+from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
 from evolving_infra.sim import flow
-from evolving_infra.sim.config import ModelSource
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority
-from evolving_infra.sim.models import freeze_all, profile_planner_model, profile_router_model, provisional_model
 from evolving_infra.sim.pause import ProgramView
 from evolving_infra.sim.records import SwitchRecord
 from evolving_infra.sim.spans import close_span, stop_span
-from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, apply_counts, kick, push_counts
+from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, apply_counts, kick
 from evolving_infra.sim.views import capacity_tokens
+
+CONTROL = "control-tick"
 
 
 def _done(state: ClusterState) -> bool:
     return bool(state.replayer.done and not state.requests)
 
 
-# -- warmup -------------------------------------------------------------------------------------------------
-def on_fit_tick(state: ClusterState, event: Event) -> list[Command]:
-    """During the collocated warmup: refresh the router's provisional models from the fits so far."""
-    if not state.collocated:
+# -- the control core's ticks and effects ------------------------------------------------------------------
+def start_control(state: ClusterState, now: float) -> list[Command]:
+    """Start the control core at `now` (the warmup, or the initial split) and schedule its first tick."""
+    return carry_out(state, state.control.start(now), now) + schedule_tick(state, now)
+
+
+def schedule_tick(state: ClusterState, now: float) -> list[Command]:
+    at = state.control.next_tick_at
+    if at is None or _done(state):
         return []
-    for node in state.nodes.values():
-        if node.fitter is not None:
-            state.core.router_models[node.id] = provisional_model(node.fitter, state.profile)
-    nxt = event.time + state.cfg.fit_interval_s
-    if nxt < state.cfg.warmup_s and not _done(state):
-        return [Event(nxt, Priority.CONTROL, lambda e: on_fit_tick(state, e), label="fit tick")]
-    return []
+    return [Event(max(at, now), Priority.CONTROL, lambda e: on_control_tick(state, e), label="control tick",
+                  token=CONTROL)]
 
 
-def start_disaggregation(state: ClusterState, phases: dict[str, Phase], now: float) -> list[Command]:
-    """End of the collocated warmup: freeze the models, then switch every node to its initial phase."""
-    out: list[Command] = []
-    if state.collocated:
-        fitters = {n.id: n.fitter for n in state.nodes.values() if n.fitter is not None}
-        fitted, messages = freeze_all(fitters)  # type: ignore[arg-type]
-        state.stats.fit_messages.extend(messages)
-        state.fitted = fitted
-        for node in state.nodes.values():
-            node.usage = UsageCounts()
-            state.core.router_models[node.id] = fitted[node.id]
-            state.core.planner_models[node.id] = fitted[node.id]
-        state.collocated = False
-        for node in state.nodes.values():
-            state.branches.set_phase(node.id, phases[node.id])
-        push_counts(state)
-        for node in state.nodes.values():
-            out += begin_in_place(state, node, phases[node.id], now, strand=False, record=False)
-    state.disaggregated_at = now
-    window = getattr(getattr(state.planner, "settings", None), "window", None)
-    state.core.start_window(window if isinstance(window, WindowConfig) else WindowConfig(), now)
-    state.record_split(now)
-    if state.planner is not None and not _done(state):
-        out.append(Event(now + state.planner.interval_s, Priority.CONTROL, lambda e: on_planner_tick(state, e),
-                         label="planner tick"))
-    return out
-
-
-# -- planner ------------------------------------------------------------------------------------------------
-def refresh_models(state: ClusterState) -> None:
-    """Remeasure t̄_n and f_n of every node from the window's usage counts (new model objects)."""
-
-    def refresh(node: NodeTrack, usage: UsageCounts | None) -> tuple[object, object]:
-        if state.cfg.models is ModelSource.FITTED:
-            base = state.fitted[node.id]
-            model = base.remeasured(usage) if usage is not None else state.core.planner_models.get(node.id, base)
-            return model, model
-        return profile_router_model(state.profile, usage), profile_planner_model(state.profile, usage)
-
-    state.core.refresh_models(refresh)
-
-
-def on_planner_tick(state: ClusterState, event: Event) -> list[Command]:
-    now = event.time
+def on_control_tick(state: ClusterState, event: Event) -> list[Command]:
     if _done(state):
         return []
-    state.stats.planner_ticks += 1
-    refresh_models(state)
-    observation = state.core.observation(now)
-    decision: PlannerDecision = state.planner.decide(observation, now)
-    out: list[Command] = []
-    if decision.outcome is Outcome.SWITCH:
-        state.decisions.append({"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
-                                "mode": decision.mode.value})
-        state.stats.planner_switches += 1
-        out += apply_decision(state, decision, now)
-    out.append(Event(now + state.planner.interval_s, Priority.CONTROL, lambda e: on_planner_tick(state, e),
-                     label="planner tick"))
-    return out
+    now = event.time
+    out = carry_out(state, state.control.tick(now), now)
+    return out + schedule_tick(state, now)
 
 
 def apply_decision(state: ClusterState, decision: PlannerDecision, now: float) -> list[Command]:
-    change = state.core.split_change(decision)
-    assert change is not None
+    """Carry out a decision made outside the planner's ticks (tests): the control core orders its switches."""
+    return carry_out(state, state.control.decided(decision, now), now)
+
+
+def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> list[Command]:
+    """Carry out the control core's effects on the simulated cluster, in order."""
     out: list[Command] = []
-    for switch in change.switches:
-        node = state.nodes[switch.node]
-        if decision.mode is SwitchMode.RELAUNCH:
-            out += relaunch(state, node, switch.phase, decision.relaunch_s, now)
-        else:
-            out += begin_in_place(state, node, switch.phase, now, strand=decision.mode is SwitchMode.IN_PLACE_STRAND_KV)
+    for effect in effects:
+        if isinstance(effect, PushCounts):
+            apply_counts(state, [effect])
+        elif isinstance(effect, ModelsFrozen):
+            state.stats.fit_messages.extend(effect.messages)
+            state.disaggregated_at = now
+        elif isinstance(effect, PlannerDecided):
+            state.stats.planner_ticks += 1
+            decision = effect.decision
+            if decision.outcome is Outcome.SWITCH:
+                state.decisions.append({"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
+                                        "mode": decision.mode.value})
+                state.stats.planner_switches += 1
+        elif isinstance(effect, SwitchOrder):
+            node = state.nodes[effect.node]
+            if effect.mode is SwitchMode.RELAUNCH:
+                out += relaunch(state, node, effect.phase, effect.relaunch_s, now)
+            else:
+                strand = effect.mode is SwitchMode.IN_PLACE_STRAND_KV
+                out += begin_in_place(state, node, effect.phase, now, strand=strand, record=not effect.initial)
+    if state.disaggregated_at is None and not state.control.warming_up:
+        state.disaggregated_at = now
+    state.record_split(now)
     return out
 
 
@@ -138,7 +106,6 @@ def begin_in_place(
     state: ClusterState, node: SimNode, phase: Phase, now: float, *, strand: bool, record: bool = True
 ) -> list[Command]:
     assert node.engine is not None
-    state.core.switch_begun(node.id, phase)
     node.switch_decided = now
     node.switch_from = node.phase if record else None
     node.strand_on_switch = strand
@@ -166,16 +133,14 @@ def on_switch_completed(state: ClusterState, node: SimNode, now: float) -> list[
     if node.target is None or node.engine is None:
         return []
     phase = Phase(node.target.value)
-    state.core.switch_completed(node.id, phase, now)
     if node.strand_on_switch:
         engine = node.engine
         engine.evict(Tier.GPU, engine.pool.l1.capacity, now)
         absorb(state, node.id, engine.evict(Tier.HOST, engine.pool.l2.capacity, now).events)
         node.strand_on_switch = False
-    push_counts(state)
+    carry_out(state, state.control.handle(SwitchCompleted(node.id, phase, now)), now)
     if node.switch_from is not None:
         state.switches.append(SwitchRecord(node.id, node.switch_from, phase, node.switch_decided, now))
-        state.core.last_switch_end = now
     node.switch_from = None
     close_span(state, node, now, phase)
     node.busy = 0.0
@@ -189,8 +154,6 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
     old = node.phase
     stop_span(state, node, now)
     node.engine = None
-    node.phase = None
-    state.core.switch_begun(node.id, phase)
     node.switch_decided = now
     node.switch_from = old
     node.step_at = None
@@ -229,11 +192,10 @@ def on_relaunched(state: ClusterState, node_id: str, phase: Phase, event: Event)
     now = event.time
     assert state.make_engine is not None
     node.engine = state.make_engine(node.id, NodeMode.of(phase))
-    state.core.switch_completed(node.id, phase, now)
+    carry_out(state, state.control.handle(SwitchCompleted(node.id, phase, now)), now)
     if node.switch_from is not None:
         state.switches.append(SwitchRecord(node.id, node.switch_from, phase, node.switch_decided, now))
     node.switch_from = None
-    state.core.last_switch_end = now
     close_span(state, node, now, phase)
     state.record_split(now)
     return flow.retry_waiting(state, now) + kick(state, node, now)

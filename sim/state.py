@@ -143,10 +143,9 @@ class ClusterState:
     trace: Any
     parents: dict[str, str]
     pause: Any = None
-    fitted: dict[NodeId, Any] = field(default_factory=dict)
-    """Frozen warmup fits (models FITTED), the base that t̄_n and f_n are remeasured on."""
     make_engine: Callable[[NodeId, NodeMode], EngineCore] | None = None
-    collocated: bool = False
+    control: Any = None
+    """The cluster's control core (`ControlCore`): warmup, models, planner, switch orders."""
     disaggregated_at: float | None = None
     requests: dict[str, SimRequest] = field(default_factory=dict)
     wait_bind: deque[SimRequest] = field(default_factory=deque)
@@ -164,6 +163,11 @@ class ClusterState:
     on_iteration_end: Callable[[Event], list[Command]] | None = None
     """The handler of iteration-end events (made once by `stepping`)."""
     scored_end: float | None = None
+
+    @property
+    def collocated(self) -> bool:
+        """Whether the collocated warmup runs (every node serves both phases)."""
+        return self.control is not None and self.control.warming_up
 
     # -- the router core's parts ---------------------------------------------------------------------
     @property

@@ -31,22 +31,15 @@ from evolving_infra.router.service import ModelShape, RouterSettings, SettingsEr
 from evolving_infra.router.http.security import ApiKeyFileError
 from evolving_infra.router.service.client import CredentialsError
 from evolving_infra.router.service.main import run
+from evolving_infra.sim.models import shape_of
 
 SKIPPED = {"nodes", "planner_settings", "routing_settings"}
 """Settings without a generated flag: mappings (the node map has `--node`; the others come from the file)."""
 
 
 def shape_from_profile(profile: HardwareProfile) -> ModelShape:
-    """The router's view of a hardware profile: coefficients, sizes and the MoE shape."""
-    return ModelShape(
-        name=profile.name,
-        prefill=profile.prefill.coefficients(),
-        decode=profile.decode.coefficients(),
-        t_acc=profile.decode.t_acc,
-        page_tokens=profile.page_tokens,
-        chunk_tokens=profile.chunk_tokens,
-        l1_tokens=profile.l1_tokens,
-    )
+    """The router's view of a hardware profile (the simulator builds the same one)."""
+    return shape_of(profile)
 
 
 def _scalar(annotation: Any) -> Any:

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier, Work
+from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier
 from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core.effects import FetchPlanRun, PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
-from evolving_infra.router.core.views import decode_need, decode_view, node_load, prefill_view
+from evolving_infra.router.core.views import decode_need, decode_view, node_load, prefill_views
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.fitting import UsageCounts
 from evolving_infra.router.planner import (
@@ -170,14 +170,11 @@ class RouterCore:
             return None
         match = self.directory.lookup(req.prompt_pages)
         shared = self.settings.shared_pool
-        views = [
-            prefill_view(n, match, now, shared_pool=shared, model=self.router_models.get(n.id))  # type: ignore[arg-type]
-            for n in candidates
-        ]
+        views = prefill_views(candidates, match, now, shared_pool=shared, models=self.router_models)
         decision: RoutingDecision = self.router.route(req.route, views, now)
         self.router.on_routed(req.route, decision, now)
         node = self.nodes[decision.node]
-        view = next(v for v in views if v.node == node.id)
+        view = views.view_of(node.id)
         if req.prefill_node in self.nodes:  # drivers release a request before routing it again, but to be sure:
             self.nodes[req.prefill_node].rerouting(req.id)  # type: ignore[index]
         req.prefill_node = node.id
@@ -220,9 +217,8 @@ class RouterCore:
         track.usage = track.usage + UsageCounts.of_request(cached_tokens, restored)
         if track.fitter is not None and not track.fitter.frozen:
             track.fitter.observe_request(cached_tokens, restored)
-        if self.recorder is not None:
-            r = req.route
-            self.recorder.record_request(Work(r.prompt_tokens - cached_tokens, cached_tokens, r.output_tokens, r.t_acc), now)
+        if self.recorder is not None:  # the prefill half of w̄; the decode half comes when it finished
+            self.recorder.record_prefill(req.route.prompt_tokens - cached_tokens, cached_tokens, now)
 
     def prefill_finished(self, node: NodeId, request: str, req: RoutedRequest | None, now: float) -> list[PushCounts]:
         """`node` finished the prefill of `request` (`req`: the router's record, None if it left)."""
@@ -237,6 +233,9 @@ class RouterCore:
     def bind(self, req: RoutedRequest, now: float) -> Bound:
         """Bind `req` to a decode node with KV room (the binder's choice), or report why none can take it."""
         nodes = self.accepting(Phase.DECODE)
+        local = self.nodes.get(req.prefill_node) if req.prefill_node is not None else None
+        if local is not None and local.current_mode() is NodeMode.COLLOCATED and local in nodes:
+            nodes = [local]  # a collocated node decodes what it prefilled (the engine's local decode)
         binding = self.binder.bind(req.route, [decode_view(n) for n in nodes], now)
         if binding.node is None:
             return Bound(binding)
@@ -358,9 +357,10 @@ class RouterCore:
             self.router_models[node.id] = router_model
             node.usage = UsageCounts()
 
-    def observation(self, now: float) -> PlannerObservation:
+    def observation(self, now: float, only: set[NodeId] | None = None) -> PlannerObservation:
+        """What the planner reads at `now` (over the nodes in `only`, default all)."""
         s = self.settings
-        nodes = self.nodes.values()
+        nodes = [n for n in self.nodes.values() if only is None or n.id in only]
         return PlannerObservation(
             nodes={n.id: NodeStatus(n.serving_phase(), n.target is not None, n.move_cost()) for n in nodes},
             last_switch_end=self.last_switch_end,

@@ -1,8 +1,12 @@
 """Planning-window slices: what the planner measures on each slice i (w̄_i, q̄_i of eq. 6).
 
-Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests, the
-sums of t_uc, t_c, A = t_uc t_c + t_uc (t_uc + 1) / 2, t_out and t_out / t_acc, and the time integral of the
-number of requests in decode together with the time it covers. Merging two slices adds these fields, so a
+Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests whose
+prefill started in it with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2; the number of
+requests that finished in it with the sums of their measured t_out and decode iterations (t_out / accepted
+tokens per step); and the time integral of the number of requests in decode together with the time it covers.
+
+No oracle: a request's output length is known only when it finished, so the decode half of w̄ comes from the
+requests that finished in the slice (`record_decode`), never from a declared or traced output length. Merging two slices adds these fields, so a
 merge equals the slice recorded over the union, and averages (w̄, q̄) are only ever formed at the end.
 
 Refinement of "evaluate eq. 3 with w̄": eq. 3 is linear in t_uc, A and t_c, and eq. 4 (at a fixed batch) is
@@ -87,11 +91,13 @@ class SliceStats:
     sum_decode_iterations: float = 0.0
     decode_request_seconds: float = 0.0
     decode_observed_s: float = 0.0
+    finished: int = 0
+    """Requests that finished in the slice (the sums of t_out and decode iterations are theirs)."""
 
     def __post_init__(self) -> None:
         if not self.end >= self.start:
             raise ValueError(f"slice end {self.end} must be >= start {self.start}")
-        if self.requests < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0:
+        if self.requests < 0 or self.finished < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0:
             raise ValueError(f"slice [{self.start}, {self.end}) has a negative count or integral: {self}")
 
     @property
@@ -100,16 +106,17 @@ class SliceStats:
 
     @property
     def mean_work(self) -> MeanWork | None:
-        """w̄ of the slice as the means eq. 3 and eq. 4 need; None without requests."""
-        if self.requests == 0:
+        """w̄ of the slice as the means eq. 3 and eq. 4 need: prefill terms over the requests whose prefill
+        started in it, decode terms over those that finished in it; None without either."""
+        if self.requests == 0 or self.finished == 0:
             return None
-        n = self.requests
+        n, f = self.requests, self.finished
         return MeanWork(
             t_uc=self.sum_t_uc / n,
             t_c=self.sum_t_c / n,
             query_key_pairs=self.sum_query_key_pairs / n,
-            decode_iterations=self.sum_decode_iterations / n,
-            t_out=self.sum_t_out / n,
+            decode_iterations=self.sum_decode_iterations / f,
+            t_out=self.sum_t_out / f,
         )
 
     @property
@@ -136,6 +143,7 @@ class SliceStats:
             sum_decode_iterations=self.sum_decode_iterations + other.sum_decode_iterations,
             decode_request_seconds=self.decode_request_seconds + other.decode_request_seconds,
             decode_observed_s=self.decode_observed_s + other.decode_observed_s,
+            finished=self.finished + other.finished,
         )
 
 
@@ -153,10 +161,11 @@ def merge_slices(slices: Iterable[SliceStats]) -> SliceStats:
 class _Open:
     """Mutable sums of the slice being recorded."""
 
-    __slots__ = ("requests", "t_uc", "t_c", "pairs", "t_out", "iters", "busy", "observed")
+    __slots__ = ("requests", "t_uc", "t_c", "pairs", "finished", "t_out", "iters", "busy", "observed")
 
     def __init__(self) -> None:
         self.requests = 0
+        self.finished = 0
         self.t_uc = 0
         self.t_c = 0
         self.pairs = 0
@@ -221,21 +230,36 @@ class SliceRecorder:
             self._integrate(end)
             o = self._open
             self._done.append(
-                SliceStats(start, end, o.requests, o.t_uc, o.t_c, o.pairs, o.t_out, o.iters, o.busy, o.observed)
+                SliceStats(start, end, o.requests, o.t_uc, o.t_c, o.pairs, o.t_out, o.iters, o.busy, o.observed,
+                           o.finished)
             )
             self._index += 1
             self._open = _Open()
 
-    def record_request(self, work: Work, now: float) -> None:
-        """A request whose work is known (its prefill was routed) counts in the slice containing `now`."""
+    def record_prefill(self, t_uc: int, t_c: int, now: float) -> None:
+        """A request's prefill started at `now` with `t_uc` uncached and `t_c` cached tokens."""
         self.advance(now)
         o = self._open
         o.requests += 1
-        o.t_uc += work.t_uc
-        o.t_c += work.t_c
-        o.pairs += work.query_key_pairs
-        o.t_out += work.t_out
-        o.iters += work.t_out / work.t_acc
+        o.t_uc += t_uc
+        o.t_c += t_c
+        o.pairs += t_uc * t_c + t_uc * (t_uc + 1) // 2
+
+    def record_decode(self, t_out: int, iterations: float, now: float) -> None:
+        """A request finished at `now` after producing `t_out` tokens in `iterations` decode iterations (both
+        measured)."""
+        if t_out < 0 or not (math.isfinite(iterations) and iterations >= 0):
+            raise ValueError(f"a finished request needs t_out >= 0 and finite iterations >= 0, got {t_out}, {iterations}")
+        self.advance(now)
+        o = self._open
+        o.finished += 1
+        o.t_out += t_out
+        o.iters += iterations
+
+    def record_request(self, work: Work, now: float) -> None:
+        """Both halves of one request at once (tests and offline tools that know a request's whole work)."""
+        self.record_prefill(work.t_uc, work.t_c, now)
+        self.record_decode(work.t_out, work.t_out / work.t_acc, now)
 
     def record_decode_occupancy(self, count: int, now: float) -> None:
         """From `now` on, `count` requests are in decode across the cluster."""

@@ -2,7 +2,7 @@
 
 `LiveRouter` (backend.py) is the HTTP front end's `RouterBackend`: it turns prompts' pages, routes with the
 core, submits prefills and decodes to the node agents (`NodeClient`, client.py), relays tokens, pushes branch
-counts and follows the nodes' event streams. `PlannerLoop` runs the planner and hands split changes to a
+counts and follows the nodes' event streams. `ControlLoop` drives the control core (warmup, planner) and hands switch orders to a
 `SplitApplier` (planning.py: `LocalSplitApplier` calls SwitchPhase itself, `KubernetesSplitApplier` writes the
 CR's status). A request's attempts and their wire ids are `flights.Flight` / `flights.AttemptIds`. Settings:
 `RouterSettings`; metrics: `RouterServiceMetrics`; process: `main.serve`. See docs/router.md.
@@ -13,10 +13,11 @@ Boundary: I/O shell only; every routing and planning decision is the core's (`ev
 from evolving_infra.router.service.backend import LiveRouter
 from evolving_infra.router.service.client import NodeClient, NodeEndpoint
 from evolving_infra.router.service.models import ModelShape
-from evolving_infra.router.service.planning import KubernetesSplitApplier, LocalSplitApplier, PlannerLoop, SplitApplier
+from evolving_infra.router.service.planning import ControlLoop, KubernetesSplitApplier, LocalSplitApplier, SplitApplier
 from evolving_infra.router.service.settings import ApplierKind, RouterSettings, SettingsError, load_settings
 
 __all__ = [
+    "ControlLoop",
     "ApplierKind",
     "KubernetesSplitApplier",
     "LiveRouter",
@@ -24,7 +25,6 @@ __all__ = [
     "ModelShape",
     "NodeClient",
     "NodeEndpoint",
-    "PlannerLoop",
     "RouterSettings",
     "SettingsError",
     "SplitApplier",

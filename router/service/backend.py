@@ -37,7 +37,9 @@ from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import CoreSettings, FetchPlanRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
-from evolving_infra.router.fitting import FittedNodeModel
+from evolving_infra.router.core.control import ControlCore, ControlSettings
+from evolving_infra.router.core.models import ModelBook, ModelOrigin
+from evolving_infra.router.planner import WindowConfig, make_planner
 from evolving_infra.router.http.backend import (
     BranchRef, CompletionRequest, FinishOutcome, FinishReason, ModelCard, Readiness, TokenChunk,
 )  # fmt: skip
@@ -48,7 +50,7 @@ from evolving_infra.router.service.flights import AttemptIds, Flight
 from evolving_infra.router.service.metrics import RouterServiceMetrics
 from evolving_infra.router.service.models import ModelShape
 from evolving_infra.router.service.reports import NodeReports
-from evolving_infra.router.service.settings import RouterSettings
+from evolving_infra.router.service.settings import RouterSettings, planner_settings
 from evolving_infra.router.service.wire import decode_to, prefill_to
 
 log = logging.getLogger(__name__)
@@ -87,25 +89,31 @@ class LiveRouter:
             binder=make_decode_binder(settings.decode_routing, random.Random(rng.getrandbits(62))),
             settings=core_settings,
         )
+        self.control = ControlCore(
+            self.core,
+            make_planner(settings.planner, **planner_settings(settings)),
+            ControlSettings(
+                initial={NodeId(n): phase for n, phase in settings.initial_split.items()},
+                warmup_s=settings.warmup_s,
+                fit_interval_s=settings.fit_interval_s,
+                window=WindowConfig(settings.window_s, settings.slices),
+            ),
+            ModelBook(shape, ModelOrigin.FITTED if settings.warmup_s > 0 else ModelOrigin.PROFILE),
+        )
+        """The cluster's control core: warmup, models, planner, switch orders (driven by `planning.ControlLoop`)."""
         self.push_enabled = settings.eviction.value == "branch-count"
         self.endpoints = {e.node: e for e in endpoints}
         self.clients: dict[NodeId, NodeClient] = {}
-        self.generations: dict[NodeId, int] = {}
         self.flights: dict[str, Flight] = {}
         self.attempts: dict[str, Flight] = {}
         """Flights by the wire id of their current attempt."""
         self.ids = AttemptIds()
         self.progress_events: dict[NodeId, bool] = {}
         """Whether each node reports prefill starts and ends (`NodeState.prefill_events`)."""
-        self.fitted: dict[NodeId, FittedNodeModel] = {}
         self._t0 = time.monotonic()
         self.reports = NodeReports(self)
         for node in self.endpoints:
             self.core.nodes[node] = NodeTrack(node, None)
-            self.core.router_models[node] = shape.router_model()
-            self.core.planner_models[node] = shape.planner_model()
-            if settings.warmup_s > 0:
-                self.core.nodes[node].fitter = shape.fitter(node)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -205,6 +213,7 @@ class LiveRouter:
         if routed is None:
             raise NoCapacity("no node agent accepts prefill work now", retry_after_s=1.0)
         self.metrics.routing_seconds.observe(time.perf_counter() - started)
+        self.metrics.routed(routed.decision)
         d = routed.decision
         self.metrics.lost_reuse.inc(d.recompute_tokens)
         self.metrics.fetch_pages.inc(sum(len(r.pages) for r in routed.fetch))
@@ -254,10 +263,13 @@ class LiveRouter:
                     ids = tuple(message.tokens.token_ids) or self._stand_in(request, flight.tokens_sent, n)
                     first = flight.tokens_sent == 0
                     flight.tokens_sent += len(ids)
+                    flight.token_messages += 1
                     yield self._served(flight, ids) if first else TokenChunk(ids)
                 elif kind == "finished":
                     flight.finished = True
                     self.core.decode_finished(target, req, self.now())
+                    iterations = max(1, flight.token_messages) if flight.tokens_sent else 0
+                    self.control.request_finished(flight.tokens_sent, float(iterations), self.now())
                     reason = FinishReason.LENGTH if request.max_tokens else FinishReason.STOP
                     chunk = self._served(flight, ()) if flight.tokens_sent == 0 else TokenChunk(())
                     yield TokenChunk((), finish_reason=reason, cached_tokens=chunk.cached_tokens, serving=chunk.serving)
@@ -373,10 +385,12 @@ class LiveRouter:
                 flight.interrupt(f"handed back by node {node}'s phase switch")
 
     def switch_done(self, node: NodeId, phase: Phase) -> None:
-        self.core.switch_completed(node, phase, self.now())
-        self.core.last_switch_end = self.now()
-        self.push(self.core.take_counts())
+        """`node` serves `phase` now: the control core learns it (a planner switch's end starts the cooldown)."""
+        self.push([e for e in self.control.switch_completed(node, phase, self.now()) if isinstance(e, PushCounts)])
         self.refresh_gauges()
+
+    def generation_seen(self, node: NodeId, generation: int) -> None:
+        self.control.generation_seen(node, generation)
 
     def refresh_gauges(self) -> None:
         m = self.metrics

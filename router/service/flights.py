@@ -47,6 +47,8 @@ class Flight:
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
     tokens_sent: int = 0
+    token_messages: int = 0
+    """Token messages of the serving attempt (one per decode iteration that produced tokens)."""
     finished: bool = False
     wire: str = ""
     """The id the nodes see for the current attempt."""

@@ -33,7 +33,7 @@ from evolving_infra.router.service.backend import LiveRouter
 from evolving_infra.router.service.client import NodeCredentials, NodeEndpoint, load_node_credentials, open_channel
 from evolving_infra.router.service.metrics import RouterServiceMetrics
 from evolving_infra.router.service.models import ModelShape
-from evolving_infra.router.service.planning import KubernetesSplitApplier, LocalSplitApplier, PlannerLoop, SplitApplier
+from evolving_infra.router.service.planning import ControlLoop, KubernetesSplitApplier, LocalSplitApplier, SplitApplier
 from evolving_infra.router.service.settings import ApplierKind, RouterSettings
 
 log = logging.getLogger(__name__)
@@ -103,14 +103,14 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
     credentials = node_credentials(settings)
     metrics = RouterServiceMetrics()
     router = LiveRouter(settings, shape, await resolve_endpoints(settings, credentials), metrics)
-    planner: PlannerLoop | None = None
+    planner: ControlLoop | None = None
     server = None
     try:
         await router.start()
         if not await router.wait_ready(settings.rpc_timeout_s):
             log.warning("not every node agent reported its state within %.1f s; serving with those that did",
                         settings.rpc_timeout_s)  # fmt: skip
-        planner = PlannerLoop(router, make_applier(settings, router))
+        planner = ControlLoop(router, make_applier(settings, router))
         planner.start()
         http = RouterHttpSettings(
             host=settings.host, port=settings.port, model_name=settings.model_name,

@@ -1,22 +1,23 @@
-"""The live planner loop and the two ways a split change is applied (`SplitApplier`).
+"""The live driver of the control core (`router.core.control.ControlCore`) and the two ways a switch order is
+carried out (`SplitApplier`).
 
-Every `planner.interval_s` (after `warmup_s`, when the warmup fits are frozen into node models) the router
-remeasures the node models from the window's usage counts, builds the planner's observation from the core,
-asks the planner, and hands a SWITCH decision, as node moves (`RouterCore.split_change`), to its applier with a
-switch generation above every node's. In both appliers the router first stops routing old-phase work to the
-moving nodes (`RouterCore.switch_begun`).
+`ControlLoop` delivers the core's ticks on the router's clock (`LiveRouter.now`: seconds since it started) and
+carries out its effects; every decision (warmup, model refresh, planner ticks, switch orders and generations) is
+the core's, exactly as in the simulator. Node reports (`reports.NodeReports`) deliver the other events.
 
-- `LocalSplitApplier` (local cluster): calls each moving node's SwitchPhase itself, all at once, each with its
-  deadline. The node hands its queued requests back and finishes its running ones in place; it streams the
-  hand-back as the switch begins (`HandedBack`), so their attempts are routed again elsewhere during the drain
-  (the answer lists them again; ids already re-routed are ignored); the answer completes the switch in the core. A failed call returns the node to its old
-  phase in the router's view (the node refused, so it still serves it).
-- `KubernetesSplitApplier`: writes `status.targetSplit` (counts, split, generation, moving nodes, the planner's
-  decision and candidates) and `status.fittedModels` on the AgentServingCluster with the router's own field
-  manager (a merge patch of `/status`; never the spec); the operator carries the switch out, and the router
+- `LocalSplitApplier` (local cluster): calls each ordered node's SwitchPhase itself, all at once, each with its
+  deadline, in the order's mode (in place, in place dropping the node's KV, or a relaunch with its downtime). The
+  node hands its queued requests back and finishes its running ones in place; it streams the hand-back as the
+  switch begins (`HandedBack`), so their attempts are routed again elsewhere during the drain (the answer lists
+  them again; ids already re-routed are ignored); the answer (or the node's next state report) completes the
+  switch in the core. A failed call returns the node to its old phase in the core (the node refused, so it still
+  serves it).
+- `KubernetesSplitApplier`: writes `status.targetSplit` (counts, split, generation, moving nodes, mode, the
+  planner's decision and candidates) and `status.fittedModels` on the AgentServingCluster with the router's own
+  field manager (a merge patch of `/status`; never the spec); the operator carries the switch out, and the router
   learns of the hand-backs (re-routed at once) and the completion from the nodes' event streams.
 
-Boundary: asyncio orchestration; decisions are the planner's and the core's.
+Boundary: asyncio orchestration; decisions are the control core's.
 """
 
 from __future__ import annotations
@@ -24,25 +25,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import grpc
 
 from evolving_infra.core.types import NodeId, Phase
-from evolving_infra.router.core import SplitChange
-from evolving_infra.router.core.models import WarmupTooShort, freeze_all
-from evolving_infra.router.planner import (
-    CandidateVerdict,
-    OursDiagnostics,
-    Planner,
-    PlannerDecision,
-    WindowConfig,
-    make_planner,
-)
+from evolving_infra.router.core import PushCounts
+from evolving_infra.router.core.control import ControlEffect, ModelsFrozen, PlannerDecided, SwitchOrder
+from evolving_infra.router.planner import CandidateVerdict, OursDiagnostics, PlannerDecision, SwitchMode
 from evolving_infra.router.service.backend import LiveRouter
-from evolving_infra.router.service.models import refreshed
 
 log = logging.getLogger(__name__)
 
@@ -54,33 +47,37 @@ ROUTER_FIELD_MANAGER = "evolving-infra-router"
 
 
 class SplitApplier(Protocol):
-    async def apply(self, change: SplitChange, generation: int, now: float) -> None:
-        """Carry out `change` with switch generation `generation` (decided at router time `now`)."""
+    async def apply(self, orders: Sequence[SwitchOrder], decided: PlannerDecided | None, now: float) -> None:
+        """Carry out `orders` (of `decided`, or the end of the warmup when None), decided at router time `now`."""
         ...
 
 
 class LocalSplitApplier:
-    """Calls SwitchPhase on the moving nodes itself (see the module docstring)."""
+    """Calls SwitchPhase on the ordered nodes itself (see the module docstring)."""
 
     def __init__(self, router: LiveRouter) -> None:
         self.router = router
 
-    async def apply(self, change: SplitChange, generation: int, now: float) -> None:
-        for switch in change.switches:
-            self.router.core.switch_begun(switch.node, switch.phase)
-        await asyncio.gather(*(self._one(s.node, s.phase, generation) for s in change.switches))
+    async def apply(self, orders: Sequence[SwitchOrder], decided: PlannerDecided | None, now: float) -> None:
+        await asyncio.gather(*(self._one(order) for order in orders))
 
-    async def _one(self, node: NodeId, phase: Phase, generation: int) -> None:
+    async def _one(self, order: SwitchOrder) -> None:
         router = self.router
+        node, phase = order.node, order.phase
         started = time.monotonic()
+        extra: dict[str, Any] = {}
+        if order.mode is not SwitchMode.IN_PLACE:
+            extra = {"mode": order.mode, "relaunch_s": order.relaunch_s}
         try:
-            answer = await router.clients[node].switch_phase(phase, generation, router.settings.switch_timeout_s)
+            answer = await router.clients[node].switch_phase(
+                phase, order.generation, router.settings.switch_timeout_s + order.relaunch_s, **extra
+            )
         except grpc.aio.AioRpcError as error:
             log.warning("node %s: switch to %s failed: %s %s", node, phase.value, error.code().name, error.details())
             router.metrics.switches.labels(to_phase=phase.value, outcome="failed").inc()
-            router.core.nodes[node].target = None
+            router.control.switch_failed(node, router.now(), f"{error.code().name}: {error.details()}")
             return
-        router.generations[node] = max(router.generations.get(node, 0), generation)
+        router.generation_seen(node, order.generation)
         router.handed_back(node, list(answer.handed_back))
         if router.core.nodes[node].target is not None:
             router.switch_done(node, phase)
@@ -100,27 +97,36 @@ class KubernetesSplitApplier:
         self.field_manager = field_manager
         self.clock = clock
 
-    async def apply(self, change: SplitChange, generation: int, now: float) -> None:
-        for switch in change.switches:
-            self.router.core.switch_begun(switch.node, switch.phase)
-        body = {"status": self.status(change, generation)}
+    async def apply(self, orders: Sequence[SwitchOrder], decided: PlannerDecided | None, now: float) -> None:
+        if not orders:
+            return
+        target = {n: t.serving_phase() for n, t in self.router.core.nodes.items() if t.target is not None or t.phase}
+        target.update({o.node: o.phase for o in orders})
+        decision = decided.decision if decided is not None else None
+        body = {"status": self.status(target, orders, decision)}
         await asyncio.to_thread(
             self.api.patch_namespaced_custom_object_status, GROUP, VERSION, self.namespace, PLURAL, self.name, body,
             field_manager=self.field_manager,
         )  # fmt: skip
 
-    def status(self, change: SplitChange, generation: int) -> dict[str, Any]:
-        p, d = change.split
-        decision = change.decision
-        target: dict[str, Any] = {
+    def status(
+        self, target: Mapping[NodeId, Phase], orders: Sequence[SwitchOrder], decision: PlannerDecision | None
+    ) -> dict[str, Any]:
+        p = sum(1 for phase in target.values() if phase is Phase.PREFILL)
+        d = len(target) - p
+        first = orders[0]
+        out_target: dict[str, Any] = {
             "prefill": p,
             "decode": d,
             "split": f"{p}P{d}D",
-            "switchGeneration": generation,
-            "moving": [s.node for s in change.switches],
-            "decision": _decision(decision, self.router.settings.planner.value, self.clock()),
+            "switchGeneration": first.generation,
+            "moving": [o.node for o in orders],
+            "mode": first.mode.value,
+            "relaunchSeconds": first.relaunch_s,
         }
-        out: dict[str, Any] = {"targetSplit": target}
+        if decision is not None:
+            out_target["decision"] = _decision(decision, self.router.settings.planner.value, self.clock())
+        out: dict[str, Any] = {"targetSplit": out_target}
         fitted = fitted_models(self.router, self.clock())
         if fitted:
             out["fittedModels"] = fitted
@@ -148,7 +154,7 @@ def _decision(decision: PlannerDecision, planner: str, at: datetime) -> dict[str
 def fitted_models(router: LiveRouter, at: datetime) -> list[dict[str, Any]]:
     """`status.fittedModels`: the frozen warmup fits (empty when the models come from the profile)."""
     out = []
-    for node, model in sorted(router.fitted.items()):
+    for node, model in sorted(router.control.models.fitted.items()):
         entry: dict[str, Any] = {"node": node, "fittedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
         if model.prefill is not None:
             c = model.prefill
@@ -160,30 +166,24 @@ def fitted_models(router: LiveRouter, at: datetime) -> list[dict[str, Any]]:
     return out
 
 
-class PlannerLoop:
-    """Runs the planner on the router's core (see the module docstring)."""
+class ControlLoop:
+    """Delivers the control core's ticks on the router's clock and carries out its effects (module docstring)."""
 
-    def __init__(self, router: LiveRouter, applier: SplitApplier | None, planner: Planner | None = None) -> None:
-        s = router.settings
-        settings = dict(s.planner_settings)
-        if s.planner.value == "ours" and "window" not in settings:
-            settings.setdefault("window_s", s.window_s)
-            settings.setdefault("slices", s.slices)
+    def __init__(self, router: LiveRouter, applier: SplitApplier | None) -> None:
         self.router = router
-        self.planner = planner if planner is not None else make_planner(s.planner, **settings)
         self.applier = applier
-        self.warm = s.warmup_s <= 0
-        self._applying: asyncio.Task[None] | None = None
+        self._applying: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        if self.warm:
-            window = getattr(getattr(self.planner, "settings", None), "window", None)
-            router.core.start_window(window if isinstance(window, WindowConfig) else WindowConfig(s.window_s, s.slices), router.now())
+        self._wake = asyncio.Event()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="planner")
+        """Start the cluster's control (warmup or split) now and tick from then on."""
+        router = self.router
+        self.carry_out(router.control.start(router.now()))
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="control")
 
     async def close(self) -> None:
-        for task in (self._task, self._applying):
+        for task in (self._task, *self._applying):
             if task is not None:
                 task.cancel()
                 try:
@@ -193,48 +193,44 @@ class PlannerLoop:
 
     async def _run(self) -> None:
         router = self.router
-        if not self.warm:
-            await asyncio.sleep(router.settings.warmup_s)
-            self.end_warmup()
         while True:
-            await asyncio.sleep(self.planner.interval_s)
+            at = router.control.next_tick_at
+            if at is None:
+                return
+            await asyncio.sleep(max(0.0, at - router.now()))
             try:
-                await self.tick()
-            except Exception:  # noqa: BLE001 - one bad tick must not stop planning
-                log.exception("planner tick failed")
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad tick must not stop the cluster's control
+                log.exception("control tick failed")
 
-    def end_warmup(self) -> None:
-        """Freeze the warmup fits into node models (profile models stay where a fit is impossible)."""
+    def tick(self) -> list[ControlEffect]:
+        """Deliver one tick at the router's time now and carry out what it returns."""
+        effects = self.router.control.tick(self.router.now())
+        self.carry_out(effects)
+        return effects
+
+    def carry_out(self, effects: Sequence[ControlEffect]) -> None:
         router = self.router
-        fitters = {n: t.fitter for n, t in router.core.nodes.items() if t.fitter is not None}
-        try:
-            fitted, messages = freeze_all(fitters)  # type: ignore[arg-type]
-            router.fitted = fitted
-            for message in messages:
-                log.info("warmup: %s", message)
-        except WarmupTooShort as error:
-            log.warning("warmup: %s; keeping the profile's models", error)
-        for track in router.core.nodes.values():
-            track.fitter = None
-        self.warm = True
-        s = router.settings
-        router.core.start_window(WindowConfig(s.window_s, s.slices), router.now())
-
-    async def tick(self) -> SplitChange | None:
-        """One planning step: models, observation, decision, and (for a switch) its application."""
-        router, core = self.router, self.router.core
-        now = router.now()
-        if any(t.phase is None for t in core.nodes.values()):
-            return None  # a node serves no phase (down or collocated): nothing to plan over
-        previous: Mapping[NodeId, object] = dict(core.planner_models)
-        core.refresh_models(lambda t, usage: refreshed(router.shape, router.fitted.get(t.id), previous.get(t.id), usage))
-        decision = self.planner.decide(core.observation(now), now)
-        router.metrics.decisions.labels(outcome=decision.outcome.value).inc()
-        change = core.split_change(decision)
-        if change is None or not change.switches or self.applier is None:
-            return change
-        if self._applying is not None and not self._applying.done():
-            return None
-        generation = max(router.generations.values(), default=0) + 1
-        self._applying = asyncio.get_running_loop().create_task(self.applier.apply(change, generation, now))
-        return change
+        orders: list[SwitchOrder] = []
+        decided: PlannerDecided | None = None
+        for effect in effects:
+            if isinstance(effect, PushCounts):
+                router.push([effect])
+            elif isinstance(effect, ModelsFrozen):
+                for message in effect.messages:
+                    (log.warning if effect.fallback else log.info)("warmup: %s", message)
+            elif isinstance(effect, PlannerDecided):
+                decided = effect
+                router.metrics.decisions.labels(outcome=effect.decision.outcome.value).inc()
+            elif isinstance(effect, SwitchOrder):
+                orders.append(effect)
+        router.refresh_gauges()
+        if not orders:
+            return
+        if self.applier is None:
+            for order in orders:  # nobody carries switches out: they are logged and counted only
+                router.control.switch_failed(order.node, router.now(), "no applier")
+            return
+        task = asyncio.get_running_loop().create_task(self.applier.apply(orders, decided, router.now()))
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)

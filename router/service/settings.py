@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.core.types import Phase
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
 from evolving_infra.settings import SettingsError, YamlFileSource, load_layered
@@ -74,7 +75,18 @@ class RouterSettings(BaseSettings):
         default=EvictionPolicyName.BRANCH_COUNT, description="Host eviction order of the nodes; counts are pushed only for branch-count."
     )
     shared_pool: bool = Field(default=True, description="Host memory of all nodes is one pool (prefill nodes fetch from peers).")
-    warmup_s: float = Field(default=0.0, ge=0, le=86_400, description="Collocated warmup for fitting the node models (0: profile models).")
+    warmup_s: float = Field(
+        default=0.0, ge=0, le=86_400,
+        description="Collocated warmup T_learn, seconds: nodes serve both phases while their models are fitted, then "
+        "move to initial_split (0: no warmup, the profile's models).",
+    )  # fmt: skip
+    fit_interval_s: float | None = Field(
+        default=60.0, gt=0, le=86_400, description="During the warmup, refresh the provisional routing models this often (seconds)."
+    )
+    initial_split: dict[str, Phase] = Field(
+        default_factory=dict,
+        description="Phase of each node after the warmup (node id -> prefill|decode); nodes not named keep the phase they serve.",
+    )
     profile: str = Field(default="deepseek-v4-flash-4xh200-tp4", min_length=1, description="Hardware profile: the models' shape and coefficients.")
     applier: ApplierKind = Field(default=ApplierKind.LOCAL, description="Who applies split changes: local, kubernetes or none.")
     cluster_name: str | None = Field(default=None, description="The AgentServingCluster whose status the kubernetes applier writes.")
@@ -126,6 +138,15 @@ class RouterSettings(BaseSettings):
         if self.applier is ApplierKind.KUBERNETES and not self.cluster_name:
             raise ValueError("applier 'kubernetes' needs cluster_name (the AgentServingCluster to write status to)")
         return self
+
+
+def planner_settings(settings: RouterSettings) -> dict[str, Any]:
+    """The keyword settings of the chosen planner (ours takes the window from `window_s` and `slices`)."""
+    out = dict(settings.planner_settings)
+    if settings.planner is PlannerName.OURS and "window" not in out:
+        out.setdefault("window_s", settings.window_s)
+        out.setdefault("slices", settings.slices)
+    return out
 
 
 def load_settings(file: Path | None = None, flags: Mapping[str, Any] | None = None) -> RouterSettings:

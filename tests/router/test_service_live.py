@@ -20,6 +20,7 @@ from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.node_agent.service import NodeAgent, NodeAgentSettings
 from evolving_infra.router.core import SplitChange, SwitchNode
+from evolving_infra.router.core.control import PlannerDecided, SwitchOrder
 from evolving_infra.router.http import RouterHttpSettings, start_server
 from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
 from evolving_infra.router.service import KubernetesSplitApplier, LiveRouter, LocalSplitApplier, NodeEndpoint, RouterSettings
@@ -185,9 +186,11 @@ def test_local_split_applier_switches_a_prefill_node_and_reroutes_its_queued_req
             await until(lambda: p0.gauges().prefill_queued >= 1, "a request queued at p0", 10)
             decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
                                        Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
-            change = c.router.core.split_change(decision)
-            assert change is not None
-            await LocalSplitApplier(c.router).apply(change, 1, c.router.now())
+            effects = c.router.control.decided(decision, c.router.now())
+            orders = [e for e in effects if isinstance(e, SwitchOrder)]
+            decided = next(e for e in effects if isinstance(e, PlannerDecided))
+            assert [(o.node, o.phase) for o in orders] == [("p0", Phase.DECODE)]
+            await LocalSplitApplier(c.router).apply(orders, decided, c.router.now())
             results = await asyncio.gather(*tasks)
             out["statuses"] = [s for s, _ in results]
             out["tokens"] = [a.get("usage", {}).get("completion_tokens", a) for _, a in results]
@@ -222,14 +225,16 @@ def test_kubernetes_split_applier_writes_status_only_with_the_routers_field_mana
         for n, phase in (("p0", Phase.PREFILL), ("d0", Phase.DECODE)):
             track = router.core.nodes[NodeId(n)]
             track.mode = NodeMode.of(phase)
-            router.core.add_node(track, phase)
-            track.phase = phase
+            router.control.node_joined(NodeId(n), phase, 0.0)
         api = FakeCustomObjects()
         decision = PlannerDecision({"p0": Phase.DECODE, "d0": Phase.DECODE}, SwitchMode.IN_PLACE, Outcome.SWITCH, "why",
                                    None)  # type: ignore[arg-type]
-        change = router.core.split_change(decision)
-        assert change == SplitChange(decision, dict(decision.target), (SwitchNode(NodeId("p0"), Phase.DECODE, SwitchMode.IN_PLACE),))  # type: ignore[arg-type]
-        await KubernetesSplitApplier(router, api, "ns", "asc").apply(change, 7, 0.0)
+        router.control.generation_seen(NodeId("p0"), 6)
+        effects = router.control.decided(decision, 0.0)
+        (decided,) = [e for e in effects if isinstance(e, PlannerDecided)]
+        assert decided.change == SplitChange(decision, dict(decision.target), (SwitchNode(NodeId("p0"), Phase.DECODE, SwitchMode.IN_PLACE),))  # type: ignore[arg-type]
+        orders = [e for e in effects if isinstance(e, SwitchOrder)]
+        await KubernetesSplitApplier(router, api, "ns", "asc").apply(orders, decided, 0.0)
         return api.calls, router.core.nodes[NodeId("p0")].accepts(Phase.PREFILL)
 
     calls, p0_accepts_prefill = asyncio.run(scenario())

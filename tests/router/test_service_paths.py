@@ -19,6 +19,7 @@ from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import RoutedRequest
 from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
 from evolving_infra.router.routing import RouteRequest
+from evolving_infra.router.core.control import SwitchOrder
 from evolving_infra.router.service import LocalSplitApplier
 from evolving_infra.router.service.flights import AttemptIds, Flight
 
@@ -107,10 +108,11 @@ def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes()
                         "a request running and one queued at p0", 10)  # fmt: skip
             decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
                                        Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
-            change = c.router.core.split_change(decision)
-            assert change is not None
             began = loop.time()
-            await LocalSplitApplier(c.router).apply(change, 1, c.router.now())
+            effects = c.router.control.decided(decision, c.router.now())
+            orders = [e for e in effects if isinstance(e, SwitchOrder)]
+            assert [o.node for o in orders] == ["p0"]
+            await LocalSplitApplier(c.router).apply(orders, None, c.router.now())
             answered = loop.time()
             results = await asyncio.gather(*tasks)
             out["statuses"] = [s for s, _ in results]

@@ -1,0 +1,443 @@
+"""`ControlCore`: the orchestration of one cluster, once, for the live router and the simulator.
+
+The algorithms (directory, branch counts, routing, planners, fitting) are pure objects; this module is the pure
+control flow around them. It takes typed events and returns typed effects; a driver (the simulator's kernel,
+the live router's asyncio loop) only delivers events and carries out effects, and never assigns a field of
+the core. Time is always an argument.
+
+Life of a cluster (paper E.3):
+1. `start(now)`: with a collocated warmup (`warmup_s > 0`), every node serves both phases; its iterations feed its
+   model fitter; with `ModelOrigin.FITTED` the router prices prefills with provisional fits refreshed every
+   `fit_interval_s`. Without a warmup the nodes serve their initial phases and the planner window starts now.
+2. At `warmup_s` (a `Tick`): the fits are frozen into node models (`ModelsFrozen`; too few iterations keep the
+   profile's models, with a message), the usage counts restart, every node is ordered to its initial phase
+   (`SwitchOrder(initial=True)`), the planner window starts.
+3. Every planner interval after that (a `Tick`): t̄_n and f_n are remeasured from the window's usage counts,
+   the planner decides on the core's observation (`PlannerDecided`), and a SWITCH becomes one `SwitchOrder` per
+   moving node with a fresh switch generation; the router stops sending old-phase work to each at once.
+4. `SwitchCompleted`: the node serves its new phase; a planner switch's end starts the cooldown
+   (`last_switch_end`); count changes are pushed.
+5. `NodeJoined` / `NodeLost`: a node (re)joins with the phase it serves; a lost node's KV and counts are dropped.
+6. `RequestFinished`: the measured output length and decode iterations of a finished request: the decode half
+   of the planner's w̄ (no declared or traced output length is ever read for planning).
+
+`next_tick_at` is when the driver must deliver the next `Tick` (None: nothing scheduled). Every event handled
+and every effect issued is appended to `log` (`ControlRecord`), the sequence the differential tests compare
+between drivers.
+
+Invariants: a node has at most one switch order outstanding (the core's `split_change` skips switching nodes);
+switch generations handed out are strictly increasing and bounded by `MAX_GENERATION`; ticks are handled in time
+order (a tick earlier than the last one raises).
+
+Boundary: pure orchestration over `RouterCore`, the planner and `ModelBook`; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.router.core.core import RouterCore
+from evolving_infra.router.core.effects import PushCounts, SplitChange
+from evolving_infra.router.core.models import ModelBook, ModelOrigin
+from evolving_infra.router.core.tracking import NodeTrack
+from evolving_infra.router.fitting import UsageCounts
+from evolving_infra.router.planner import Outcome, Planner, PlannerDecision, SwitchMode, WindowConfig
+
+MAX_GENERATION = 2**53 - 1
+"""Switch generations stay at or below this (exact in every JSON number and far inside protobuf's uint64; node
+agents refuse larger ones): a node reporting a larger one is ignored when choosing the next generation."""
+
+
+class ControlPhase(enum.Enum):
+    WARMUP = "warmup"
+    """Collocated warmup (E.3 line 1): every node serves both phases, models are being fitted."""
+    SERVING = "serving"
+    """Disaggregated: nodes serve prefill or decode, the planner runs."""
+
+
+# -- events -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: handle what is due at `now` (fit refresh, end of warmup, planner tick)."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchCompleted:
+    """`node` serves `phase` now (its drain finished, or its relaunch ended)."""
+
+    node: NodeId
+    phase: Phase
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJoined:
+    """`node` serves `phase` (None: collocated) and is known to routing from now on."""
+
+    node: NodeId
+    phase: Phase | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """`node` stopped answering (or died): its KV and counts are dropped."""
+
+    node: NodeId
+    now: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """A request finished after producing `output_tokens` in `decode_iterations` iterations (both measured)."""
+
+    output_tokens: int
+    decode_iterations: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSeen:
+    """A node reported switch generation `generation` (the next order must be above it)."""
+
+    node: NodeId
+    generation: int
+
+
+ControlEvent = Tick | SwitchCompleted | NodeJoined | NodeLost | RequestFinished | GenerationSeen
+
+
+# -- effects ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SwitchOrder:
+    """Move `node` to `phase` the way `mode` says (relaunches serve nothing for `relaunch_s`), with switch
+    generation `generation`. `initial`: the end-of-warmup placement, not a planner switch (no cooldown)."""
+
+    node: NodeId
+    phase: Phase
+    mode: SwitchMode
+    generation: int
+    relaunch_s: float = 0.0
+    initial: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerDecided:
+    """The planner's decision at `at` and, for a switch, the nodes it moves."""
+
+    at: float
+    decision: PlannerDecision
+    change: SplitChange | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsFrozen:
+    """The warmup ended at `at`: fits frozen (or the profile's models kept: `fallback`), with messages."""
+
+    at: float
+    messages: tuple[str, ...]
+    fallback: bool
+
+
+ControlEffect = SwitchOrder | PlannerDecided | ModelsFrozen | PushCounts
+
+
+class RecordKind(enum.Enum):
+    WARMUP_STARTED = "warmup_started"
+    WARMUP_ENDED = "warmup_ended"
+    DECISION = "decision"
+    SWITCH_ORDERED = "switch_ordered"
+    SWITCH_COMPLETED = "switch_completed"
+    NODE_JOINED = "node_joined"
+    NODE_LOST = "node_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    """One line of the control log: what happened at `at` (`node` and `detail` where they apply)."""
+
+    at: float
+    kind: RecordKind
+    node: NodeId | None = None
+    detail: str = ""
+
+    def key(self) -> tuple[str, str | None, str]:
+        """The record without its time (what two drivers must agree on, in order)."""
+        return self.kind.value, self.node, self.detail
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSettings:
+    """How one cluster is run.
+
+    initial: each node's phase after the warmup (or from the start without one). warmup_s: collocated warmup
+    T_learn (0: none). fit_interval_s: during a fitting warmup, refresh the router's provisional models this
+    often (None: only at the end). window: the planner's window (its slices are recorded from the warmup's end).
+    """
+
+    initial: Mapping[NodeId, Phase]
+    warmup_s: float = 0.0
+    fit_interval_s: float | None = 60.0
+    window: WindowConfig = field(default_factory=WindowConfig)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ValueError(f"warmup_s must be a finite number >= 0, got {self.warmup_s}")
+        if self.fit_interval_s is not None and not self.fit_interval_s > 0:
+            raise ValueError(f"fit_interval_s must be > 0, got {self.fit_interval_s}")
+        phases = set(self.initial.values())
+        if self.initial and phases != {Phase.PREFILL, Phase.DECODE}:
+            raise ValueError(f"the initial split needs at least one node of each phase, got {dict(self.initial)}")
+
+
+class ControlCore:
+    """One cluster's orchestration (see the module docstring)."""
+
+    def __init__(self, core: RouterCore, planner: Planner | None, settings: ControlSettings, models: ModelBook) -> None:
+        self.core = core
+        self.planner = planner
+        self.settings = settings
+        self.models = models
+        self.phase = ControlPhase.SERVING
+        self.log: list[ControlRecord] = []
+        self.generation = 0
+        """The highest switch generation handed out or reported."""
+        self.started_at: float | None = None
+        self.serving_since: float | None = None
+        self._last_tick: float | None = None
+        self._next_fit: float | None = None
+        self._warmup_end: float | None = None
+        self._next_plan: float | None = None
+        self._orders: dict[NodeId, SwitchOrder] = {}
+        """Switch orders not yet completed, per node."""
+
+    # -- schedule -------------------------------------------------------------------------------------------
+    @property
+    def warming_up(self) -> bool:
+        return self.phase is ControlPhase.WARMUP
+
+    @property
+    def next_tick_at(self) -> float | None:
+        """When the next `Tick` is due (None: nothing scheduled)."""
+        due = [t for t in (self._next_fit, self._warmup_end, self._next_plan) if t is not None]
+        return min(due) if due else None
+
+    def start(self, now: float) -> list[ControlEffect]:
+        """Start the cluster at `now`: the warmup, or the initial split and the planner."""
+        if self.started_at is not None:
+            raise RuntimeError("the control core was started already")
+        self.started_at = now
+        s = self.settings
+        if s.warmup_s > 0:
+            self.phase = ControlPhase.WARMUP
+            fitting = self.models.origin is ModelOrigin.FITTED
+            for track in self.core.nodes.values():
+                self._initial_models(track, warmup=True)
+                if fitting:
+                    track.fitter = self.models.shape.fitter(track.id)
+            self._warmup_end = now + s.warmup_s
+            if fitting and s.fit_interval_s is not None and now + s.fit_interval_s < self._warmup_end:
+                self._next_fit = now + s.fit_interval_s
+            self._record(now, RecordKind.WARMUP_STARTED, detail=f"{s.warmup_s:g}s")
+            return []
+        for track in self.core.nodes.values():
+            self._initial_models(track, warmup=False)
+        return self._serve(now)
+
+    def _initial_models(self, track: NodeTrack, *, warmup: bool) -> None:
+        router_model, planner_model = self.models.initial(warmup)
+        self.core.router_models[track.id] = router_model
+        if planner_model is not None:
+            self.core.planner_models[track.id] = planner_model
+
+    # -- events ---------------------------------------------------------------------------------------------
+    def handle(self, event: ControlEvent) -> list[ControlEffect]:
+        """Deliver one event; returns the effects to carry out, in order."""
+        if isinstance(event, Tick):
+            return self.tick(event.now)
+        if isinstance(event, SwitchCompleted):
+            return self.switch_completed(event.node, event.phase, event.now)
+        if isinstance(event, NodeJoined):
+            return self.node_joined(event.node, event.phase, event.now)
+        if isinstance(event, NodeLost):
+            return self.node_lost(event.node, event.now, event.reason)
+        if isinstance(event, RequestFinished):
+            self.request_finished(event.output_tokens, event.decode_iterations, event.now)
+            return []
+        if isinstance(event, GenerationSeen):
+            self.generation_seen(event.node, event.generation)
+            return []
+        raise TypeError(f"not a control event: {event!r}")
+
+    def tick(self, now: float) -> list[ControlEffect]:
+        """Everything due at or before `now`, in order: a provisional refit, the warmup's end, a planner tick."""
+        if self._last_tick is not None and now < self._last_tick:
+            raise ValueError(f"tick at {now} is before the last tick at {self._last_tick}")
+        self._last_tick = now
+        out: list[ControlEffect] = []
+        if self._next_fit is not None and now >= self._next_fit:
+            self._refit()
+            assert self._warmup_end is not None and self.settings.fit_interval_s is not None
+            nxt = self._next_fit + self.settings.fit_interval_s
+            self._next_fit = nxt if nxt < self._warmup_end else None
+        if self._warmup_end is not None and now >= self._warmup_end:
+            out += self._end_warmup(now)
+        if self._next_plan is not None and now >= self._next_plan:
+            assert self.planner is not None
+            self._next_plan = now + self.planner.interval_s
+            out += self._plan(now)
+        return out
+
+    def switch_completed(self, node: NodeId, phase: Phase, now: float) -> list[ControlEffect]:
+        """`node` serves `phase`: routing learns it; a planner switch's end starts the cooldown."""
+        order = self._orders.pop(node, None)
+        self.core.switch_completed(node, phase, now)
+        if order is not None and not order.initial:
+            self.core.last_switch_end = now
+        self._record(now, RecordKind.SWITCH_COMPLETED, node, phase.value)
+        return list(self.core.take_counts())
+
+    def switch_failed(self, node: NodeId, now: float, reason: str) -> None:
+        """A switch order could not be carried out (the node refused): it still serves its old phase."""
+        self._orders.pop(node, None)
+        self.core.nodes[node].target = None
+        self._record(now, RecordKind.SWITCH_COMPLETED, node, f"failed: {reason}")
+
+    def node_joined(self, node: NodeId, phase: Phase | None, now: float) -> list[ControlEffect]:
+        """A node serves `phase` (None: collocated) and joins routing (known or new)."""
+        track = self.core.nodes.get(node)
+        if track is None:
+            raise KeyError(f"node {node} has no track; the driver adds one before it joins")
+        self.core.add_node(track, phase if phase is not None else Phase.PREFILL)
+        track.phase = phase
+        if node not in self.core.router_models:
+            self._initial_models(track, warmup=self.warming_up)
+        if self.warming_up and track.fitter is None and self.models.origin is ModelOrigin.FITTED:
+            track.fitter = self.models.shape.fitter(node)
+        self._record(now, RecordKind.NODE_JOINED, node, phase.value if phase is not None else "collocated")
+        return list(self.core.take_counts())
+
+    def node_lost(self, node: NodeId, now: float, reason: str = "") -> list[ControlEffect]:
+        """A node is gone: it serves nothing, its KV leaves the directory and its counts are released."""
+        track = self.core.nodes[node]
+        track.phase, track.target = None, None
+        track.forget_report()
+        self._orders.pop(node, None)
+        self._record(now, RecordKind.NODE_LOST, node, reason)
+        return list(self.core.clear_node(node, now))
+
+    def request_finished(self, output_tokens: int, decode_iterations: float, now: float) -> None:
+        """The decode half of w̄: measured output and iterations of a finished request."""
+        recorder = self.core.recorder
+        if recorder is not None:
+            recorder.record_decode(output_tokens, decode_iterations, now)
+
+    def generation_seen(self, node: NodeId, generation: int) -> None:
+        if 0 <= generation <= MAX_GENERATION:
+            self.generation = max(self.generation, generation)
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _next_generation(self) -> int:
+        if self.generation + 1 > MAX_GENERATION:
+            raise OverflowError("switch generations are exhausted")
+        self.generation += 1
+        return self.generation
+
+    def _refit(self) -> None:
+        for track in self.core.nodes.values():
+            if track.fitter is not None:
+                self.core.router_models[track.id] = self.models.provisional(track.fitter)
+
+    def _end_warmup(self, now: float) -> list[ControlEffect]:
+        self._warmup_end = None
+        self._next_fit = None
+        out: list[ControlEffect] = []
+        fitters = {n: t.fitter for n, t in self.core.nodes.items() if t.fitter is not None}
+        if self.models.origin is ModelOrigin.FITTED and fitters:
+            models, messages, fallback = self.models.freeze(fitters)
+            for node, model in models.items():
+                self.core.router_models[node] = model
+                self.core.planner_models[node] = model
+            out.append(ModelsFrozen(now, tuple(messages), fallback))
+        else:
+            for track in self.core.nodes.values():
+                self._initial_models(track, warmup=False)
+        for track in self.core.nodes.values():
+            track.fitter = None
+            track.usage = UsageCounts()
+        self.phase = ControlPhase.SERVING
+        self._record(now, RecordKind.WARMUP_ENDED)
+        generation = self._next_generation()
+        placed = [(n, p) for n, p in sorted(self.settings.initial.items()) if n in self.core.nodes]
+        placed = [(n, p) for n, p in placed if self.core.nodes[n].serving]
+        for node, phase in placed:  # where branches are placed from now on (counts follow the phase)
+            self.core.branches.set_phase(node, phase)
+        out += self.core.take_counts()
+        for node, phase in placed:
+            out.append(self._order(SwitchOrder(node, phase, SwitchMode.IN_PLACE, generation, initial=True), now))
+        return out + self._serve(now)
+
+    def _serve(self, now: float) -> list[ControlEffect]:
+        """The planner's window starts now; its first tick one interval later."""
+        self.serving_since = now
+        window = getattr(getattr(self.planner, "settings", None), "window", None)
+        self.core.start_window(window if isinstance(window, WindowConfig) else self.settings.window, now)
+        if self.planner is not None:
+            self._next_plan = now + self.planner.interval_s
+        return []
+
+    def _order(self, order: SwitchOrder, now: float) -> SwitchOrder:
+        self.core.switch_begun(order.node, order.phase)
+        self._orders[order.node] = order
+        detail = f"{order.phase.value} {order.mode.value}" + (" initial" if order.initial else "")
+        self._record(now, RecordKind.SWITCH_ORDERED, order.node, detail)
+        return order
+
+    def _observed(self) -> list[NodeTrack]:
+        """The nodes the planner plans over: serving a phase, or switching to one (down nodes are left out)."""
+        return [t for t in self.core.nodes.values() if t.target is not None or (t.serving and t.phase is not None)]
+
+    def _plan(self, now: float) -> list[ControlEffect]:
+        assert self.planner is not None
+        core = self.core
+        previous: dict[NodeId, object] = dict(core.planner_models)
+
+        def refresh(track: NodeTrack, usage: UsageCounts | None) -> tuple[object, object]:
+            return self.models.refreshed(track.id, previous.get(track.id), usage)
+
+        core.refresh_models(refresh)
+        observed = {t.id for t in self._observed()}
+        if not observed:
+            return []
+        observation = core.observation(now, only=observed)
+        return self.decided(self.planner.decide(observation, now), now)
+
+    def decided(self, decision: PlannerDecision, now: float) -> list[ControlEffect]:
+        """A decision (the planner's, or one made outside it, e.g. by a test) as its switch orders."""
+        change = self.core.split_change(decision)
+        self._record(now, RecordKind.DECISION, detail=_describe(decision, change))
+        out: list[ControlEffect] = [PlannerDecided(now, decision, change)]
+        if change is None or not change.switches:
+            return out
+        generation = self._next_generation()
+        for switch in change.switches:
+            relaunch = change.relaunch_s if switch.mode is SwitchMode.RELAUNCH else 0.0
+            out.append(self._order(SwitchOrder(switch.node, switch.phase, switch.mode, generation, relaunch), now))
+        return out
+
+    def _record(self, at: float, kind: RecordKind, node: NodeId | None = None, detail: str = "") -> None:
+        self.log.append(ControlRecord(at, kind, node, detail))
+
+
+def _describe(decision: PlannerDecision, change: SplitChange | None) -> str:
+    if decision.outcome is Outcome.SWITCH and change is not None:
+        p, d = change.split
+        return f"{decision.outcome.value} {p}P{d}D {decision.mode.value}"
+    return decision.outcome.value
