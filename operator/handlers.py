@@ -25,6 +25,7 @@ from kubernetes.client import Configuration
 
 from evolving_infra.operator import meta
 from evolving_infra.operator.reconcile import Runtime, reconcile
+from evolving_infra.operator.settings import OperatorSettings
 from evolving_infra.operator.switcher import Result, run_switch
 
 RESOURCE = (meta.GROUP, meta.VERSION, meta.PLURAL)
@@ -33,9 +34,21 @@ FINALIZER = f"{meta.ANNOTATION_PREFIX}/finalizer"
 ERROR_BACKOFF_SECONDS = 10.0
 
 
-def kopf_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
-    """kopf's settings for this operator: our annotation prefix, our finalizer, events at WARNING and above."""
+WATCH_SERVER_TIMEOUT_SECONDS = 300
+"""The API server ends each of kopf's watch requests after this long; kopf then lists and watches again."""
+
+
+def kopf_settings(settings: kopf.OperatorSettings | None = None, api: OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf's settings for this operator: our annotation prefix, our finalizer, events at WARNING and above, and
+    timeouts on all of kopf's API calls (from `api`, the operator's settings), watches included: a dead
+    connection is noticed and re-opened instead of waiting forever."""
     out = settings if settings is not None else kopf.OperatorSettings()
+    limits = api if api is not None else OperatorSettings()
+    out.networking.connect_timeout = limits.api_connect_timeout_seconds
+    out.networking.request_timeout = limits.api_read_timeout_seconds
+    out.watching.connect_timeout = limits.api_connect_timeout_seconds
+    out.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
+    out.watching.client_timeout = WATCH_SERVER_TIMEOUT_SECONDS + limits.api_read_timeout_seconds
     out.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=meta.ANNOTATION_PREFIX)
     out.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=meta.ANNOTATION_PREFIX)
     out.persistence.finalizer = FINALIZER

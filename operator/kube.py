@@ -4,6 +4,12 @@ Objects are plain dicts (the builders' output and the API server's JSON), addres
 through `KINDS`, the table of every kind the operator touches. Calls run the official client's blocking
 HTTP in a worker thread (`asyncio.to_thread`), so the event loop that runs kopf never blocks.
 
+Every call has a connect and a read timeout and is retried a bounded number of times (with a doubling
+delay) when the server is unreachable, too slow, overloaded (429) or failing (5xx); a creation is retried
+only when it cannot have reached the server (connection refused or not established) or was throttled, so
+a retry never creates twice. Calls run on the client's own thread pool, so one hung call holds one
+thread for at most its timeouts and never the event loop or other clusters' calls.
+
 Writes are server-side apply with the operator's field manager (`evolving-infra-operator`): status
 entries the router owns (`targetSplit`, `fittedModels`) are never touched, and fields the operator stops
 setting are removed. Creation is an explicit POST, so a stale read never resurrects a deleted object.
@@ -15,11 +21,14 @@ kubeconfig) and says clearly when there are none.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
@@ -98,6 +107,48 @@ class KubeError(Exception):
         return self.status == 403
 
 
+class KubeUnavailable(KubeError):
+    """No answer: the connection failed or a timeout passed (`sent`: the request may have reached the server)."""
+
+    def __init__(self, reason: str, message: str, request: str, sent: bool) -> None:
+        super().__init__(0, reason, message, request)
+        self.sent = sent
+
+
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+IDEMPOTENT = frozenset({"GET", "PATCH", "DELETE"})
+"""Methods the operator uses idempotently (PATCH is always a server-side apply of a whole intent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    """Timeouts and retries of every API call."""
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    retries: int = 2
+    """Further attempts after the first; 0: never retry."""
+    backoff: float = 0.5
+    """Delay before the first retry, in seconds; doubles after each."""
+    workers: int = 16
+    """Threads for calls in flight at once."""
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise ValueError(f"API timeouts must be positive, got connect {self.connect_timeout} and read {self.read_timeout}")
+        if self.retries < 0 or self.backoff < 0 or self.workers < 1:
+            raise ValueError(f"API retries and backoff must be non-negative and workers at least 1, got {self}")
+
+
+def retryable(method: str, exc: KubeError) -> bool:
+    """Whether a failed call may be tried again without doing its work twice."""
+    if isinstance(exc, KubeUnavailable):
+        return method in IDEMPOTENT or not exc.sent
+    if method in IDEMPOTENT:
+        return exc.status in RETRIED_STATUSES
+    return exc.status == 429
+
+
 class NoCredentials(RuntimeError):
     """Neither an in-cluster service account nor a kubeconfig was found."""
 
@@ -138,11 +189,22 @@ def selector_string(labels: Mapping[str, str]) -> str:
 class KubeApi:
     """Async dict-in, dict-out calls on an `ApiClient`; `field_manager` names the operator in managedFields."""
 
-    def __init__(self, api_client: kclient.ApiClient, field_manager: str = meta.OPERATOR_FIELD_MANAGER) -> None:
+    def __init__(
+        self, api_client: kclient.ApiClient, field_manager: str = meta.OPERATOR_FIELD_MANAGER, limits: ApiLimits = ApiLimits()
+    ) -> None:
         self._client = api_client
         self.field_manager = field_manager
+        self.limits = limits
+        # Retries are ours (bounded, idempotence-aware): the transport must not retry on its own.
+        pool = api_client.rest_client.pool_manager
+        pool.connection_pool_kw["retries"] = False
+        pool.clear()
+        self._executor = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="kube-api")
+        self.failures = 0
+        """Calls that failed after their last attempt (for metrics)."""
 
     def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     def _call(
@@ -166,8 +228,14 @@ class KubeApi:
         )
         request = f"{method} {path}"
         try:
-            response = self._client.call_api(*params)
+            response = self._client.call_api(*params, _request_timeout=(self.limits.connect_timeout, self.limits.read_timeout))
             response.read()
+        except (urllib3.exceptions.ConnectTimeoutError, urllib3.exceptions.NewConnectionError) as exc:
+            raise KubeUnavailable("ConnectFailed", str(exc)[:2000], request, sent=False) from None
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            raise KubeUnavailable("Timeout", f"no answer within {self.limits.read_timeout:g} s ({exc})"[:2000], request, sent=True) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise KubeUnavailable("ConnectionFailed", str(exc)[:2000], request, sent=True) from None
         except kclient.ApiException as exc:
             reason, message = str(exc.reason or ""), str(exc.body or "")
             try:
@@ -180,8 +248,21 @@ class KubeApi:
             raise KubeError(response.status, str(response.reason), response.data.decode(errors="replace")[:2000], request)
         return json.loads(response.data or b"{}")
 
-    async def _request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self._call, *args, **kwargs)
+    async def _request(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """`_call` on the pool, retried per `retryable` up to `limits.retries` times."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self._call, method, *args, **kwargs)
+        attempt = 0
+        while True:
+            try:
+                return await loop.run_in_executor(self._executor, call)
+            except KubeError as exc:
+                if attempt >= self.limits.retries or not retryable(method, exc):
+                    if exc.status not in (403, 404, 409):  # answers, not failures
+                        self.failures += 1
+                    raise
+            await asyncio.sleep(self.limits.backoff * 2**attempt)
+            attempt += 1
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

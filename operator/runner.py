@@ -18,7 +18,7 @@ from kubernetes import client as kclient
 from evolving_infra.operator import images
 from evolving_infra.operator.agents import GrpcNodeAgentClient, NodeAgentClient
 from evolving_infra.operator.handlers import build_registry, kopf_event_sink, kopf_settings
-from evolving_infra.operator.kube import KubeApi, load_client
+from evolving_infra.operator.kube import ApiLimits, KubeApi, load_client
 from evolving_infra.operator.reconcile import Runtime
 from evolving_infra.operator.settings import OperatorSettings
 
@@ -28,7 +28,13 @@ log = logging.getLogger(__name__)
 def make_runtime(api_client: kclient.ApiClient, settings: OperatorSettings, agents: NodeAgentClient | None = None) -> Runtime:
     """A runtime whose events go through kopf and whose agents are reached over gRPC unless given."""
     client = agents or GrpcNodeAgentClient(settings.switch_deadline_seconds, settings.state_deadline_seconds)
-    return Runtime(api=KubeApi(api_client), agents=client, settings=settings, events=kopf_event_sink)
+    return Runtime(api=KubeApi(api_client, limits=api_limits(settings)), agents=client, settings=settings, events=kopf_event_sink)
+
+
+def api_limits(settings: OperatorSettings) -> ApiLimits:
+    return ApiLimits(
+        connect_timeout=settings.api_connect_timeout_seconds, read_timeout=settings.api_read_timeout_seconds, retries=settings.api_retries
+    )
 
 
 async def operator_task(
@@ -48,7 +54,7 @@ async def operator_task(
     log.info("routers and node agents default to image %s (from %s)", image, source)
     await kopf.operator(
         registry=build_registry(rt, api_client.configuration),
-        settings=kopf_settings(),
+        settings=kopf_settings(api=rt.settings),
         standalone=True,
         clusterwide=not namespaces,
         namespaces=list(namespaces),

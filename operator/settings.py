@@ -78,6 +78,16 @@ class OperatorSettings(BaseSettings):
         default=32, ge=1, le=4096, description="Node agents called at once (GetState while tracking, SwitchPhase while switching)."
     )
 
+    api_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=300, description="Connect timeout of every Kubernetes API call (the operator's and kopf's)."
+    )
+    api_read_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Read timeout of every Kubernetes API call (kopf's watches excepted: they time out at 5 minutes)."
+    )
+    api_retries: int = Field(
+        default=2, ge=0, le=10, description="Further attempts at an API call that timed out, failed to connect, was throttled or got a 5xx."
+    )
+
     @model_validator(mode="after")
     def _backoff_bounds(self) -> OperatorSettings:
         if self.switch_backoff_max_seconds < self.switch_backoff_seconds:
