@@ -210,6 +210,17 @@ class DecodeScheduler:
         """An adopted request with no output finishes at once."""
         return self._finish(self.jobs[rid], end)
 
+    def cancel(self, rid: str, now: float) -> bool:
+        """Drop one job, queued or running (its client went away): its pins and reserved slots are released;
+        pages it already wrote stay cached. False when the node holds no such job."""
+        job = self.jobs.pop(rid, None)
+        if job is None:
+            return False
+        self._queue.pop(rid, None)
+        self._running = None  # its heap entry is skipped as "left the node"
+        self.pool.release(rid, now)
+        return True
+
     def hand_back(self, now: float) -> list[DecodeRequest]:
         """Drop every queued (not admitted) request, in arrival order."""
         out: list[DecodeRequest] = []

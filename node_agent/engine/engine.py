@@ -202,6 +202,14 @@ class EngineCore:
         self._known.add(req.request)
         return self._effects(now)
 
+    def cancel_decode(self, request: str, now: float) -> Effects:
+        """Drop a decode, queued or running, whose client went away: its GPU pages are freed (pages it wrote
+        stay cached). `applied` is False when the node holds no such decode (finished or handed back)."""
+        self._tick(now)
+        if not self._decode.cancel(request, now):
+            return Effects(self.pool.drain_events(), (), applied=False)
+        return self._effects(now)
+
     def fetch_completed(self, request: str, now: float) -> Effects:
         """Every fetch run of `request` has landed. `applied` is False if the engine no longer waits
         for it (the request was handed back, or its HiCache prefill already absorbed the fetch)."""

@@ -9,6 +9,7 @@ transfers and page streaming run in worker threads.
 Decode path: `decode()` checks the request, stages its prompt pages (kept in the arena until the decode
 ends), pulls the missing ones from the prefill node (waiting until that node's prefill has written
 them), submits it to the engine and yields `Accepted`, `Tokens` ... `Finished` as the runner publishes.
+A caller that goes away (the stream is cancelled) cancels the decode in the engine, queued or running.
 
 Events: besides KV events, iteration reports, switch reports and state snapshots, the node publishes each
 prefill's start (with the prompt tokens the engine reused) and finish, and, when a switch begins, the ids of
@@ -265,14 +266,33 @@ class NodeAgent:
             raise to_service_error(error, self._draining_now()) from error
         entry.submitted = True
         self.metrics.request("decode", "accepted")
-        yield Accepted(position)
-        while True:
-            item = await entry.queue.get()
-            if isinstance(item, Failed):
-                raise ServiceError(item.code, item.message)
-            yield item
-            if isinstance(item, Finished):
-                return
+        done = False
+        try:
+            yield Accepted(position)
+            while True:
+                item = await entry.queue.get()
+                if isinstance(item, Failed):
+                    done = True
+                    raise ServiceError(item.code, item.message)
+                yield item
+                if isinstance(item, Finished):
+                    done = True
+                    return
+        finally:
+            if not done:  # the caller went away (stream cancelled): stop decoding for nobody
+                self.cancel_decode(req.request)
+
+    def cancel_decode(self, request: str) -> bool:
+        """Drop a decode whose caller went away, queued or running: the engine frees its GPU pages, the
+        staged prompt pages are released, and it is counted (`requests_total{outcome="cancelled"}`)."""
+        if self.decodes.get(request) is None:
+            return False
+        self._end_decode(request)
+        cancelled = self.runner.cancel_decode(request)
+        if cancelled:
+            self.metrics.request("decode", "cancelled")
+            log.info("node %s: decode %s cancelled (its caller went away)", self.node, request)
+        return cancelled
 
     async def _pull(self, request: str, runs: Sequence[tuple[str, tuple[PageHash, ...]]]) -> None:
         entry = self.decodes.get(request)

@@ -171,6 +171,12 @@ class EngineRunner:
         self._effects(effects)
         return before if queued else 0
 
+    def cancel_decode(self, request: str) -> bool:
+        """Drop a decode whose client went away (queued or running); False if the engine no longer holds it."""
+        effects = self.engine.cancel_decode(request, self.clock.now())
+        self._effects(effects)
+        return effects.applied
+
     def begin_switch(self, target: Phase) -> SwitchBegun:
         begun = self.engine.begin_switch(target, self.clock.now())
         for req in begun.handed_back:

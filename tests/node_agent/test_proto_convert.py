@@ -12,6 +12,7 @@ from evolving_infra.core.kv_events import KvCleared, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Tier
 from evolving_infra.node_agent.api import convert
+from evolving_infra.node_agent.api.limits import MAX_TOKENS
 from evolving_infra.node_agent.engine.outputs import SwitchReport, SwitchState
 from evolving_infra.node_agent.engine.requests import DecodeRequest, FetchRun, PrefillRequest
 from evolving_infra.node_agent.engine.tier import TierGauges
@@ -82,6 +83,10 @@ def test_tier_gauges_round_trip(gauges: TierGauges) -> None:
     assert convert.tier_gauges_from_proto(wire(convert.tier_gauges_to_proto(gauges))) == gauges
 
 
+ids = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=8)
+"""Ids the node accepts (printable ASCII, bounded; `api.limits`)."""
+
+
 @st.composite
 def prefill_requests(draw: st.DrawFn) -> PrefillRequest:
     prompt = draw(st.lists(pages, min_size=0, max_size=12, unique=True))
@@ -91,11 +96,11 @@ def prefill_requests(draw: st.DrawFn) -> PrefillRequest:
         FetchRun(NodeId(f"peer-{i}"), tuple(part)) for i, part in enumerate((fetched[:split], fetched[split:])) if part
     )
     return PrefillRequest(
-        request=RequestId(draw(st.text(min_size=1, max_size=8))),
-        branch=BranchId(draw(st.text(max_size=8))),
+        request=RequestId(draw(ids)),
+        branch=BranchId(draw(ids)),
         prompt_pages=tuple(prompt),
-        prompt_tokens=draw(st.integers(1, 2**32 - 1)),
-        output_tokens=draw(u32),
+        prompt_tokens=draw(st.integers(1, MAX_TOKENS)),
+        output_tokens=draw(st.integers(0, MAX_TOKENS)),
         t_acc=draw(st.floats(min_value=0.01, max_value=16)),
         fetch=runs,
         generated_pages=draw(st.none() | page_lists),
@@ -152,6 +157,6 @@ def test_count_arrays_of_unequal_length_are_refused() -> None:
 
 
 def test_invalid_requests_fail_with_the_engines_message() -> None:
-    message = pb.SubmitPrefillRequest(request_id="r1", prompt_tokens=64, t_acc=0.0)
-    with pytest.raises(ValueError, match="r1: t_acc must be > 0"):
+    message = pb.SubmitPrefillRequest(request_id="r1", branch_id="b", prompt_tokens=64, t_acc=0.0)
+    with pytest.raises(ValueError, match="t_acc: 0.0 must be a finite number"):
         convert.prefill_request_from_proto(message)
