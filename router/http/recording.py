@@ -1,0 +1,66 @@
+"""`RecordingBackend`: a `RouterBackend` that passes every call to another backend and feeds a
+`TraceRecorder` (router/recording.py) with what it served: the prompt's token ids when a request is handed
+over, the output's token ids and the first token's time when it ends (however it ends), and finished branches.
+
+Branches are keyed by `BranchRef.scoped_id()` (tenants kept apart); the recorder writes its own ids, never the
+client's. The clock is injected (the router's).
+
+Boundary: async glue between the HTTP front end's backend protocol and the pure recorder; no file I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from evolving_infra.router.http.backend import (
+    BranchRef,
+    CompletionRequest,
+    FinishOutcome,
+    ModelCard,
+    Readiness,
+    RouterBackend,
+    TokenChunk,
+)
+from evolving_infra.router.recording import TraceRecorder
+
+
+class RecordingBackend:
+    """Serves through `inner` and records into `recorder` (module docstring)."""
+
+    def __init__(self, inner: RouterBackend, recorder: TraceRecorder, clock: Callable[[], float]) -> None:
+        self.inner = inner
+        self.recorder = recorder
+        self.clock = clock
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:
+        rid = str(request.request_id)
+        parent = request.parent.scoped_id() if request.parent is not None else None
+        self.recorder.begin(rid, request.branch.scoped_id(), parent, request.prompt_token_ids, self.clock())
+        output: list[int] = []
+        first: float | None = None
+        cached: int | None = None
+        stream = self.inner.complete(request)
+        try:
+            async for chunk in stream:
+                if chunk.token_ids and first is None:
+                    first = self.clock()
+                output.extend(chunk.token_ids)
+                if chunk.cached_tokens is not None:
+                    cached = chunk.cached_tokens
+                yield chunk
+        finally:
+            self.recorder.end(rid, output, self.clock(), first_token_s=first, cached_tokens=cached)
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+
+    async def finish_branch(self, branch: BranchRef) -> FinishOutcome:
+        outcome = await self.inner.finish_branch(branch)
+        self.recorder.finish_branch(branch.scoped_id())
+        return outcome
+
+    def models(self) -> Sequence[ModelCard]:
+        return self.inner.models()
+
+    def readiness(self) -> Readiness:
+        return self.inner.readiness()
