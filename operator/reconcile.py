@@ -6,7 +6,8 @@ resync): it reads the object afresh, and
    that fails sets `Invalid` and creates nothing — every check runs before the first write;
 2. works out the partition claims of all clusters over the nodes' labels, and keeps this cluster's node
    agents off nodes an earlier cluster claimed;
-3. applies the children (only what is missing or changed; see `children`);
+3. applies the children (only what is missing, changed or edited by hand; see `children`) and deletes
+   those the spec no longer wants, with an event for each child reverted or deleted;
 4. tracks the node agents (pods, addresses, `GetState`) and the router's availability into status;
 5. places collocated node agents into a phase (`placement`: the initial split, or a node that joined
    later) through `SwitchPhase`; a failed placement is retried (`Outcome.retry_delay`, when the caller
@@ -35,7 +36,7 @@ from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.operator import conditions, images, kube, meta, nodes, placement, summary
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, NodeAgentClient
 from evolving_infra.operator.builders import BuildContext, build_children
-from evolving_infra.operator.children import ApplyResult, apply_children
+from evolving_infra.operator.children import ApplyResult, apply_children, prune_children
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.kube import KubeApi, KubeError
 from evolving_infra.operator.partitions import ClusterSelection, NodeLabels, PartitionClaim, claim_nodes
@@ -46,6 +47,11 @@ from evolving_infra.operator.status import AgentServingClusterStatus, ConditionS
 from evolving_infra.operator.summary import Problem
 
 log = logging.getLogger(__name__)
+
+DRIFT_REVERTED = "DriftReverted"
+"""Event reason: a child edited by hand was re-applied (the message names the fields)."""
+CHILD_DELETED = "ChildDeleted"
+"""Event reason: a child the spec no longer wants was deleted."""
 
 
 class EventSink(Protocol):
@@ -331,7 +337,13 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         operator_namespace=rt.settings.namespace,
         excluded_nodes=excluded,
     )
-    applied = await apply_children(rt.api, cluster, build_children(ctx))
+    desired = build_children(ctx)
+    applied = await apply_children(rt.api, cluster, desired)
+    applied.deleted.extend(await prune_children(rt.api, cluster, desired))
+    for reverted in applied.reverted:
+        rt.events(body, "Warning", DRIFT_REVERTED, reverted.message())
+    for child in applied.deleted:
+        rt.events(body, "Normal", CHILD_DELETED, f"{child} is no longer wanted by the spec; deleted")
     problems = claim_problems(claim_)
     if applied.conflicts:
         problems.append(Problem("ChildConflict", "; ".join(applied.conflicts)))
