@@ -387,3 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table in ("evaluation", "both"):
         print(render_evaluation(records))
     return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`evolving-infra evaluate ...`: comparisons with the real peers (the matrix runs via scripts/evaluate.py)."""
+    from evolving_infra.cli import peers
+
+    parser = sub.add_parser("evaluate", help="compare our simulator with the real peers (Dynamo's replay)")
+    actions = parser.add_subparsers(dest="evaluate_command", metavar="ACTION", required=True)
+    peers.add_parser(actions)

@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.node_agent",
     "evolving_infra.cli.router",
     "evolving_infra.cli.local",
+    "evolving_infra.cli.evaluate",
 )
 
 

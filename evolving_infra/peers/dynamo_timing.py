@@ -52,6 +52,8 @@ class TimingFit:
     chunk_error_p95: float
     total_prefill_error: float
     """(sum f - sum eq. 1) / sum eq. 1 over the same chunks (0 by construction, up to rounding)."""
+    decode_error_max: float
+    """Largest relative error of the interpolated decode table against T(B) / t_acc (`decode_error`)."""
     tables: dict[str, list[Any]]
 
     def arrays(self) -> dict[str, FloatArray]:
@@ -98,17 +100,46 @@ def prefill_table(profile: HardwareProfile, context_tokens: float, max_tokens: i
 
 
 def decode_table(
-    profile: HardwareProfile, max_kv_tokens: int, max_context: int, points: int = 96
+    profile: HardwareProfile, max_kv_tokens: int, max_context: int, points: int = 128
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(active KV tokens, context lengths, ITL ms[kv, ctx]) with ITL = T(max(1, kv / ctx)) / t_acc."""
     coef = profile.decode.coefficients()
-    kv = np.linspace(0.0, float(max_kv_tokens), points)
-    ctx = np.linspace(1.0, float(max_context), points)
+    # Geometric axes: the mocker interpolates bilinearly in (kv, ctx) while the time depends on kv / ctx, which
+    # changes fastest at small kv and ctx; geometric spacing keeps the error small there (`decode_error`).
+    kv = np.concatenate([[0.0], np.geomspace(float(profile.page_tokens), float(max_kv_tokens), points - 1)])
+    ctx = np.geomspace(1.0, float(max_context), points)
     itl = np.empty((points, points))
     for i, k in enumerate(kv):
         for j, c in enumerate(ctx):
             itl[i, j] = 1000.0 * decode_iteration_time(coef, max(1.0, k / c)) / profile.decode.t_acc
     return kv, ctx, itl
+
+
+def bilinear(x_axis: FloatArray, y_axis: FloatArray, table: FloatArray, x: float, y: float) -> float:
+    """Bilinear interpolation of `table[x, y]` at (x, y), clamped to the axes (as the mocker reads its table)."""
+    x = min(max(x, float(x_axis[0])), float(x_axis[-1]))
+    y = min(max(y, float(y_axis[0])), float(y_axis[-1]))
+    i = int(np.clip(np.searchsorted(x_axis, x) - 1, 0, len(x_axis) - 2))
+    j = int(np.clip(np.searchsorted(y_axis, y) - 1, 0, len(y_axis) - 2))
+    tx = (x - x_axis[i]) / (x_axis[i + 1] - x_axis[i])
+    ty = (y - y_axis[j]) / (y_axis[j + 1] - y_axis[j])
+    top = table[i, j] * (1 - ty) + table[i, j + 1] * ty
+    bottom = table[i + 1, j] * (1 - ty) + table[i + 1, j + 1] * ty
+    return float(top * (1 - tx) + bottom * tx)
+
+
+def decode_error(profile: HardwareProfile, kv: FloatArray, ctx: FloatArray, itl: FloatArray) -> float:
+    """Largest relative error of the interpolated ITL against T(B) / t_acc over batches 1..512 and contexts from
+    1K tokens to the table's longest."""
+    coef = profile.decode.coefficients()
+    worst = 0.0
+    for batch in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 512):
+        for c in np.geomspace(1024.0, float(ctx[-1]), 9):
+            if batch * c > kv[-1]:
+                continue
+            true = 1000.0 * decode_iteration_time(coef, batch) / profile.decode.t_acc
+            worst = max(worst, abs(bilinear(kv, ctx, itl, batch * c, c) - true) / true)
+    return worst
 
 
 def fit_timing(profile: HardwareProfile, trace: Trace, *, max_context: int | None = None) -> TimingFit:
@@ -129,6 +160,7 @@ def fit_timing(profile: HardwareProfile, trace: Trace, *, max_context: int | Non
         chunk_error_mean=float(rel.mean()),
         chunk_error_p95=float(np.percentile(rel, 95)),
         total_prefill_error=float((fitted.sum() - true.sum()) / true.sum()) if len(items) else 0.0,
+        decode_error_max=decode_error(profile, kv, ctx_axis, itl),
         tables={
             "prefill_isl": n.tolist(),
             "prefill_ttft_ms": prefill_ms.tolist(),

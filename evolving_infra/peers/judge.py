@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evolving_infra.node_agent.profiles import load_profile
-from evolving_infra.peers.dynamo_replay import DynamoSetup, run_dynamo_replay
+from evolving_infra.peers.dynamo_replay import DynamoSetup, find_dynamo_python, run_dynamo_replay
 from evolving_infra.peers.dynamo_timing import fit_timing
 from evolving_infra.peers.metrics import DEFAULT_TOLERANCE, PeerRequest, compare, summarize
 from evolving_infra.sim.records import RequestRecord
@@ -77,14 +77,28 @@ class SideRun:
         return len(self.requests) / self.wall_s if self.wall_s > 0 else float("inf")
 
 
+def parse_split(split: str) -> tuple[int, int]:
+    """(prefill, decode) nodes of a split written `<P>P<D>D`; ValueError otherwise."""
+    text = split.strip().upper()
+    try:
+        p, d = text.removesuffix("D").split("P")
+        prefill, decode = int(p), int(d)
+    except ValueError:
+        raise ValueError(f"split {split!r} is not of the form <P>P<D>D, e.g. 4P5D") from None
+    if prefill < 1 or decode < 1 or not text.endswith("D"):
+        raise ValueError(f"split {split!r} needs at least one prefill and one decode node, as <P>P<D>D")
+    return prefill, decode
+
+
 def run_ours(side: OurSide, trace: Trace, *, profile: str, split: str, seed: int = 0) -> SideRun:
     """Replay `trace` open loop in our simulator as `side`."""
     from evolving_infra.sim.run import simulate
     from evolving_infra.sim.systems import build_config
 
     preset, overrides = side.config()
-    cfg = build_config(preset, profile=profile, split=split, seed=seed, warmup_s=0.0, models="profile",
-                       collocated_warmup=False, **overrides)  # fmt: skip
+    p, d = parse_split(split)
+    cfg = build_config(preset, profile=profile, nodes=p + d, split=split.upper(), seed=seed, warmup_s=0.0,
+                       models="profile", collocated_warmup=False, **overrides)  # fmt: skip
     start = time.perf_counter()
     result = simulate(cfg, trace)
     wall = time.perf_counter() - start
@@ -107,8 +121,9 @@ def judge_dynamo(
     timeout_s: float = 600.0, tolerance: float = DEFAULT_TOLERANCE, log_path: Path | None = None,
 ) -> dict[str, Any]:
     """Replay `trace` in Dynamo's replay and in our simulator as each of `sides`; the report (JSON-ready)."""
+    python = python or find_dynamo_python()  # fail before any work when the side environment is missing
     hw = load_profile(profile)
-    p, d = (int(x) for x in split.upper().rstrip("D").split("P"))
+    p, d = parse_split(split)
     fit = fit_timing(hw, trace)
     rows, export = export_rows(trace, block_tokens, service_s=service_s)
     setup = DynamoSetup.for_profile(hw, p, d, host_offload=host_offload, block_tokens=block_tokens)

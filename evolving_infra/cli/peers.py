@@ -1,0 +1,111 @@
+"""`evolving-infra evaluate peers`: one workload through Dynamo's own replay and through our simulator (its
+`dynamo` preset, our re-implementation of Dynamo's KV router at the same split, and our system), TTFT, E2E,
+throughput and prefix reuse side by side, differences over 10 % flagged.
+
+Boundary: argument parsing and terminal output; the work is `evolving_infra.peers.judge`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.peers.dynamo_replay import DynamoReplayError, DynamoUnavailable
+from evolving_infra.peers.judge import REFERENCE, OurSide, judge_dynamo
+from evolving_infra.peers.metrics import DEFAULT_TOLERANCE, ComparisonRow, Figure, render_markdown
+from evolving_infra.traces.errors import TraceError
+from evolving_infra.traces.mooncake_export import BlockTokens
+
+WORKLOADS = ("cc", "putnam", "osworld", "mixed", "shift")
+PROFILE = {"putnam": "glm-5.2-4xgb300-tp4", "cc": "glm-5.2-4xgb300-tp4", "osworld": "kimi-k2.6-4xgb300-tp4"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "peers",
+        help="our simulator vs Dynamo's own replay on one workload (needs scripts/peers/setup-dynamo.sh)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--workload", choices=WORKLOADS, help="generate this workload (open loop)")
+    p.add_argument("--agents", type=int, default=10, help="agents of the generated workload (default 10)")
+    p.add_argument("--trace", help="replay this trace file instead of a generated workload")
+    p.add_argument("--split", default="4P5D", help="prefill/decode split of nine nodes (default 4P5D)")
+    p.add_argument("--profile", help="hardware profile (default: the paper's for the workload)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sides", default=",".join(s.value for s in OurSide),
+        help=f"our configurations to compare (default {','.join(s.value for s in OurSide)})",
+    )  # fmt: skip
+    p.add_argument("--block-tokens", type=int, choices=[b.value for b in BlockTokens], default=64)
+    p.add_argument("--service-s", type=float, default=0.0, help="service time assumed for cross-branch arrivals")
+    p.add_argument("--no-host-offload", action="store_true", help="no host-memory tier in Dynamo's mocker")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for Dynamo's replay")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="flag differences above this")
+    p.add_argument("--log", help="write Dynamo's log to this file")
+    p.add_argument("--out", help="also write the JSON report to this file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=run)
+
+
+def _sides(text: str) -> list[OurSide]:
+    try:
+        return [OurSide(s.strip()) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise CliError(f"--sides: unknown side in {text!r}; known: {', '.join(s.value for s in OurSide)}",
+                       USAGE_ERROR) from None  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from evolving_infra.sim.run import workload_trace
+    from evolving_infra.traces.loader import load_trace
+
+    if (args.trace is None) == (args.workload is None):
+        raise CliError("give either --workload KIND or --trace FILE (not both)", USAGE_ERROR)
+    if args.agents < 1 or args.timeout <= 0 or args.tolerance < 0 or args.service_s < 0:
+        raise CliError("--agents must be >= 1, --timeout > 0, --tolerance and --service-s >= 0", USAGE_ERROR)
+    sides = _sides(args.sides)
+    try:
+        trace = workload_trace(args.workload, args.agents, args.seed) if args.workload else load_trace(args.trace)
+    except (TraceError, OSError) as exc:
+        raise CliError(f"cannot load the trace: {exc}", USAGE_ERROR) from None
+    profile = args.profile or PROFILE.get(args.workload or "", "glm-5.2-4xgb300-tp4")
+    try:
+        report = judge_dynamo(
+            trace, profile=profile, split=args.split, sides=sides, seed=args.seed, block_tokens=args.block_tokens,
+            service_s=args.service_s, host_offload=not args.no_host_offload, timeout_s=args.timeout,
+            tolerance=args.tolerance, log_path=Path(args.log) if args.log else None,
+        )  # fmt: skip
+    except DynamoUnavailable as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    except DynamoReplayError as exc:
+        raise CliError(str(exc)) from None
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    report["command"] = " ".join(["evolving-infra evaluate peers", *_argv(args)])
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    rows = [
+        ComparisonRow(Figure(r["figure"]), r["values"], r["differences"], tuple(r["flagged"]))
+        for r in report["comparison"]
+    ]
+    print(f"{report['trace']['requests']:,} requests ({report['matched_requests']:,} completed by every side), "
+          f"profile {profile}, split {args.split}; reference: {REFERENCE}")  # fmt: skip
+    print(render_markdown(rows, REFERENCE))
+    speed = ", ".join(f"{k} {v['requests_per_wall_s']:,.0f} req/wall-s" for k, v in report["speed"].items())
+    print(f"speed: {speed}")
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = [f"--workload {args.workload} --agents {args.agents}" if args.workload else f"--trace {args.trace}"]
+    out.append(f"--split {args.split} --seed {args.seed} --sides {args.sides} --block-tokens {args.block_tokens}")
+    if args.service_s:
+        out.append(f"--service-s {args.service_s:g}")
+    if args.no_host_offload:
+        out.append("--no-host-offload")
+    return out
