@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from evolving_infra.core.pages import PageHash, chain_hashes, token_page_hashes
+from evolving_infra.router.fitting import FittedNodeModel
 
 RECORDER_NOTES = (
     "Recorded by the evolving-infra router: lengths, page hashes and times only (no text, no token ids). "
@@ -99,7 +100,7 @@ class _Open:
 class _Branch:
     tid: str
     agent: str
-    parent: str | None
+    parent: _Branch | None
     latest: _Done | None = None
     ended_children: list[str] = field(default_factory=list)
     last_rid: str | None = None
@@ -157,8 +158,7 @@ class TraceRecorder:
         b = self._branch(branch, parent)
         pages = token_page_hashes(prompt, self.page_tokens)
         full = len(pages) * self.page_tokens
-        parent_b = self._branches.get(b.parent) if b.parent is not None else None
-        candidate = b.latest or (parent_b.latest if parent_b is not None else None)
+        candidate = b.latest or (b.parent.latest if b.parent is not None else None)
         spec: dict[str, Any] = {"new": len(prompt)}
         fresh: list[PageHash] | None = None
         keep = 0
@@ -260,8 +260,8 @@ class TraceRecorder:
         b.finish_pending = False
         if b.last_rid is not None:
             self._body.append({"kind": "branch_end", "branch": b.tid, "after": b.last_rid})
-            if b.parent is not None and b.parent in self._branches:
-                self._branches[b.parent].ended_children.append(b.last_rid)
+            if b.parent is not None:
+                b.parent.ended_children.append(b.last_rid)
 
     # -- output ----------------------------------------------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
@@ -300,7 +300,7 @@ class TraceRecorder:
         p = self._branches.get(parent) if parent is not None else None
         tid = f"b{len(self._all_branches)}"
         agent = p.agent if p is not None else f"a{len(self._all_branches)}"
-        b = _Branch(tid, agent, parent if p is not None else None)
+        b = _Branch(tid, agent, p)
         self._branches[key] = b
         self._all_branches.append(b)
         return b
@@ -331,3 +331,22 @@ class TraceRecorder:
             else:
                 hi = mid - 1
         return lo
+
+
+MODELS_KIND = "evolving-infra-node-models"
+
+
+def models_document(fitted: Mapping[str, FittedNodeModel], *, profile: str) -> dict[str, Any]:
+    """The fitted node models as JSON data (`simulate --models-from` reads it): per node the prefill
+    coefficients (eq. 1), the decode coefficients and MoE shape (eq. 2), and the measured t̄_n and f_n; a phase
+    the warmup could not fit is null. Empty `nodes` when the router used the profile's models."""
+    nodes: dict[str, Any] = {}
+    for node, model in sorted(fitted.items()):
+        p, d = model.prefill, model.decode
+        nodes[str(node)] = {
+            "prefill": None if p is None else {"c0": p.c0, "c1": p.c1, "c2": p.c2, "c3": p.c3},
+            "decode": None if d is None else {"d0": d.d0, "d1": d.d1, "d2": d.d2, "k": d.k, "experts": d.experts,
+                                              "t_fwd": d.t_fwd},
+            "t_bar": model.usage.t_bar, "f_restore": model.usage.f_restore,
+        }  # fmt: skip
+    return {"kind": MODELS_KIND, "version": 1, "profile": profile, "nodes": nodes}

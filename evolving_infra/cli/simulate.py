@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--pool", choices=["shared", "private"], help="host memory: one shared pool or private per node")
     p.add_argument("--models", choices=_values(ModelSource), help="node models: fitted online or the profile's")
     p.add_argument("--profile", help="built-in hardware profile name or a profile file")
+    p.add_argument("--models-from", metavar="MODELS.json",
+                   help="node models a live router fitted (router serve --record-models): the nodes run with these "
+                   "coefficients (sizes and links stay the profile's); for what-if replays of recorded traffic")
     p.add_argument("--nodes", type=int, help="nodes in the cluster (default 9)")
     p.add_argument("--split", help="initial split, e.g. 6P3D (default 6P3D)")
     p.add_argument("--agents", type=int, help="closed-loop concurrency (omit for open-loop replay of start_s)")
@@ -103,6 +106,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("give either a TRACE file or --workload KIND (not both)", USAGE_ERROR)
     cfg = _config(args)
     err = Console(stderr=True)
+    if args.models_from is not None:
+        cfg = _with_recorded_models(cfg, args.models_from)
     try:
         if args.workload is not None:
             if cfg.agents is None and args.trace_agents is None:
@@ -149,6 +154,25 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"wrote {name}: {path}")
     err.print(f"simulated {result.end_time:,.0f} s in {wall:,.1f} s wall ({result.events:,} events)")
     return 0
+
+
+def _with_recorded_models(cfg: SimConfig, path: str) -> SimConfig:
+    """`cfg` on a profile file (in the temp folder) with the recorded models' coefficients."""
+    import tempfile
+    from pathlib import Path
+
+    from evolving_infra.sim.recorded import ModelsFileError, load_models, profile_with_models
+
+    try:
+        profile = profile_with_models(load_profile(cfg.profile), load_models(path), source=f"recorded models {path}")
+    except (ModelsFileError, ProfileError) as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", USAGE_ERROR) from None
+    folder = Path(tempfile.mkdtemp(prefix="evolving-recorded-"))
+    target = folder / f"{profile.name}.json"
+    target.write_text(profile.model_dump_json(indent=1), encoding="utf-8")
+    return cfg.model_copy(update={"profile": str(target)})
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

@@ -5,12 +5,17 @@ over, the output's token ids and the first token's time when it ends (however it
 Branches are keyed by `BranchRef.scoped_id()` (tenants kept apart); the recorder writes its own ids, never the
 client's. The clock is injected (the router's).
 
-Boundary: async glue between the HTTP front end's backend protocol and the pure recorder; no file I/O.
+`write_recording` writes the trace and the fitted node models at shutdown.
+
+Boundary: async glue between the HTTP front end's backend protocol and the pure recorder, and the two files.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 
 from evolving_infra.router.http.backend import (
     BranchRef,
@@ -21,7 +26,11 @@ from evolving_infra.router.http.backend import (
     RouterBackend,
     TokenChunk,
 )
-from evolving_infra.router.recording import TraceRecorder
+from evolving_infra.router.fitting import FittedNodeModel
+from evolving_infra.router.recording import TraceRecorder, models_document
+from evolving_infra.traces.writer import write_records
+
+log = logging.getLogger(__name__)
 
 
 class RecordingBackend:
@@ -64,3 +73,19 @@ class RecordingBackend:
 
     def readiness(self) -> Readiness:
         return self.inner.readiness()
+
+
+def write_recording(
+    trace_path: Path | None, recorder: TraceRecorder | None, models_path: Path | None,
+    fitted: Mapping[str, FittedNodeModel], profile: str,
+) -> None:  # fmt: skip
+    """Write the recorded trace and the fitted models where asked (a failure is logged, never raised: this
+    runs during shutdown)."""
+    try:
+        if trace_path is not None and recorder is not None:
+            write_records(recorder.records(), trace_path)
+            log.info("recorded %d requests to %s (%s)", recorder.report.requests, trace_path, recorder.report.to_dict())
+        if models_path is not None:
+            models_path.write_text(json.dumps(models_document(fitted, profile=profile), indent=1) + "\n")
+    except OSError:
+        log.exception("writing the recording failed")

@@ -29,6 +29,8 @@ from evolving_infra.core.types import NodeId
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 from evolving_infra.router.http import RouterHttpSettings, start_server
+from evolving_infra.router.http.recording import RecordingBackend, write_recording
+from evolving_infra.router.recording import TraceRecorder
 from evolving_infra.router.service.backend import LiveRouter
 from evolving_infra.router.service.client import NodeCredentials, NodeEndpoint, load_node_credentials, open_channel
 from evolving_infra.router.service.metrics import RouterServiceMetrics
@@ -105,6 +107,7 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
     router = LiveRouter(settings, shape, await resolve_endpoints(settings, credentials), metrics)
     planner: ControlLoop | None = None
     server = None
+    recorder: TraceRecorder | None = None
     try:
         await router.start()
         if not await router.wait_ready(settings.rpc_timeout_s):
@@ -119,7 +122,9 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
             max_prompt_tokens=settings.max_prompt_tokens, max_tokens_cap=settings.max_tokens_cap,
             context_tokens=shape.l1_tokens, admin_port=settings.metrics_port if settings.metrics_enabled else None,
         )  # fmt: skip
-        server = await start_server(http, router, extra_metrics=[metrics.exposition])
+        recorder = TraceRecorder(shape.page_tokens, time_scale=settings.record_time_scale) if settings.record_trace else None
+        backend = RecordingBackend(router, recorder, router.now) if recorder is not None else router
+        server = await start_server(http, backend, extra_metrics=[metrics.exposition])
         metrics_url = f"{server.admin_url}/metrics" if server.admin_url else None
         if on_ready is not None:
             on_ready({"url": server.url, "metrics_url": metrics_url, "nodes": {n: e.address for n, e in router.endpoints.items()},
@@ -138,6 +143,7 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
         if planner is not None:
             await planner.close()
         await router.close()
+        write_recording(settings.record_trace, recorder, settings.record_models, router.control.models.fitted, shape.name)
 
 
 def run(settings: RouterSettings, shape: ModelShape, on_ready: Callable[[dict[str, Any]], None] | None = None) -> int:

@@ -96,6 +96,9 @@ class RouterSettings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, le=20, description="Tries per request before its first token (re-routed after a failure).")
     bind_wait_s: float = Field(default=30.0, gt=0, le=3600, description="How long a request waits for a decode node with KV room.")
     seed: int = Field(default=0, ge=0, description="Seed of the policies' random tie-breaks.")
+    record_trace: Path | None = Field(default=None, description="At shutdown, write what was served as an agent trace (lengths, page hashes, times; never text) to this file.")
+    record_models: Path | None = Field(default=None, description="At shutdown, write the fitted node models (JSON, for `simulate --models-from`) to this file.")
+    record_time_scale: float = Field(default=1.0, gt=0, description="Recorded times are the router's clock times this factor (a local run's nodes run speed_up times faster).")
     # security and admission (docs/security.md); the HTTP front end's fields of the same names
     api_key_file: Path | None = Field(default=None, description="API keys of the HTTP API (one `key` or `name:key` a line).")
     max_concurrent_per_key: int | None = Field(default=None, ge=1, le=1_000_000, description="Completions one API key may have in flight.")

@@ -83,7 +83,7 @@ def test_failed_requests_are_dropped_and_a_finish_waits_for_the_request_in_fligh
     assert trace.request("r3").branch == "b1"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 10_000), page=st.sampled_from([1, 3, 8]))
 def test_random_traffic_records_a_valid_trace_without_token_ids(seed: int, page: int) -> None:
     rng = random.Random(seed)
