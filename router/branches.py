@@ -294,7 +294,9 @@ class BranchTable:
 
     def take_updates(self, node: NodeId) -> dict[PageHash, int]:
         """Counts on `node` that changed since the last call for it (0 = released); clears the record."""
-        dirty = self._dirty.pop(node, set())
+        dirty = self._dirty.pop(node, None)
+        if not dirty:
+            return {}
         counts = self._counts.get(node, {})
         return dict(zip(dirty, map(counts.get, dirty, repeat(0))))
 

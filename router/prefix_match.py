@@ -11,10 +11,12 @@ that fetch plans need no second directory walk.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
+
+import numpy as np
 
 from evolving_infra.core.types import NodeId
 
@@ -105,6 +107,29 @@ class PrefixMatch:
         if current:
             runs.append(FetchRun(start, reachable, self._nodes(current)))
         return FetchPlan(node=node, cached=self.either.get(node, 0), reachable=reachable, runs=tuple(runs))
+
+    def columns(self, nodes: Sequence[NodeId]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(gpu, either, reachable, fetch pages) of `nodes` as int64 arrays: for every node the same numbers as
+        `gpu`, `either`, `reachable_for` and `fetch_plan(node).fetch_pages`, from one pass over the stretches
+        of equal masks (a page of the reachable prefix is fetched exactly when the node does not hold it)."""
+        count = len(nodes)
+        gpu = np.fromiter((self.gpu.get(n, 0) for n in nodes), np.int64, count)
+        either = np.fromiter((self.either.get(n, 0) for n in nodes), np.int64, count)
+        reach = np.fromiter((self.reachable_for(n) for n in nodes), np.int64, count)
+        stretches = self._stretches()
+        if not stretches or not reach.any():
+            return gpu, either, reach, np.zeros(count, np.int64)
+        los = np.fromiter((lo for lo, _ in stretches), np.int64, len(stretches))
+        his = np.append(los[1:], len(self._masks))
+        width = (3 * len(self._ids) + 7) // 8
+        raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
+        bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(len(stretches), width), axis=1, bitorder="little")
+        index = self._index
+        slot = np.fromiter((index.get(n, -3) + 2 for n in nodes), np.int64, count)  # either bit 3i + 2; -1 unknown
+        held = np.where(slot >= 0, bits[:, np.maximum(slot, 0)], 0)
+        overlap = np.clip(np.minimum(his[:, None], reach[None, :]) - los[:, None], 0, None)
+        fetch = (overlap * (1 - held)).sum(axis=0)
+        return gpu, either, reach, fetch
 
     def _stretches(self) -> list[tuple[int, int]]:
         """(first page, mask) of each maximal stretch of equal masks, computed once per match."""

@@ -1,5 +1,7 @@
 """What the routing policies and the planner read, built from the router's tracks of the nodes.
 
+- `prefill_views`: the views of all candidate prefill nodes for one request as a `PrefillViewSet` (each view
+  built only when read; the prefix fields of all of them as arrays from one pass over the match).
 - `prefill_view`: the KV directory's prefix match for one node (own GPU and host prefix, reachable cluster
   prefix, fetch plan), the node's last report (running batch, queue, its age), the requests sent since that
   report (`unreported`), everything sent and not yet prefilled (`router_in_flight`), the node's model and
@@ -12,9 +14,15 @@ Boundary: pure reads of `NodeTrack`s; nothing here changes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from evolving_infra.core.types import NodeId
 from evolving_infra.router.planner import NodeLoad
 from evolving_infra.router.prefix_match import PrefixMatch
 from evolving_infra.router.routing import DecodeNodeView, PageRun, PrefillNodeView, PrefillNodeModel
+from evolving_infra.router.routing.inputs import PrefillNodeState, PrefillViewSet, PrefixColumns
 from evolving_infra.router.routing.decode import kv_tokens_needed
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
 
@@ -47,6 +55,73 @@ def prefill_view(
         model=model,
         cached_pages=0 if pool is None else pool.cached_pages,
     )
+
+
+class TrackViews(PrefillViewSet):
+    """`prefill_view` of each of `tracks`, built when read (see `PrefillViewSet`)."""
+
+    __slots__ = ("_tracks", "_match", "_now", "_shared", "_models", "_ids", "_views", "_columns")
+
+    def __init__(
+        self,
+        tracks: Sequence[NodeTrack],
+        match: PrefixMatch,
+        now: float,
+        *,
+        shared_pool: bool,
+        models: Mapping[NodeId, object],
+    ) -> None:
+        self._tracks = tracks
+        self._match = match
+        self._now = now
+        self._shared = shared_pool
+        self._models = models
+        self._ids = tuple(t.id for t in tracks)
+        self._views: list[PrefillNodeView | None] = [None] * len(tracks)
+        self._columns: PrefixColumns | None = None
+
+    @property
+    def nodes(self) -> tuple[NodeId, ...]:
+        return self._ids
+
+    def view(self, i: int) -> PrefillNodeView:
+        view = self._views[i]
+        if view is None:
+            track = self._tracks[i]
+            model = self._models.get(track.id)
+            view = prefill_view(track, self._match, self._now, shared_pool=self._shared, model=model)  # type: ignore[arg-type]
+            self._views[i] = view
+        return view
+
+    def prefix_columns(self) -> PrefixColumns:
+        if self._columns is None:
+            gpu, either, reach, fetch = self._match.columns(self._ids)
+            if self._shared:
+                cluster = np.maximum(reach, either)
+            else:
+                cluster, fetch = either, np.zeros_like(fetch)
+            self._columns = PrefixColumns(gpu=gpu, own=np.maximum(gpu, either), cluster=cluster, fetch=fetch)
+        return self._columns
+
+    def state(self, i: int) -> PrefillNodeState:
+        track = self._tracks[i]
+        unreported, in_flight = track.sent_views()
+        age = None if track.report_time is None else max(0.0, self._now - track.report_time)
+        return PrefillNodeState(
+            track.report_running, track.report_queue, unreported, in_flight, age, self._models.get(track.id)  # type: ignore[arg-type]
+        )
+
+
+def prefill_views(
+    tracks: Sequence[NodeTrack],
+    match: PrefixMatch,
+    now: float,
+    *,
+    shared_pool: bool,
+    models: Mapping[NodeId, object],
+) -> TrackViews:
+    """The views of `tracks` for one request (`prefill_view` each), as a lazily built `PrefillViewSet`."""
+    return TrackViews(tracks, match, now, shared_pool=shared_pool, models=models)
 
 
 def kv_room_tokens(node: NodeTrack) -> int:

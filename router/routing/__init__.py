@@ -30,19 +30,24 @@ from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSett
 from evolving_infra.router.routing.inputs import (
     DecodeNodeView,
     PageRun,
+    PrefillNodeState,
     PrefillNodeView,
+    PrefillViewSet,
+    PrefixColumns,
     QueuedPrefill,
     RouteRequest,
     RunningPrefill,
+    StaticViews,
 )
 from evolving_infra.router.routing.nodemodel import CoefficientPrefillModel, PrefillNodeModel
 from evolving_infra.router.routing.registry import make_decode_binder, make_prefill_router
-from evolving_infra.router.routing.replay import (
+from evolving_infra.router.routing.queue_replay import (
     Backlog,
     JobTiming,
     ReplayJob,
     ReplayResult,
     append_job,
+    extend_backlog,
     replay_chunked_prefill,
 )
 from evolving_infra.router.routing.round_robin import RoundRobinRouter
@@ -77,7 +82,10 @@ __all__ = [
     "PageRun",
     "PowerOfTwoBinder",
     "PrefillNodeModel",
+    "PrefillNodeState",
     "PrefillNodeView",
+    "PrefillViewSet",
+    "PrefixColumns",
     "PrefillPolicyName",
     "PrefillRouter",
     "QueuedPrefill",
@@ -91,6 +99,7 @@ __all__ = [
     "RunningPrefill",
     "StateSource",
     "StickyRouter",
+    "StaticViews",
     "StickySettings",
     "TtftEstimate",
     "TtftRouter",
@@ -98,6 +107,7 @@ __all__ = [
     "WaitModel",
     "append_job",
     "estimate_ttft",
+    "extend_backlog",
     "kv_tokens_needed",
     "make_decode_binder",
     "make_prefill_router",

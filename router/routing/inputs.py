@@ -20,8 +20,12 @@ Boundary: immutable inputs with validation; no policy logic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import abc
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, overload
+
+import numpy as np
 
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS, PageHash, validate_page_tokens
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Work
@@ -201,6 +205,118 @@ class PrefillNodeView:
                 f"prefill node {self.node}: cluster prefix of {self.cluster_prefix_pages} pages is longer "
                 f"than request {request.id}'s {request.prompt_pages} full prompt pages"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixColumns:
+    """The prefix fields of every view of a `PrefillViewSet`, one numpy int64 array each, in the set's node order:
+    `gpu` (own_gpu_pages), `own` (own_pages), `cluster` (cluster_prefix_pages), `fetch` (fetch_pages)."""
+
+    gpu: np.ndarray
+    own: np.ndarray
+    cluster: np.ndarray
+    fetch: np.ndarray
+
+
+class PrefillNodeState(NamedTuple):
+    """A prefill node's queue state, as its view would carry it (the same objects), without its prefix fields."""
+
+    running: tuple[RunningPrefill, ...]
+    queue: tuple[QueuedPrefill, ...]
+    unreported: tuple[QueuedPrefill, ...]
+    router_in_flight: tuple[QueuedPrefill, ...]
+    state_age_s: float | None
+    model: PrefillNodeModel | None
+
+
+class PrefillViewSet(Sequence[PrefillNodeView], abc.ABC):
+    """The views of every candidate prefill node for one request, built only when read.
+
+    As a sequence it yields the full `PrefillNodeView`s (so every policy accepts it); a policy that prices all
+    nodes with array arithmetic reads `prefix_columns()` and `state(i)` instead, and builds the views of the
+    few nodes it needs exactly (`self[i]`). Implementations must give, for every i, the same values through
+    `self[i]`, `prefix_columns()` (row i) and `state(i)`; node ids are distinct.
+    """
+
+    @property
+    @abc.abstractmethod
+    def nodes(self) -> tuple[NodeId, ...]:
+        """Node ids, in the set's order."""
+
+    @abc.abstractmethod
+    def view(self, i: int) -> PrefillNodeView:
+        """The full view of the i-th node (the same object on every call)."""
+
+    @abc.abstractmethod
+    def prefix_columns(self) -> PrefixColumns:
+        """The prefix fields of all views as arrays."""
+
+    @abc.abstractmethod
+    def state(self, i: int) -> PrefillNodeState:
+        """The queue state of the i-th node."""
+
+    def index_of(self, node: NodeId) -> int:
+        return self.nodes.index(node)
+
+    def view_of(self, node: NodeId) -> PrefillNodeView:
+        return self.view(self.index_of(node))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @overload
+    def __getitem__(self, i: int) -> PrefillNodeView: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[PrefillNodeView]: ...
+
+    def __getitem__(self, i: int | slice) -> PrefillNodeView | Sequence[PrefillNodeView]:
+        if isinstance(i, slice):
+            return [self.view(k) for k in range(len(self))[i]]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"view index {i} out of range for {n} prefill nodes")
+        return self.view(i % n)
+
+    def __iter__(self) -> Iterator[PrefillNodeView]:
+        return (self.view(k) for k in range(len(self)))
+
+
+class StaticViews(PrefillViewSet):
+    """A `PrefillViewSet` over views already built (tests, and callers that build their views themselves)."""
+
+    __slots__ = ("_views", "_ids", "_columns")
+
+    def __init__(self, views: Sequence[PrefillNodeView]) -> None:
+        self._views = tuple(views)
+        self._ids = tuple(v.node for v in self._views)
+        self._columns: PrefixColumns | None = None
+
+    @property
+    def nodes(self) -> tuple[NodeId, ...]:
+        return self._ids
+
+    def view(self, i: int) -> PrefillNodeView:
+        return self._views[i]
+
+    def prefix_columns(self) -> PrefixColumns:
+        if self._columns is None:
+            count = len(self._views)
+
+            def column(field_of: Callable[[PrefillNodeView], int]) -> np.ndarray:
+                return np.fromiter((field_of(v) for v in self._views), np.int64, count)
+
+            self._columns = PrefixColumns(
+                gpu=column(lambda v: v.own_gpu_pages),
+                own=column(lambda v: v.own_pages),
+                cluster=column(lambda v: v.cluster_prefix_pages),
+                fetch=column(lambda v: v.fetch_pages),
+            )
+        return self._columns
+
+    def state(self, i: int) -> PrefillNodeState:
+        v = self._views[i]
+        return PrefillNodeState(v.running, v.queue, v.unreported, v.router_in_flight, v.state_age_s, v.model)
 
 
 @dataclass(frozen=True, slots=True)

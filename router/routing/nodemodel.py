@@ -3,7 +3,9 @@
 `PrefillNodeModel` is the narrow interface the TTFT policy calls: eq. 1 (one chunked-prefill iteration)
 to replay a node's queue, and eq. 3 (one request's service time) for the sum-of-service-times estimate.
 Fitted per-node models (`evolving_infra.router.fitting`) and the simulator's hardware profiles satisfy it;
-`CoefficientPrefillModel` is the plain adapter over `PrefillCoefficients`.
+`CoefficientPrefillModel` is the plain adapter over `PrefillCoefficients`; a model whose iteration time is eq. 1
+with fixed coefficients may say so through `linear_coefficients()` (optional), which lets the TTFT policy price
+all nodes at once.
 
 Boundary: pure arithmetic; no fitting, no state.
 """
@@ -60,3 +62,8 @@ class CoefficientPrefillModel:
 
     def prefill_iteration_time(self, items: Sequence[PrefillItem]) -> float:
         return itermodel.prefill_iteration_time(self.coef, items)
+
+    def linear_coefficients(self) -> PrefillCoefficients:
+        """Eq. 1's coefficients: `prefill_iteration_time` is eq. 1 with them (a routing policy may then price
+        many nodes with array arithmetic, `backlogs.append_columns`)."""
+        return self.coef

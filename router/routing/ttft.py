@@ -7,7 +7,7 @@ For request r and prefill node n:
 - t_uc,n = prompt - t_c,n (at least the last prompt token is always computed).
 - W_n, the wait before r's first chunk, and S_n, r's service time, by replaying n's running batch and
   queue (plus what the router sent n since its last report) and then r, in chunked-prefill order with eq. 1
-  per iteration (`replay.py`); `WaitModel.SUM_OF_SERVICE_TIMES` instead sums eq. 3 over the same requests.
+  per iteration (`queue_replay.py`); `WaitModel.SUM_OF_SERVICE_TIMES` instead sums eq. 3 over the same requests.
 - T_n = W_n + S_n + max(0, tau(x_n) - W_n) + kappa * x_n: the fetch runs while r waits, so only the part
   of tau that outlasts the wait adds to the TTFT; kappa charges the duplicate copy a fetch leaves behind.
 
@@ -28,6 +28,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from evolving_infra.core.types import NodeId, Work
 from evolving_infra.router.routing.base import (
     FetchTiming,
@@ -38,9 +40,18 @@ from evolving_infra.router.routing.base import (
     RoutingDecision,
     by_node,
 )
-from evolving_infra.router.routing.inputs import PrefillNodeView, QueuedPrefill, RouteRequest, unique_nodes
+from evolving_infra.router.routing.backlogs import APPEND_BOUND, BacklogStore, append_columns
+from evolving_infra.router.routing.inputs import (
+    PrefillNodeState,
+    PrefillNodeView,
+    PrefillViewSet,
+    QueuedPrefill,
+    RouteRequest,
+    RunningPrefill,
+    unique_nodes,
+)
 from evolving_infra.router.routing.nodemodel import PrefillNodeModel
-from evolving_infra.router.routing.replay import (
+from evolving_infra.router.routing.queue_replay import (
     DEFAULT_CHUNK_TOKENS,
     Backlog,
     ReplayJob,
@@ -146,20 +157,39 @@ def _queued_job(entry: QueuedPrefill) -> ReplayJob:
     return ReplayJob(entry.request, max(entry.work.t_uc, 1), entry.work.t_c, entry.restore_tokens)
 
 
-def state_source(view: PrefillNodeView, settings: TtftSettings) -> StateSource:
+def state_source(view: PrefillNodeView | PrefillNodeState, settings: TtftSettings) -> StateSource:
     age = view.state_age_s
     fresh = age is not None and age <= settings.state_max_age_s
     return StateSource.REPORTED if fresh else StateSource.ROUTER_RECORD
 
 
+def _jobs(
+    source: StateSource,
+    running: Sequence[RunningPrefill],
+    queued: Sequence[QueuedPrefill],
+) -> list[ReplayJob]:
+    jobs = [ReplayJob(r.request, r.remaining_tokens, r.context_tokens) for r in running if r.remaining_tokens > 0]
+    jobs.extend(_queued_job(q) for q in queued)
+    return jobs
+
+
+def _state_parts(view: PrefillNodeView | PrefillNodeState, source: StateSource) -> tuple[tuple[object, ...], ...]:
+    if source is StateSource.REPORTED:
+        return (view.running, view.queue, view.unreported)
+    return (view.router_in_flight,)
+
+
+def _parts_jobs(source: object, parts: tuple[Sequence[object], ...]) -> list[ReplayJob]:
+    if source is StateSource.REPORTED:
+        running, queue, unreported = parts
+        return _jobs(StateSource.REPORTED, running, (*queue, *unreported))  # type: ignore[arg-type]
+    return _jobs(StateSource.ROUTER_RECORD, (), parts[0])  # type: ignore[arg-type]
+
+
 def backlog_jobs(view: PrefillNodeView, settings: TtftSettings) -> list[ReplayJob]:
     """What the node must prefill before a new request, in order (see "Stale state" above)."""
-    if state_source(view, settings) is StateSource.REPORTED:
-        jobs = [ReplayJob(r.request, r.remaining_tokens, r.context_tokens) for r in view.running
-                if r.remaining_tokens > 0]
-        jobs.extend(_queued_job(q) for q in (*view.queue, *view.unreported))
-        return jobs
-    return [_queued_job(q) for q in view.router_in_flight]
+    source = state_source(view, settings)
+    return _parts_jobs(source, _state_parts(view, source))
 
 
 def _model(view: PrefillNodeView) -> PrefillNodeModel:
@@ -218,14 +248,19 @@ def estimate_ttft(
 class TtftRouter(RouterHooks):
     """Ours. Keeps no routing state: what it sent is in the views (`unreported`, `router_in_flight`).
 
-    It memoizes each node's replayed backlog (keyed by the node's state and model object), so pricing a
-    request costs only its own iterations on every node whose state did not change since the last call.
+    It keeps each node's replayed backlog (`backlogs.BacklogStore`: reused while the node's state objects and
+    model stay the same, extended when requests were only added, replayed otherwise), so pricing a request
+    costs only its own iterations per node. Given a `PrefillViewSet` it prices every node with linear models
+    at once (`backlogs.append_columns`) and re-prices exactly, with the replay, only the nodes whose
+    closed-form estimate lies within `APPEND_BOUND` of the best: the choice is the replay's, and the
+    decision's diagnostics list only those nodes. Answers are identical with and without the store
+    (`memoize_backlogs=False` replays every node's backlog for every request).
     """
 
     def __init__(self, settings: TtftSettings | None = None, memoize_backlogs: bool = True) -> None:
         self.settings = settings if settings is not None else TtftSettings()
         self.memoize_backlogs = memoize_backlogs
-        self._memo: dict[NodeId, tuple[object, tuple[object, ...], Backlog]] = {}
+        self.backlogs = BacklogStore(self.settings.chunk_tokens, _parts_jobs, _queued_job)
 
     @property
     def name(self) -> PrefillPolicyName:
@@ -236,25 +271,24 @@ class TtftRouter(RouterHooks):
         return [estimate_ttft(request, view, self.settings, self._backlog(view)) for view in nodes]
 
     def _backlog(self, view: PrefillNodeView) -> Backlog | None:
-        """The node's replayed backlog, reused while its state and model object stay the same (a pure memo:
-        answers are identical with or without it)."""
+        """The node's replayed backlog from the store (None: replay it afresh)."""
         if not self.memoize_backlogs or self.settings.wait_model is not WaitModel.REPLAY or view.model is None:
             return None
-        if state_source(view, self.settings) is StateSource.REPORTED:
-            state: tuple[object, ...] = (StateSource.REPORTED, view.running, view.queue, view.unreported)
-        else:
-            state = (StateSource.ROUTER_RECORD, view.router_in_flight)
-        hit = self._memo.get(view.node)
-        if hit is not None and hit[0] is view.model and hit[1] == state:
-            return hit[2]
-        backlog = replay_backlog(view, self.settings)
-        self._memo[view.node] = (view.model, state, backlog)
-        return backlog
+        source = state_source(view, self.settings)
+        return self.backlogs.entry(view.node, source, view.model, _state_parts(view, source)).backlog
 
     def route(self, request: RouteRequest, nodes: Sequence[PrefillNodeView], now: float) -> RoutingDecision:
-        estimates = self.estimates(request, nodes)
+        if (
+            isinstance(nodes, PrefillViewSet)
+            and self.memoize_backlogs
+            and self.settings.wait_model is WaitModel.REPLAY
+            and len(nodes) > 1
+        ):
+            estimates = self._columns_estimates(request, nodes)
+        else:
+            estimates = self.estimates(request, nodes)
         best = min(estimates, key=lambda e: (e.total, -e.own_pages, e.node))
-        view = by_node(nodes, best.node)
+        view = nodes.view_of(best.node) if isinstance(nodes, PrefillViewSet) else by_node(nodes, best.node)
         cluster = request.usable_cached_tokens(view.cluster_prefix_pages)
         fetching = best.fetch_tokens > 0
         return RoutingDecision(
@@ -269,3 +303,53 @@ class TtftRouter(RouterHooks):
             fetch_timing=FetchTiming.WHILE_QUEUED if fetching else FetchTiming.NONE,
             diagnostics=tuple(e.score() for e in estimates),
         )
+
+    def _columns_estimates(self, request: RouteRequest, nodes: PrefillViewSet) -> list[TtftEstimate]:
+        """Exact estimates of every node that can win: all nodes priced at once, the close ones re-priced."""
+        ids = nodes.nodes
+        if len(set(ids)) != len(ids):
+            unique_nodes(nodes, "prefill")
+        s = self.settings
+        cols = nodes.prefix_columns()
+        if len(cols.cluster) and int(cols.cluster.max()) > request.prompt_pages:
+            nodes.view(int(cols.cluster.argmax())).check_pages(request)
+        page, prompt = request.page_tokens, request.prompt_tokens
+        fetch = cols.fetch * page
+        fetching = (fetch > 0) & (fetch >= s.min_fetch_tokens)
+        cached = np.minimum(np.where(fetching, cols.cluster, cols.own) * page, prompt - 1)
+        fetch = np.where(fetching, fetch, 0)
+        uncached = prompt - cached
+        restore = cached - np.minimum(cols.gpu * page, cached)
+        rows: list[tuple[float, ...]] = []
+        linear: list[int] = []
+        exact: list[TtftEstimate] = []
+        entry = self.backlogs.entry
+        for i, node in enumerate(ids):
+            state = nodes.state(i)
+            if state.model is None:
+                _model(nodes.view(i))
+            source = state_source(state, s)
+            hit = entry(node, source, state.model, _state_parts(state, source))  # type: ignore[arg-type]
+            if hit.row is None:
+                exact.append(estimate_ttft(request, nodes.view(i), s, hit.backlog))
+            else:
+                rows.append(hit.row)
+                linear.append(i)
+        if linear:
+            at = np.asarray(linear)
+            start, finish = append_columns(
+                np.asarray(rows, dtype=np.float64), uncached[at], cached[at], restore[at], s.chunk_tokens
+            )
+            x = fetch[at]
+            tau = np.where(x > 0, s.fetch_fixed_s + s.fetch_per_token_s * x, 0.0)
+            total = finish + np.maximum(0.0, tau - start) + s.copy_price_s_per_token * x
+            slack = APPEND_BOUND * (1.0 + np.abs(finish)) + 1e-12 * (1.0 + np.abs(total))
+            low = total - slack
+            best = float(np.min(total + slack))
+            if exact:
+                best = min(best, min(e.total for e in exact))
+            for k in np.flatnonzero(low <= best):
+                i = linear[int(k)]
+                view = nodes.view(i)
+                exact.append(estimate_ttft(request, view, s, self._backlog(view)))
+        return exact

@@ -12,7 +12,9 @@ iterations from its start to its finish; the tokens of all iterations sum to the
 iteration exceeds the budget.
 
 `append_job` gives the same answer for one more job from a `Backlog` summary, so a router can replay a
-node's backlog once and price every new request against it.
+node's backlog once and price every new request against it; `extend_backlog` gives the summary of the backlog
+with one more job, bit-identical to replaying the longer queue, so a summary can be kept up to date as
+requests are sent (`backlogs.py`).
 
 Boundary: pure; times are relative to the moment of the replay (0 = now).
 """
@@ -174,3 +176,25 @@ def append_job(model: PrefillNodeModel, backlog: Backlog, job: ReplayJob) -> Job
         clock += _duration(model, (PrefillItem(take, context, restore),))
         remaining, context, restore = remaining - take, context + take, 0
     return JobTiming(job.request, start, clock)
+
+
+def extend_backlog(model: PrefillNodeModel, backlog: Backlog, job: ReplayJob) -> Backlog:
+    """The summary of `backlog` with `job` appended: equal (bit for bit) to
+    `replay_chunked_prefill(model, jobs + [job]).backlog`, at the cost of the job's own iterations."""
+    chunk = backlog.chunk_tokens
+    remaining, context, restore = job.remaining_tokens, job.context_tokens, job.restore_tokens
+    room = backlog.room
+    if room > 0:
+        take = min(remaining, room)
+        items: tuple[PrefillItem, ...] = (*backlog.last_items, PrefillItem(take, context, restore))
+        start, duration = backlog.last_start, _duration(model, items)
+        remaining, context, restore = remaining - take, context + take, 0
+    else:
+        start, duration, items = backlog.last_start, backlog.last_duration, backlog.last_items
+    while remaining > 0:
+        start += duration
+        take = min(remaining, chunk)
+        items = (PrefillItem(take, context, restore),)
+        duration = _duration(model, items)
+        remaining, context, restore = remaining - take, context + take, 0
+    return Backlog(chunk, start, duration, items)

@@ -1,0 +1,184 @@
+"""The TTFT policy priced per node in closed form and with the kept backlogs, against the full queue replay.
+
+- `extend_backlog` is bit-identical to replaying the longer queue; `BacklogStore` answers what a fresh replay
+  answers whatever the sequence of state changes.
+- `append_columns` equals `append_job` within the documented `APPEND_BOUND`.
+- `TtftRouter.route` over a `PrefillViewSet` (closed form, then exact re-pricing of the close nodes) chooses
+  what the replay of every node's whole queue chooses, on random node states.
+- `PrefixMatch.columns` equals the per-node lookups and fetch plans.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evolving_infra.core.itermodel import PrefillCoefficients
+from evolving_infra.core.kv_events import KvStored
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier, Work
+from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.routing import (
+    CoefficientPrefillModel,
+    PrefillNodeView,
+    QueuedPrefill,
+    ReplayJob,
+    RouteRequest,
+    RunningPrefill,
+    TtftRouter,
+    TtftSettings,
+    append_job,
+    replay_chunked_prefill,
+)
+from evolving_infra.router.routing.backlogs import APPEND_BOUND, BacklogStore, _row, append_columns
+from evolving_infra.router.routing.inputs import StaticViews
+from evolving_infra.router.routing.queue_replay import extend_backlog
+from evolving_infra.router.routing.ttft import _parts_jobs, _queued_job, backlog_jobs
+
+PAGE = 64
+
+coefficients = st.builds(
+    PrefillCoefficients,
+    c0=st.floats(0.0, 0.1),
+    c1=st.floats(0.0, 1e-4),
+    c2=st.floats(0.0, 1e-9),
+    c3=st.floats(0.0, 1e-5),
+)
+job_specs = st.lists(st.tuples(st.integers(1, 40_000), st.integers(0, 200_000), st.integers(0, 5_000)), max_size=8)
+
+
+def jobs_of(specs: list[tuple[int, int, int]], tag: str = "j") -> list[ReplayJob]:
+    return [ReplayJob(RequestId(f"{tag}{i}"), uc, c, r) for i, (uc, c, r) in enumerate(specs)]
+
+
+@given(coefficients, job_specs, job_specs, st.integers(16, 16_384))
+def test_extending_a_backlog_is_bit_identical_to_replaying_the_longer_queue(
+    coef: PrefillCoefficients, first: list[tuple[int, int, int]], more: list[tuple[int, int, int]], chunk: int
+) -> None:
+    model = CoefficientPrefillModel(coef)
+    jobs, extra = jobs_of(first, "a"), jobs_of(more, "b")
+    backlog = replay_chunked_prefill(model, jobs, chunk).backlog
+    for job in extra:
+        backlog = extend_backlog(model, backlog, job)
+    assert backlog == replay_chunked_prefill(model, jobs + extra, chunk).backlog
+
+
+@given(coefficients, job_specs, st.lists(st.tuples(st.integers(1, 300_000), st.integers(0, 300_000)), min_size=1,
+                                          max_size=6), st.integers(16, 16_384))  # fmt: skip
+def test_closed_form_append_is_within_the_bound_of_the_replay(
+    coef: PrefillCoefficients, specs: list[tuple[int, int, int]], new: list[tuple[int, int]], chunk: int
+) -> None:
+    model = CoefficientPrefillModel(coef)
+    backlog = replay_chunked_prefill(model, jobs_of(specs), chunk).backlog
+    row = _row(model, backlog)
+    assert row is not None
+    uncached = np.array([uc for uc, _ in new], np.int64)
+    context = np.array([c for _, c in new], np.int64)
+    restore = context // 3
+    start, finish = append_columns(np.array([row] * len(new)), uncached, context, restore, chunk)
+    for k, (uc, c) in enumerate(new):
+        exact = append_job(model, backlog, ReplayJob(RequestId("n"), uc, c, c // 3))
+        assert start[k] == exact.start
+        assert abs(finish[k] - exact.finish) <= APPEND_BOUND * (1.0 + abs(exact.finish))
+
+
+def queued(rid: str, t_uc: int, t_c: int) -> QueuedPrefill:
+    return QueuedPrefill(RequestId(rid), Work(t_uc=t_uc, t_c=t_c, t_out=10), min(t_c, 100))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["send", "report", "stale", "model"]), st.integers(1, 20_000)),
+                max_size=25))  # fmt: skip
+def test_the_store_answers_what_a_fresh_replay_answers(steps: list[tuple[str, int]]) -> None:
+    """A node's state changes (requests sent, reports replacing the queue, a stale report, a new model); after
+    every change the store's backlog equals a fresh replay of the same state."""
+    store = BacklogStore(2048, _parts_jobs, _queued_job)
+    settings_ = TtftSettings(chunk_tokens=2048)
+    model = CoefficientPrefillModel(PrefillCoefficients(0.01, 2e-5, 1e-10, 1e-6))
+    running: tuple[RunningPrefill, ...] = ()
+    queue: tuple[QueuedPrefill, ...] = ()
+    unreported: tuple[QueuedPrefill, ...] = ()
+    age: float | None = 0.1
+    for k, (what, tokens) in enumerate(steps):
+        if what == "send":
+            unreported = (*unreported, queued(f"s{k}", tokens, tokens // 2))
+        elif what == "report":
+            running = (RunningPrefill(RequestId(f"r{k}"), tokens, 1000),)
+            queue, unreported, age = unreported[:1], unreported[1:], 0.1
+        elif what == "stale":
+            age = 60.0
+        else:
+            model = CoefficientPrefillModel(PrefillCoefficients(0.01, tokens * 1e-9, 1e-10, 1e-6))
+        view = PrefillNodeView(NodeId("p"), running=running, queue=queue, unreported=unreported,
+                               router_in_flight=(*queue, *unreported), state_age_s=age, model=model)  # fmt: skip
+        router = TtftRouter(settings_)
+        router.backlogs = store
+        kept = router._backlog(view)
+        fresh = replay_chunked_prefill(model, backlog_jobs(view, settings_), 2048).backlog
+        assert kept == fresh
+
+
+node_states = st.tuples(
+    st.integers(0, 40),  # own GPU pages
+    st.integers(0, 40),  # own host pages beyond them
+    st.integers(0, 60),  # cluster pages beyond the own prefix
+    st.lists(st.integers(1, 30_000), max_size=4),  # queued uncached tokens
+    st.integers(0, 30_000),  # running remaining tokens (0: none)
+    st.sampled_from([0.1, 2.0, None, 30.0]),  # report age (None: never reported)
+    st.integers(0, 2),  # which model
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(node_states, min_size=2, max_size=12), st.integers(1, 150), st.integers(0, 63),
+       st.sampled_from([0, 512, 4096]))  # fmt: skip
+def test_routing_over_columns_chooses_what_the_full_replay_chooses(
+    states: list[tuple[int, int, int, list[int], int, float | None, int]], prompt_pages: int, extra: int, min_fetch: int
+) -> None:
+    models = [
+        CoefficientPrefillModel(PrefillCoefficients(0.02, 2e-5, 1e-10, 1e-6)),
+        CoefficientPrefillModel(PrefillCoefficients(0.01, 3e-5, 2e-10, 0.0)),
+        CoefficientPrefillModel(PrefillCoefficients(0.02, 2e-5, 1e-10, 1e-6)),  # equal to the first: ties
+    ]
+    req = RouteRequest(RequestId("new"), BranchId("b"), tuple(PageHash(i + 1) for i in range(prompt_pages)),
+                       prompt_pages * PAGE + extra, 100, page_tokens=PAGE)  # fmt: skip
+    views = []
+    for n, (gpu, host, more, queue, running, age, m) in enumerate(states):
+        gpu = min(gpu, prompt_pages)
+        host = min(host, prompt_pages - gpu)
+        cluster = min(prompt_pages, gpu + host + more)
+        q = tuple(queued(f"q{n}.{k}", uc, 0) for k, uc in enumerate(queue))
+        views.append(PrefillNodeView(
+            NodeId(f"p{n:02d}"), own_gpu_pages=gpu, own_host_pages=host, cluster_prefix_pages=cluster,
+            fetch_pages=cluster - gpu - host, queue=q[:1], unreported=q[1:], router_in_flight=q,
+            running=(RunningPrefill(RequestId(f"run{n}"), running, 500),) if running else (),
+            state_age_s=age, model=models[m],
+        ))  # fmt: skip
+    s = TtftSettings(min_fetch_tokens=min_fetch)
+    replayed = TtftRouter(s, memoize_backlogs=False).route(req, views, 0.0)
+    columns = TtftRouter(s).route(req, StaticViews(views), 0.0)
+    assert columns.node == replayed.node
+    assert (columns.cached_tokens, columns.uncached_tokens, columns.fetch_tokens, columns.recompute_tokens) == (
+        replayed.cached_tokens, replayed.uncached_tokens, replayed.fetch_tokens, replayed.recompute_tokens)  # fmt: skip
+    assert columns.score_of(columns.node) == replayed.score_of(replayed.node)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([Tier.GPU, Tier.HOST]), st.integers(0, 30),
+                          st.integers(1, 30)), max_size=20), st.integers(1, 60))  # fmt: skip
+def test_prefix_columns_equal_the_per_node_lookups(
+    stores: list[tuple[int, Tier, int, int]], prompt: int
+) -> None:
+    directory = KvDirectory()
+    pages = [PageHash(i + 1) for i in range(80)]
+    for node, tier, lo, length in stores:
+        chunk = pages[lo : lo + length]
+        directory.store(NodeId(f"n{node}"), tier, pages[lo - 1] if lo else None, chunk, 0.0)
+    match = directory.lookup(pages[:prompt])
+    nodes = [NodeId(f"n{k}") for k in range(7)]  # n6 is unknown to the directory
+    gpu, either, reach, fetch = match.columns(nodes)
+    for k, node in enumerate(nodes):
+        assert gpu[k] == match.gpu.get(node, 0)
+        assert either[k] == match.either.get(node, 0)
+        assert reach[k] == match.reachable_for(node)
+        assert fetch[k] == match.fetch_plan(node).fetch_pages
