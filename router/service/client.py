@@ -28,10 +28,10 @@ from typing import Any
 import grpc
 
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId
+from evolving_infra.core.types import NodeId, Phase, SwitchMode
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
-from evolving_infra.proto.convert import counts_to_proto, phase_to_proto
+from evolving_infra.proto.convert import SwitchHow, counts_to_proto, switch_request_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +211,16 @@ class NodeClient:
     def submit_decode(self, message: pb.SubmitDecodeRequest, timeout: float) -> grpc.aio.UnaryStreamCall:
         return self.stub.SubmitDecode(message, timeout=max(0.001, timeout))
 
-    async def switch_phase(self, phase: object, generation: int, timeout: float) -> pb.SwitchPhaseResponse:
+    async def switch_phase(
+        self, phase: Phase, generation: int, timeout: float, mode: SwitchMode = SwitchMode.IN_PLACE, relaunch_s: float = 0.0
+    ) -> pb.SwitchPhaseResponse:
+        # `mode` RELAUNCH: the node serves nothing for `relaunch_s` seconds of its clock and answers once it serves
+        # `phase` (`timeout` must cover the downtime); a bad mode or downtime raises ValueError before sending.
         """SwitchPhase; a generation outside [0, MAX_GENERATION], sent or answered, fails as OUT_OF_RANGE
         (an `AioRpcError`, like any refused call) and is never sent or believed."""
         if not 0 <= generation <= MAX_GENERATION:
             raise _local_error(f"switch generation {generation} is outside [0, {MAX_GENERATION}]")
-        request = pb.SwitchPhaseRequest(target=phase_to_proto(phase), generation=generation)
+        request = switch_request_to_proto(phase, generation, SwitchHow(mode, relaunch_s))
         answer = await self.stub.SwitchPhase(request, timeout=timeout)
         if answer.generation > MAX_GENERATION:
             raise _local_error(f"node {self.node} answered switch generation {answer.generation} > {MAX_GENERATION}")

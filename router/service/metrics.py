@@ -14,6 +14,7 @@
 | `evolving_router_directory_pages` | gauge | | pages in the KV directory |
 | `evolving_router_directory_nodes` | gauge | | nodes in the KV directory |
 | `evolving_router_routing_decision_seconds` | histogram | | time to route one request (views + policy) |
+| `evolving_router_routing_state_total` | counter | source | routing decisions by the state they read for the chosen node: `reported` (its fresh report), `router-record` (report missing or stale), `unknown` (the policy does not say) |
 | `evolving_router_retries_total` | counter | reason | attempts re-routed before a first token |
 | `evolving_router_node_up` | gauge | node | 1 while the node's event stream is open |
 | `evolving_router_planner_decisions_total` | counter | outcome | planner decisions |
@@ -28,6 +29,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from evolving_infra.router.routing import RoutingDecision, StateSource
 
 _FAST = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -61,12 +64,32 @@ class RouterServiceMetrics:
         self.routing_seconds = Histogram(
             "evolving_router_routing_decision_seconds", "Time to route one request.", buckets=_FAST, registry=r
         )
+        self.routing_state = Counter(
+            "evolving_router_routing_state_total", "Routing decisions by the state source read for the chosen node.",
+            ["source"], registry=r,
+        )
         self.retries = Counter("evolving_router_retries_total", "Attempts re-routed before a first token.", ["reason"], registry=r)
         self.node_up = Gauge("evolving_router_node_up", "1 while the node's event stream is open.", ["node"], registry=r)
         self.decisions = Counter("evolving_router_planner_decisions_total", "Planner decisions.", ["outcome"], registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def routed(self, decision: RoutingDecision) -> str:
+        """Count the state source `decision` read for its chosen node (its `state_reported` diagnostic term);
+        returns the label counted."""
+        source = STATE_UNKNOWN
+        for score in decision.diagnostics:
+            if score.node == decision.node and "state_reported" in score.terms:
+                reported = score.terms["state_reported"] > 0
+                source = (StateSource.REPORTED if reported else StateSource.ROUTER_RECORD).value
+                break
+        self.routing_state.labels(source=source).inc()
+        return source
+
+
+STATE_UNKNOWN = "unknown"
+"""The `source` label of a decision whose policy does not say which state it read."""
 
 
 class MetricsServer:
