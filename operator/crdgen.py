@@ -30,10 +30,16 @@ DOCS_END = "<!-- END FIELD REFERENCE -->"
 HEADER = "# Generated from evolving_infra.operator.spec by `python -P -m evolving_infra.operator.crdgen`; do not edit.\n"
 
 PRINTER_COLUMNS = (
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Status of the Ready condition: True, False or Unknown.",
+    },
     {"name": "Split", "type": "string", "jsonPath": ".status.split", "description": "Current split, e.g. 4P5D."},
     {"name": "Prefill", "type": "integer", "jsonPath": ".status.prefill", "description": "Nodes serving prefill."},
     {"name": "Decode", "type": "integer", "jsonPath": ".status.decode", "description": "Nodes serving decode."},
-    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes", "description": "Node agents serving."},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".status.readyNodes", "description": "Node agents serving."},
     {"name": "Adapting", "type": "boolean", "jsonPath": ".status.adapting", "description": "A re-split is in progress."},
     {
         "name": "Reason",

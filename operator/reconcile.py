@@ -360,6 +360,8 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         problems=problems,
         now=rt.clock(),
         generation=generation,
+        rolled_out=bool(applied.created or applied.updated or applied.deleted),
+        progress_deadline_seconds=rt.settings.progress_deadline_seconds,
     )
     after = summary.with_conditions(after, (claimed.want(), *placed.wants), rt.clock(), generation)
     written = await write_status(rt, body, before, after)

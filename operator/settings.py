@@ -78,6 +78,15 @@ class OperatorSettings(BaseSettings):
         default=32, ge=1, le=4096, description="Node agents called at once (GetState while tracking, SwitchPhase while switching)."
     )
 
+    progress_deadline_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        description=(
+            "How long a cluster may be Progressing (rolling out, not yet Ready) before Progressing turns False with "
+            "ProgressDeadlineExceeded (and Argo CD's health check reports Degraded)."
+        ),
+    )
     api_connect_timeout_seconds: float = Field(
         default=5.0, gt=0, le=300, description="Connect timeout of every Kubernetes API call (the operator's and kopf's)."
     )

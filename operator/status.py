@@ -45,6 +45,7 @@ class ConditionType(enum.Enum):
     DEGRADED = "Degraded"
     INVALID = "Invalid"
     PARTITIONS_CHECKED = "PartitionsChecked"
+    PROGRESSING = "Progressing"
 
 
 class ConditionStatus(enum.Enum):
@@ -69,7 +70,8 @@ class Condition(KubeModel):
             "Adapting: a switch is in progress; Degraded: serving with less than asked (a node unreachable, a "
             "switch rolled back, a node claimed by another cluster); Invalid: the spec cannot be applied; "
             "PartitionsChecked: whether node claims were checked against clusters in every namespace (False in a "
-            "namespaced install, which sees only its own namespace)."
+            "namespaced install, which sees only its own namespace); Progressing: the spec is being rolled out "
+            "(False: RolloutComplete, or ProgressDeadlineExceeded when it did not become Ready in time)."
         )
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")

@@ -13,7 +13,11 @@ Conditions:
 - `Degraded`: serving with less than asked: unreachable agents, nodes claimed by an earlier cluster or
   missing, children the operator cannot own, a switch rolled back;
 - `Ready`: the router is available and every phase of the split has a serving node (requests can be
-  served); stays True during a routine re-split and with some agents down (then `Degraded` says so).
+  served); stays True during a routine re-split and with some agents down (then `Degraded` says so);
+- `Progressing`: the spec is being rolled out: children were written in this pass, or the cluster is not
+  yet Ready. False (`RolloutComplete`) once Ready with nothing left to write; False
+  (`ProgressDeadlineExceeded`) when it has been True for longer than the deadline, until a new rollout
+  (children written) or readiness. A re-split is `Adapting`, not `Progressing`.
 
 Boundary: pure.
 """
@@ -28,13 +32,16 @@ from typing import Any
 from evolving_infra.operator import conditions, nodes
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.status import (
-    AgentServingClusterStatus, ConditionType, NodeState, NodeStatus, format_split,
+    AgentServingClusterStatus, Condition, ConditionStatus, ConditionType, NodeState, NodeStatus, format_split,
 )  # fmt: skip
 
 OPERATOR_FIELDS = ("observed_generation", "split", "prefill", "decode", "ready_nodes", "adapting", "nodes", "conditions")
 """Fields of `AgentServingClusterStatus` the operator writes (with its own field manager)."""
 
 SWITCH_ROLLED_BACK = "SwitchRolledBack"
+ROLLOUT = "RollingOut"
+ROLLOUT_COMPLETE = "RolloutComplete"
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 SWITCHING = "Switching"
 SPLIT_CONVERGED = "SplitConverged"
 
@@ -93,6 +100,7 @@ def invalid(status: AgentServingClusterStatus, problems: Sequence[str], now: dat
     wanted = [
         Want.true(ConditionType.INVALID, "InvalidSpec", message),
         Want.false(ConditionType.READY, "InvalidSpec", "the spec cannot be applied; see the Invalid condition"),
+        Want.false(ConditionType.PROGRESSING, "InvalidSpec", "nothing is rolled out while the spec cannot be applied"),
     ]
     out = with_conditions(status, wanted, now, generation)
     return out.model_copy(update={"observed_generation": generation})
@@ -113,6 +121,27 @@ def serves_every_phase(tracked: Sequence[NodeStatus]) -> bool:
     return bool(tracked) and phases <= up
 
 
+def progressing(
+    previous: Condition | None, *, ready: bool, rolled_out: bool, waiting_for: str, now: datetime, deadline_seconds: float
+) -> Want:
+    """The `Progressing` condition (see the module docstring); `waiting_for` says what is not ready yet."""
+    if ready and not rolled_out:
+        return Want.false(ConditionType.PROGRESSING, ROLLOUT_COMPLETE, "the cluster is Ready")
+    was_exceeded = previous is not None and previous.status is ConditionStatus.FALSE and previous.reason == PROGRESS_DEADLINE_EXCEEDED
+    if was_exceeded and not rolled_out and previous is not None:
+        return Want.false(ConditionType.PROGRESSING, PROGRESS_DEADLINE_EXCEEDED, previous.message)
+    since = previous.last_transition_time if previous is not None and previous.status is ConditionStatus.TRUE else now
+    waited = (now - since).total_seconds()
+    what = "children were updated" if ready else f"waiting for the {waiting_for}"
+    if waited > deadline_seconds:
+        return Want.false(
+            ConditionType.PROGRESSING,
+            PROGRESS_DEADLINE_EXCEEDED,
+            f"not Ready {waited:.0f} s after the rollout began (deadline {deadline_seconds:g} s): {what}",
+        )
+    return Want.true(ConditionType.PROGRESSING, ROLLOUT, what)
+
+
 def summarize(
     status: AgentServingClusterStatus,
     *,
@@ -122,6 +151,8 @@ def summarize(
     problems: Sequence[Problem],
     now: datetime,
     generation: int | None,
+    rolled_out: bool = False,
+    progress_deadline_seconds: float = 600.0,
 ) -> AgentServingClusterStatus:
     """The operator's status of a valid cluster from the nodes it tracked and the problems it found."""
     out = with_nodes(status, tracked)
@@ -150,11 +181,21 @@ def summarize(
         else Want.false(ConditionType.DEGRADED, "AsRequested"),
     ]
     phases_served = serves_every_phase(tracked)
+    missing = [name for name, ok in (("router", router_ready), ("node agents", phases_served)) if not ok]
     if router_ready and phases_served:
         wanted.append(Want.true(ConditionType.READY, "Serving", f"split {out.split}"))
     else:
-        missing = [name for name, ok in (("router", router_ready), ("node agents", phases_served)) if not ok]
         wanted.append(Want.false(ConditionType.READY, "NotServing", f"waiting for the {' and '.join(missing)}"))
+    wanted.append(
+        progressing(
+            conditions.find(status.conditions, ConditionType.PROGRESSING),
+            ready=router_ready and phases_served,
+            rolled_out=rolled_out,
+            waiting_for=" and ".join(missing),
+            now=now,
+            deadline_seconds=progress_deadline_seconds,
+        )
+    )
     if adapting is None:
         wanted.append(Want.false(ConditionType.ADAPTING, SPLIT_CONVERGED, "no switch has run"))
     out = with_conditions(out, wanted, now, generation)

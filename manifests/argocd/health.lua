@@ -4,7 +4,11 @@
 -- Healthy:     the operator has observed the current spec generation and Ready is True. A routine
 --              re-split keeps Ready True (Adapting is True meanwhile), so the application does not flap;
 --              a Degraded condition beside a True Ready (e.g. one node unreachable) shows in the message.
--- Degraded:    Invalid is True (the spec cannot be applied), or Ready is False while Degraded is True.
+-- Degraded:    Invalid is True (the spec cannot be applied); or Ready is False while Degraded is True; or
+--              Ready is False and Progressing is False with reason ProgressDeadlineExceeded: the cluster did
+--              not become Ready within the operator's deadline (EVOLVING_OPERATOR_PROGRESS_DEADLINE_SECONDS,
+--              600 s by default, counted from the start of the rollout). The operator judges the deadline
+--              because this script has no clock.
 -- Progressing: anything else: no status yet, a spec generation not yet observed, Ready not yet True.
 local hs = {}
 
@@ -67,6 +71,13 @@ if ready ~= nil and ready.status == "True" then
   if degraded ~= nil and degraded.status == "True" then
     hs.message = hs.message .. " (degraded: " .. describe(degraded, "Degraded") .. ")"
   end
+  return hs
+end
+
+local progressing = condition(conditions, "Progressing")
+if progressing ~= nil and progressing.status == "False" and progressing.reason == "ProgressDeadlineExceeded" then
+  hs.status = "Degraded"
+  hs.message = describe(progressing, "Not ready within the progress deadline")
   return hs
 end
 

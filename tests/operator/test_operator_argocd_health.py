@@ -73,3 +73,34 @@ def test_not_ready_without_degradation_is_progressing() -> None:
 def test_ready_but_degraded_stays_healthy_and_says_so() -> None:
     obj = _obj(observedGeneration=3, split="4P4D", conditions=[_cond("Ready", "True"), _cond("Degraded", "True", "NodeUnreachable", "n3 unreachable")])
     assert health(obj) == ("Healthy", "Serving at 4P4D (degraded: n3 unreachable)")
+
+
+def test_not_ready_past_the_operators_progress_deadline_is_degraded() -> None:
+    message = "not Ready 640 s after the rollout began (deadline 600 s): waiting for the router"
+    obj = _obj(observedGeneration=3, conditions=[_cond("Ready", "False", "NotServing"), _cond("Progressing", "False", "ProgressDeadlineExceeded", message)])
+    assert health(obj) == ("Degraded", message)
+    # Within the deadline the same cluster is still Progressing.
+    obj = _obj(observedGeneration=3, conditions=[_cond("Ready", "False", "NotServing", "waiting for the router"), _cond("Progressing", "True", "RollingOut")])
+    assert health(obj) == ("Progressing", "waiting for the router")
+
+
+def test_deadline_health_follows_the_operators_condition_over_time() -> None:
+    """The operator's Progressing condition at successive resyncs, as health.lua reads it."""
+    from datetime import UTC, datetime, timedelta
+
+    from evolving_infra.operator import summary
+    from evolving_infra.operator.status import AgentServingClusterStatus
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    status = AgentServingClusterStatus()
+    seen = []
+    for seconds in (0, 300, 599, 601, 900):
+        now = start + timedelta(seconds=seconds)
+        status = summary.summarize(
+            status, tracked=[], expected_nodes=3, router_ready=False, problems=[], now=now, generation=3,
+            rolled_out=seconds == 0, progress_deadline_seconds=600,
+        )  # fmt: skip
+        conds = [{**c.to_kube(), "lastTransitionTime": c.last_transition_time.isoformat()} for c in status.conditions or ()]
+        seen.append(health(_obj(observedGeneration=3, conditions=conds))[0])
+    assert seen == ["Progressing", "Progressing", "Progressing", "Degraded", "Degraded"]
+    # Ready at last: Healthy, and Progressing completes.

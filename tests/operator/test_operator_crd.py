@@ -64,7 +64,8 @@ def test_crd_identity_and_printer_columns() -> None:
     assert columns["Split"] == ".status.split"
     assert columns["Prefill"] == ".status.prefill"
     assert columns["Decode"] == ".status.decode"
-    assert columns["Ready"] == ".status.readyNodes"
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Nodes"] == ".status.readyNodes"
     assert columns["Adapting"] == ".status.adapting"
     assert columns["Age"] == ".metadata.creationTimestamp"
 

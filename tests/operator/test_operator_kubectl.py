@@ -75,8 +75,8 @@ async def test_kubectl_get_asc_prints_the_split_and_readiness(tmp_path: Path) ->
             await reconcile(h.rt, H.NAMESPACE, "kc")
             config = kubeconfig(tmp_path / "kubeconfig", h.url)
             lines = (await kubectl(config, "get", "asc")).splitlines()
-            assert lines[0].split() == ["NAME", "SPLIT", "PREFILL", "DECODE", "READY", "ADAPTING", "AGE"]
-            assert lines[1].split()[:6] == ["kc", "2P1D", "2", "1", "3", "false"]
+            assert lines[0].split() == ["NAME", "READY", "SPLIT", "PREFILL", "DECODE", "NODES", "ADAPTING", "AGE"]
+            assert lines[1].split()[:7] == ["kc", "True", "2P1D", "2", "1", "3", "false"]
             wide = (await kubectl(config, "get", "agentservingclusters", "-o", "wide")).splitlines()
             assert wide[0].split()[-2:] == ["REASON", "AGE"]
             assert wide[1].split()[-2] == "Serving"

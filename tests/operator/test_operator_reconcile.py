@@ -85,6 +85,7 @@ async def test_a_cluster_gets_its_children_and_a_true_status() -> None:
             assert {t: c["status"] for t, c in conds.items()} == {
                 "Ready": "True", "RouterReady": "True", "NodeAgentsReady": "True",
                 "Adapting": "False", "Degraded": "False", "Invalid": "False", "PartitionsChecked": "True",
+                "Progressing": "False",
             }  # fmt: skip
             assert all(c["observedGeneration"] == 1 and c["lastTransitionTime"] for c in conds.values())
             # kopf keeps its state under our prefix; nothing under kopf's default one.
