@@ -3,7 +3,9 @@
 - unary calls: `submit_prefill`, `switch_phase`, `get_state`;
 - `submit_decode`: the server stream of one decode (the caller iterates it and may cancel it);
 - `StreamEvents`: one subscription kept open in a task; each message goes to `on_event`. When the stream
-  fails the node is reported down (`on_down`, once) and the client resubscribes with exponential backoff
+  fails, or goes silent for `liveness_s` and the node then does not answer a `GetState` probe within
+  `probe_timeout_s` (a hung or stopped process: detected within 5 s by default), the node is reported
+  down (`on_down`, once) and the client resubscribes with exponential backoff
   (`backoff_first_s` doubling up to `backoff_max_s`); the first message of a new subscription (a state
   snapshot) reports it up again (`on_up`). A new subscription starts with a KV snapshot, so the router's
   directory is rebuilt from it;
@@ -23,7 +25,6 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -44,6 +45,15 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 _END = object()
+LIVENESS_S = 3.0
+"""Silence on a node's event stream (which carries a state snapshot every second by default) after which
+the node is probed."""
+PROBE_TIMEOUT_S = 2.0
+"""Deadline of that probe: a node is marked down within LIVENESS_S + PROBE_TIMEOUT_S = 5 s of going silent."""
+
+
+class _Silent(Exception):
+    """A node's event stream went silent and the node did not answer a probe."""
 MAX_GENERATION = (1 << 53) - 1
 """Largest switch generation a node agent accepts (its `limits.MAX_GENERATION`); the router neither sends
 nor believes a larger one, so its next generation (max + 1) can never overflow."""
@@ -121,32 +131,13 @@ def load_node_credentials(
     return NodeCredentials(token, *(tls or (None, None, None)))
 
 
-class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
-    """Adds the cluster token to every call."""
-
-    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._metadata = metadata
-
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        return details._replace(metadata=grpc.aio.Metadata(*(tuple(details.metadata or ()) + self._metadata)))  # type: ignore[attr-defined]
-
-    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(client_call_details), request_iterator)
-
-
 def open_channel(address: str, credentials: NodeCredentials | None) -> grpc.aio.Channel:
-    """A channel to a node agent presenting `credentials` (None: insecure), with keepalive pings."""
-    interceptors = [_Metadata(credentials.metadata())] if credentials is not None and credentials.token else None
+    """A channel to a node agent with mutual TLS when `credentials` has it (else insecure), with keepalive
+    pings. The token is not the channel's: every call passes `credentials.metadata()`."""
     if credentials is not None and credentials.tls_ca is not None:
         tls = grpc.ssl_channel_credentials(credentials.tls_ca, credentials.tls_key, credentials.tls_cert)
-        return grpc.aio.secure_channel(address, tls, options=CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.secure_channel(address, tls, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,13 +161,17 @@ class NodeClient:
         on_up: Callable[[NodeId], None],
         backoff_first_s: float = 0.05,
         backoff_max_s: float = 2.0,
+        liveness_s: float = LIVENESS_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.node = endpoint.node
         self.address = endpoint.address
         self.rpc_timeout_s = rpc_timeout_s
         self.on_event, self.on_down, self.on_up = on_event, on_down, on_up
         self.backoff_first_s, self.backoff_max_s = backoff_first_s, backoff_max_s
+        self.liveness_s, self.probe_timeout_s = liveness_s, probe_timeout_s
         self.channel = open_channel(endpoint.address, endpoint.credentials)
+        self.metadata = endpoint.credentials.metadata() if endpoint.credentials is not None else ()
         self.stub = rpc.NodeAgentStub(self.channel)
         self.up = False
         self._closed = False
@@ -206,10 +201,10 @@ class NodeClient:
 
     # --- calls ---------------------------------------------------------------------------------------
     async def submit_prefill(self, message: pb.SubmitPrefillRequest) -> pb.SubmitResponse:
-        return await self.stub.SubmitPrefill(message, timeout=self.rpc_timeout_s)
+        return await self.stub.SubmitPrefill(message, timeout=self.rpc_timeout_s, metadata=self.metadata)
 
     def submit_decode(self, message: pb.SubmitDecodeRequest, timeout: float) -> grpc.aio.UnaryStreamCall:
-        return self.stub.SubmitDecode(message, timeout=max(0.001, timeout))
+        return self.stub.SubmitDecode(message, timeout=max(0.001, timeout), metadata=self.metadata)
 
     async def switch_phase(
         self, phase: Phase, generation: int, timeout: float, mode: SwitchMode = SwitchMode.IN_PLACE, relaunch_s: float = 0.0
@@ -221,13 +216,13 @@ class NodeClient:
         if not 0 <= generation <= MAX_GENERATION:
             raise _local_error(f"switch generation {generation} is outside [0, {MAX_GENERATION}]")
         request = switch_request_to_proto(phase, generation, SwitchHow(mode, relaunch_s))
-        answer = await self.stub.SwitchPhase(request, timeout=timeout)
+        answer = await self.stub.SwitchPhase(request, timeout=timeout, metadata=self.metadata)
         if answer.generation > MAX_GENERATION:
             raise _local_error(f"node {self.node} answered switch generation {answer.generation} > {MAX_GENERATION}")
         return answer
 
     async def get_state(self) -> pb.NodeState:
-        return await self.stub.GetState(pb.GetStateRequest(), timeout=self.rpc_timeout_s)
+        return await self.stub.GetState(pb.GetStateRequest(), timeout=self.rpc_timeout_s, metadata=self.metadata)
 
     def push_counts(self, counts: Mapping[PageHash, int]) -> None:
         """Queue a count update (sent on the node's PushCounts stream)."""
@@ -239,9 +234,10 @@ class NodeClient:
         backoff = self.backoff_first_s
         while not self._closed:
             reason = "event stream ended"
+            call: grpc.aio.UnaryStreamCall | None = None
             try:
-                call = self.stub.StreamEvents(pb.StreamEventsRequest(subscriber="router"))
-                async for event in call:
+                call = self.stub.StreamEvents(pb.StreamEventsRequest(subscriber="router"), metadata=self.metadata)
+                async for event in self._watched(call):
                     if not self.up:
                         self.up = True
                         backoff = self.backoff_first_s
@@ -250,6 +246,9 @@ class NodeClient:
                         log.warning("node %s: event with a switch generation above %d ignored", self.node, MAX_GENERATION)
                         continue
                     self.on_event(self.node, event)
+            except _Silent as silent:
+                reason = str(silent)
+                call.cancel()  # type: ignore[union-attr]
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
             except Exception as error:  # noqa: BLE001 - a bad message must not end the subscription loop
@@ -263,6 +262,35 @@ class NodeClient:
             await asyncio.sleep(backoff)
             backoff = min(self.backoff_max_s, backoff * 2)
 
+    async def _watched(self, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[pb.NodeEvent]:
+        """The stream's messages; when none arrives for `liveness_s`, the node is asked for its state with
+        a `probe_timeout_s` deadline, and one that does not answer raises `_Silent` (a stopped or hung
+        node is thus noticed within liveness_s + probe_timeout_s, whatever TCP and keepalives do)."""
+        it = call.__aiter__()
+        loop = asyncio.get_running_loop()
+        while True:
+            pending = loop.create_task(it.__anext__())  # type: ignore[arg-type]
+            try:
+                while True:
+                    done, _ = await asyncio.wait({pending}, timeout=self.liveness_s)
+                    if done:
+                        break
+                    try:
+                        await self.stub.GetState(pb.GetStateRequest(), timeout=self.probe_timeout_s, metadata=self.metadata)
+                    except grpc.aio.AioRpcError as error:
+                        raise _Silent(
+                            f"no event for {self.liveness_s:g} s and no answer to a state probe within "
+                            f"{self.probe_timeout_s:g} s ({error.code().name})"
+                        ) from None
+            except BaseException:
+                pending.cancel()
+                raise
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+
     async def _updates(self) -> AsyncIterator[pb.CountUpdate]:
         while True:
             item = await self._counts.get()
@@ -275,7 +303,7 @@ class NodeClient:
         backoff = self.backoff_first_s
         while not self._closed:
             try:
-                await self.stub.PushCounts(self._updates())
+                await self.stub.PushCounts(self._updates(), metadata=self.metadata)
                 return
             except grpc.aio.AioRpcError as error:
                 log.debug("node %s: count stream broke (%s); reconnecting", self.node, error.code().name)

@@ -63,7 +63,8 @@ async def resolve_endpoints(settings: RouterSettings, credentials: NodeCredentia
     out = []
     for address in sorted({f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}" for i in infos}):
         async with open_channel(address, credentials) as channel:
-            state = await rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=settings.rpc_timeout_s)
+            metadata = credentials.metadata() if credentials is not None else ()
+            state = await rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=settings.rpc_timeout_s, metadata=metadata)
         out.append(NodeEndpoint(NodeId(state.node), address, credentials))
     if not out:
         raise OSError(f"nodes_dns {settings.nodes_dns!r} resolved to no address")

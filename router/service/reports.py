@@ -159,7 +159,8 @@ class NodeReports:
         router.progress_events.pop(node, None)
         router.push(_counts(router.control.node_lost(node, router.now(), reason)))
         for flight in list(router.flights.values()):
-            if node in (flight.req.prefill_node, flight.req.decode_node):
+            # a flight already streaming has its prompt KV on its decode node: its prefill node's loss is not its
+            if node == flight.req.decode_node or (node == flight.req.prefill_node and not flight.tokens_sent):
                 flight.interrupt(f"node {node} became unavailable ({reason})")
         router.refresh_gauges()
 
