@@ -16,6 +16,7 @@ Boundary: arguments, terminal output and files; the run is `evolving_infra.local
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import time
@@ -60,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-in-flight", type=int, default=64, help="requests open at once (default 64)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default runs/local-<timestamp>)")
     p.add_argument("--work-dir", type=Path, default=None, help="keep settings files and process logs here")
+    p.add_argument("--record", type=Path, default=None, metavar="DIR",
+                   help="the router records the run into DIR: trace.jsonl (what it served) and models.json")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workload and the cluster")
     p.add_argument("--quiet", action="store_true", help="no live progress")
     p.set_defaults(handler=_run)
@@ -152,8 +155,27 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _fidelity(report: dict[str, Any], record_dir: Path, console: Console) -> None:
+    """Replay the recording in the simulator and print how close it comes to the live run."""
+    from evolving_infra.local.fidelity import check_fidelity, write_fidelity
+
+    fidelity = check_fidelity(report, record_dir)
+    write_fidelity(fidelity, record_dir / "fidelity.json")
+    rows = "; ".join(
+        f"{f.name} live {f.live if f.live is None else round(f.live, 4)} replay "
+        f"{f.replay if f.replay is None else round(f.replay, 4)}"
+        + ("" if f.relative_error is None else f" ({100 * f.relative_error:.1f} %)")
+        for f in fidelity.figures
+    )
+    verdict = "within" if fidelity.within_bound else "NOT within"
+    console.print(f"recording in {record_dir}; simulator replay {verdict} {100 * fidelity.bound:g} %: {rows}")
+    console.print(f"what-if replays: {fidelity.command} [--nodes N --split S --system S]")
+
+
 def _run(args: argparse.Namespace) -> int:
     config, trace, label = _configure(args)
+    if args.record is not None:
+        config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, record_dir=args.record))
     out = args.out or Path("runs") / f"local-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)
     command = "evolving-infra local " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["local"] else "evolving-infra local"
@@ -183,6 +205,8 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     report = write_report(result, trace, out, trace_label=label, command=command)
     Console().print(_summary(report, out))
+    if args.record is not None and (args.record / "trace.jsonl").is_file() and report["run"]["finished"]:
+        _fidelity(report, args.record, console)
     failed = report["run"]["failed"]
     if result.stopped_by == "interrupted":
         console.print(f"interrupted: partial report in {out}")

@@ -59,6 +59,8 @@ class ClusterSpec:
     stop_grace_s: float = 10.0
     node_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Extra settings per node id (tests use it to break one node)."""
+    record_dir: Path | None = None
+    """The router records what it served into `trace.jsonl` and its fitted models into `models.json` here."""
 
     def __post_init__(self) -> None:
         if self.nodes < 2:
@@ -133,6 +135,15 @@ class LocalCluster:
             "rpc_timeout_s": 10.0, "seed": s.seed, "insecure": True,
         }  # fmt: skip
 
+    def record_settings(self) -> dict[str, Any]:
+        """The router's recording settings (emulated times: the router's wall clock x speed_up)."""
+        d = self.spec.record_dir
+        if d is None:
+            return {}
+        d.mkdir(parents=True, exist_ok=True)
+        return {"record_trace": str(d.resolve() / "trace.jsonl"), "record_models": str(d.resolve() / "models.json"),
+                "record_time_scale": self.spec.speed_up}  # fmt: skip
+
     def _write(self, name: str, data: Mapping[str, Any]) -> Path:
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(dict(data), sort_keys=True), encoding="utf-8")
@@ -155,7 +166,7 @@ class LocalCluster:
                 self.node_addresses[node] = str(info["address"])
                 if info.get("metrics_address"):
                     self.node_metrics[node] = f"http://{info['metrics_address']}/metrics"
-            path = self._write("router", self.router_settings())
+            path = self._write("router", {**self.router_settings(), **self.record_settings()})
             self.router = Child("router", python_command("router", "serve", "--settings", str(path),
                                                          "--log-level", "WARNING"), self.workdir)  # fmt: skip
             self.router.start()
