@@ -19,10 +19,11 @@ from typing import Protocol
 
 import grpc
 
-from evolving_infra.core.types import NodeMode, Phase
-from evolving_infra.node_agent.api.convert import mode_from_proto, phase_from_proto, phase_to_proto, switch_state_from_proto
+from evolving_infra.core.types import NodeMode, Phase, SwitchMode
+from evolving_infra.node_agent.api.convert import mode_from_proto, phase_from_proto, switch_state_from_proto
 from evolving_infra.node_agent.engine.outputs import SwitchState
 from evolving_infra.node_agent.transfer.channels import PeerChannels
+from evolving_infra.proto.convert import SwitchHow, switch_request_to_proto
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 TEMPORARY_CODES = frozenset(
@@ -86,7 +87,9 @@ class AgentRejected(AgentError):
 class NodeAgentClient(Protocol):
     """What the operator needs from node agents (tests may substitute their own)."""
 
-    async def switch_phase(self, address: str, target: Phase, generation: int) -> SwitchResult: ...
+    async def switch_phase(
+        self, address: str, target: Phase, generation: int, mode: SwitchMode = SwitchMode.IN_PLACE, relaunch_s: float = 0.0
+    ) -> SwitchResult: ...
 
     async def get_state(self, address: str) -> AgentState: ...
 
@@ -108,10 +111,10 @@ class GrpcNodeAgentClient:
         self.switch_deadline = switch_deadline
         self.state_deadline = state_deadline
 
-    def _switch(self, address: str, target: Phase, generation: int) -> SwitchResult:
-        request = pb.SwitchPhaseRequest(target=phase_to_proto(target), generation=generation)
-        try:
-            reply = self._channels.stub(address).SwitchPhase(request, timeout=self.switch_deadline)
+    def _switch(self, address: str, target: Phase, generation: int, how: SwitchHow) -> SwitchResult:
+        request = switch_request_to_proto(target, generation, how)
+        try:  # a relaunch answers once the node serves again: the deadline covers its downtime
+            reply = self._channels.stub(address).SwitchPhase(request, timeout=self.switch_deadline + how.relaunch_s)
         except grpc.RpcError as exc:
             raise _error(address, exc) from None
         try:
@@ -134,6 +137,8 @@ class GrpcNodeAgentClient:
             reply = self._channels.stub(address).GetState(pb.GetStateRequest(), timeout=self.state_deadline)
         except grpc.RpcError as exc:
             raise _error(address, exc) from None
+        if reply.switch_state == pb.SWITCH_STATE_RELAUNCHING:  # serves nothing until its downtime is over
+            raise AgentUnavailable(address, "RELAUNCHING", f"node {reply.node} relaunches for a phase switch")
         try:
             return AgentState(
                 node=reply.node,
@@ -144,9 +149,15 @@ class GrpcNodeAgentClient:
         except ValueError as exc:
             raise AgentRejected(address, "BAD_REPLY", str(exc)) from None
 
-    async def switch_phase(self, address: str, target: Phase, generation: int) -> SwitchResult:
+    async def switch_phase(
+        self, address: str, target: Phase, generation: int, mode: SwitchMode = SwitchMode.IN_PLACE, relaunch_s: float = 0.0
+    ) -> SwitchResult:
         try:
-            return await asyncio.to_thread(self._switch, address, target, generation)
+            how = SwitchHow(mode, relaunch_s)
+        except ValueError as exc:  # a bad mode or downtime: refused before any call
+            raise AgentRejected(address, "BAD_SWITCH_MODE", str(exc)) from None
+        try:
+            return await asyncio.to_thread(self._switch, address, target, generation, how)
         except ValueError as exc:  # a malformed address
             raise AgentRejected(address, "BAD_ADDRESS", str(exc)) from None
 

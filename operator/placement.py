@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from evolving_infra.core.types import Phase
+from evolving_infra.core.types import Phase, SwitchMode
 from evolving_infra.operator import switching
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, SwitchResult
 from evolving_infra.operator.spec import InitialSplit
@@ -126,7 +126,11 @@ async def call_moves(rt: Runtime, moves: Sequence[Move]) -> list[SwitchResult | 
             return AgentUnavailable(move.node, "NO_ADDRESS", "the node agent pod has no IP")
         async with gate:
             try:
-                return await rt.agents.switch_phase(move.address, move.target, move.generation)
+                if move.mode is SwitchMode.IN_PLACE:
+                    return await rt.agents.switch_phase(move.address, move.target, move.generation)
+                return await rt.agents.switch_phase(
+                    move.address, move.target, move.generation, mode=move.mode, relaunch_s=move.relaunch_s
+                )
             except AgentError as exc:
                 return exc
 

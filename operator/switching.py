@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from evolving_infra.core.types import Phase
+from evolving_infra.core.types import Phase, SwitchMode
 from evolving_infra.operator.status import NodeState, NodeStatus, TargetSplit, format_split
 
 
@@ -32,13 +32,16 @@ def flip(phase: Phase) -> Phase:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """One node to switch: from `source` to `target` with `generation`."""
+    """One node to switch: from `source` to `target` with `generation`, the way `mode` says (the target split's
+    mode and relaunch downtime; placements and rollbacks switch in place)."""
 
     node: str
     address: str | None
     source: Phase
     target: Phase
     generation: int
+    mode: SwitchMode = SwitchMode.IN_PLACE
+    relaunch_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,7 @@ def plan_switch(nodes: Sequence[NodeStatus], target: TargetSplit) -> SwitchPlan:
             problems=(f"moving {', '.join(target.moving[:5])} gives {format_split(reached, len(nodes) - reached)}, not {target.split}",),
         )
     moves = tuple(
-        Move(name, by_name[name].address, by_name[name].phase, phase, g)
+        Move(name, by_name[name].address, by_name[name].phase, phase, g, target.mode, target.relaunch_seconds)
         for name, phase in sorted(wanted.items())
         if phase is not by_name[name].phase
     )
