@@ -3,7 +3,9 @@ gives each prompt its KV page hashes, statistics, and importers of other formats
 
 Modules: `errors` (Rule, TraceError), `records` (the immutable Trace model), `loader` (load and validate),
 `content` (ContentModel: page hashes), `stats` (TraceStats, ideal hit rate h*), `mooncake` (importer),
-`writer` (writing records), `testing` (random valid traces and hypothesis strategies). See docs/traces.md.
+`miniswe`, `claude_code`, `openai_log` (agent-log importers, with `importing`: their shared builder and
+report), `transforms` (scale, merge, slice), `writer` (writing records), `testing` (random valid traces and
+hypothesis strategies). See docs/traces.md.
 
 Boundary: pure parsing and computation over records; reading a trace (`load_trace`) and the importer's and
 writer's files are the only I/O.
