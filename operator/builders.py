@@ -61,6 +61,8 @@ class BuildContext:
     operator_namespace: str = rbac.OPERATOR_NAMESPACE
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(rbac.OPERATOR_POD_LABELS))
     excluded_nodes: Sequence[str] = ()
+    metrics_namespace: str | None = None
+    """Namespace of the Prometheus the NetworkPolicy admits to the node agents' metrics port (None: none)."""
 
 
 def _settings_yaml(data: Mapping[str, Any]) -> str:
@@ -352,5 +354,5 @@ def build_children(ctx: BuildContext) -> list[dict[str, Any]]:
         build_router_deployment(ctx),
     ]
     if ctx.spec.network_policy.enabled:
-        children.append(rbac.build_network_policy(cluster, ctx.operator_namespace, ctx.operator_pod_labels))
+        children.append(rbac.build_network_policy(cluster, ctx.operator_namespace, ctx.operator_pod_labels, ctx.metrics_namespace))
     return children

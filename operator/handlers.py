@@ -17,6 +17,7 @@ Boundary: kopf wiring only; `build_registry(rt)` and `kopf_settings()` are used 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -105,7 +106,13 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
     @kopf.on.update(*RESOURCE, id="switch", field=TARGET_FIELD, registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     @kopf.on.resume(*RESOURCE, id="switch", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     async def apply_target_split(namespace: str, name: str, retry: int, logger: logging.Logger, **_: Any) -> None:
+        started = time.perf_counter()
         outcome = await run_switch(rt, namespace, name, retry)
+        rt.metrics.switches.labels(result=outcome.result.value).inc()
+        if outcome.result is Result.CONVERGED:
+            rt.metrics.switch_seconds.observe(time.perf_counter() - started)
+        elif outcome.result is Result.ROLLED_BACK:
+            rt.metrics.rollbacks.labels(namespace=namespace, cluster=name).inc()
         if outcome.result is Result.RETRY:
             raise kopf.TemporaryError(outcome.message, delay=outcome.delay)
         if outcome.result is Result.ROLLED_BACK:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -202,6 +202,8 @@ class KubeApi:
         self._executor = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="kube-api")
         self.failures = 0
         """Calls that failed after their last attempt (for metrics)."""
+        self.on_failure: Callable[[], None] | None = None
+        """Called once per call that failed after its last attempt (the operator's metrics)."""
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -260,6 +262,8 @@ class KubeApi:
                 if attempt >= self.limits.retries or not retryable(method, exc):
                     if exc.status not in (403, 404, 409):  # answers, not failures
                         self.failures += 1
+                        if self.on_failure is not None:
+                            self.on_failure()
                     raise
             await asyncio.sleep(self.limits.backoff * 2**attempt)
             attempt += 1

@@ -3,7 +3,8 @@
 The router may get and watch its own AgentServingCluster (by resourceNames) and patch that object's status
 subresource, nothing else. Node agents run with a ServiceAccount that mounts no token and has no Role: they
 never talk to the API server. The opt-in NetworkPolicy lets only the cluster's router and the operator's
-pods reach the node agents' gRPC port, and only peer node agents reach the KV transfer port.
+pods reach the node agents' gRPC port, only peer node agents reach the KV transfer port, and (when the
+operator names its namespace) only Prometheus reaches the metrics port.
 
 Boundary: pure builders returning dicts.
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from evolving_infra.operator.meta import GROUP, PLURAL, ClusterRef, Component, child_metadata, selector_labels
-from evolving_infra.operator.rendered import NODE_AGENT_GRPC_PORT, NODE_AGENT_TRANSFER_PORT
+from evolving_infra.operator.rendered import NODE_AGENT_GRPC_PORT, NODE_AGENT_METRICS_PORT, NODE_AGENT_TRANSFER_PORT
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 OPERATOR_NAMESPACE = "evolving-infra-system"
@@ -74,9 +75,11 @@ def build_network_policy(
     cluster: ClusterRef,
     operator_namespace: str = OPERATOR_NAMESPACE,
     operator_pod_labels: Mapping[str, str] = OPERATOR_POD_LABELS,
+    metrics_namespace: str | None = None,
 ) -> dict[str, Any]:
-    """Ingress to the node agents: gRPC from the router and the operator, KV transfer from peers."""
-    return {
+    """Ingress to the node agents: gRPC from the router and the operator (from its real namespace), KV transfer
+    from peers, and the metrics port from `metrics_namespace` (Prometheus) when one is given."""
+    policy = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": child_metadata(cluster, Component.NODE_AGENT, "node-agent"),
@@ -101,3 +104,11 @@ def build_network_policy(
             ],
         },
     }
+    if metrics_namespace is not None:
+        policy["spec"]["ingress"].append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": metrics_namespace}}}],
+                "ports": [{"protocol": "TCP", "port": NODE_AGENT_METRICS_PORT}],
+            }
+        )
+    return policy

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +40,7 @@ from evolving_infra.operator.builders import BuildContext, build_children
 from evolving_infra.operator.children import ApplyResult, apply_children, prune_children
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.kube import KubeApi, KubeError
+from evolving_infra.operator.metrics import OperatorMetrics
 from evolving_infra.operator.partitions import ClusterSelection, NodeLabels, PartitionClaim, claim_nodes
 from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
 from evolving_infra.operator.settings import OperatorSettings
@@ -77,6 +79,7 @@ class Runtime:
     clock: Callable[[], datetime] = utc_now
     events: EventSink = _no_events
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -262,6 +265,8 @@ class Outcome:
     """Nodes placed into a phase by this reconcile (see `placement`)."""
     retry_delay: float | None = None
     """Seconds before the caller should reconcile again (a placement attempt failed; attempts are left)."""
+    status: AgentServingClusterStatus | None = None
+    """The status as this reconcile left it."""
 
 
 async def fetch(rt: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
@@ -272,11 +277,23 @@ async def reconcile(rt: Runtime, namespace: str, name: str, attempt: int | None 
     """Bring one cluster's children and status in line with its spec; None when it is gone or going.
 
     `attempt` (from 0) numbers the caller's retries of a failed placement; None: no retry follows."""
-    async with rt.lock(namespace, name):
-        body = await fetch(rt, namespace, name)
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        return await _reconcile_locked(rt, body, attempt)
+    started = time.perf_counter()
+    try:
+        async with rt.lock(namespace, name):
+            body = await fetch(rt, namespace, name)
+            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                rt.metrics.forget(namespace, name)
+                return None
+            outcome = await _reconcile_locked(rt, body, attempt)
+    except Exception:
+        rt.metrics.reconciles.labels(result="error").inc()
+        raise
+    finally:
+        rt.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+    rt.metrics.reconciles.labels(result="ok" if outcome.valid else "invalid").inc()
+    if outcome.status is not None:
+        rt.metrics.observe_status(namespace, name, outcome.status)
+    return outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +340,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
     if parsed.spec is None or parsed.problems:
         after = summary.invalid(before, parsed.problems, rt.clock(), generation)
         written = await write_status(rt, body, before, after)
-        return Outcome(valid=False, status_written=written, problems=parsed.problems)
+        return Outcome(valid=False, status_written=written, problems=parsed.problems, status=after)
     cluster, spec = parsed.cluster, parsed.spec
     claimed = await claim(rt, cluster)
     claim_ = claimed.claim
@@ -336,6 +353,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         rt.settings.default_image or images.FALLBACK_IMAGE,
         operator_namespace=rt.settings.namespace,
         excluded_nodes=excluded,
+        metrics_namespace=rt.settings.metrics_namespace,
     )
     desired = build_children(ctx)
     applied = await apply_children(rt.api, cluster, desired)
@@ -344,6 +362,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         rt.events(body, "Warning", DRIFT_REVERTED, reverted.message())
     for child in applied.deleted:
         rt.events(body, "Normal", CHILD_DELETED, f"{child} is no longer wanted by the spec; deleted")
+    rt.metrics.children((r.kind for r in applied.reverted), (child.split(" ", 1)[0] for child in applied.deleted))
     problems = claim_problems(claim_)
     if applied.conflicts:
         problems.append(Problem("ChildConflict", "; ".join(applied.conflicts)))
@@ -367,5 +386,5 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
     written = await write_status(rt, body, before, after)
     return Outcome(
         valid=True, children=applied, status_written=written, problems=tuple(p.message for p in problems),
-        placed=placed.placed, retry_delay=placed.retry_delay,
+        placed=placed.placed, retry_delay=placed.retry_delay, status=after,
     )  # fmt: skip

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 def make_runtime(api_client: kclient.ApiClient, settings: OperatorSettings, agents: NodeAgentClient | None = None) -> Runtime:
     """A runtime whose events go through kopf and whose agents are reached over gRPC unless given."""
     client = agents or GrpcNodeAgentClient(settings.switch_deadline_seconds, settings.state_deadline_seconds)
-    return Runtime(api=KubeApi(api_client, limits=api_limits(settings)), agents=client, settings=settings, events=kopf_event_sink)
+    api = KubeApi(api_client, limits=api_limits(settings))
+    rt = Runtime(api=api, agents=client, settings=settings, events=kopf_event_sink)
+    api.on_failure = rt.metrics.api_failures.inc
+    return rt
 
 
 def api_limits(settings: OperatorSettings) -> ApiLimits:
@@ -75,6 +78,9 @@ def run_operator(
     """Find credentials (raises `kube.NoCredentials` with what to do), then run until interrupted."""
     api_client = load_client(kubeconfig, context)
     rt = make_runtime(api_client, settings)
+    if settings.metrics_port:
+        rt.metrics.serve(settings.metrics_port)
+        log.info("operator metrics on :%d/metrics", settings.metrics_port)
     try:
         asyncio.run(operator_task(rt, api_client, namespaces=namespaces, liveness=liveness))
     finally:

@@ -87,6 +87,18 @@ class OperatorSettings(BaseSettings):
             "ProgressDeadlineExceeded (and Argo CD's health check reports Degraded)."
         ),
     )
+    metrics_port: int = Field(
+        default=8081, ge=0, le=65535, description="Port of the operator's /metrics endpoint (0: not served)."
+    )
+    metrics_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description=(
+            "Namespace of the Prometheus that scrapes node agents; clusters' opt-in NetworkPolicy admits it to the "
+            "metrics port (unset: no scrape rule)."
+        ),
+    )
     api_connect_timeout_seconds: float = Field(
         default=5.0, gt=0, le=300, description="Connect timeout of every Kubernetes API call (the operator's and kopf's)."
     )
