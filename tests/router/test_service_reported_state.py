@@ -1,7 +1,8 @@
 """The live router reads the node agents' reports: TTFT routing prices a prefill node from its reported queue while
 the report is fresh and from the router's own record once it is older than the limit (through the decision's
-diagnostics and `evolving_router_routing_state_total`); a node that relaunches for a switch serves nothing for its
-downtime, loses its KV in the directory, has its requests routed again (they complete) and serves its new phase.
+diagnostics and `evolving_router_routing_state_total`); a node that relaunches for a switch (ordered by hand, or by
+the Dynamo planner through the control loop) serves nothing for its downtime, loses its KV in the directory, has its
+requests routed again (they complete) and serves its new phase with an empty engine.
 
 Node agents run in-process (grpc.aio on 127.0.0.1, engines sped up); every wait is bounded.
 """
@@ -207,3 +208,66 @@ def test_a_relaunched_node_serves_nothing_for_its_downtime_loses_its_kv_and_its_
     assert out["retries"].get("handed_back", 0) >= handed  # every request it held was routed again
     assert out["handed"] == handed
     assert out["after"] == (NodeMode.DECODE, NodeMode.DECODE, 0)  # a fresh engine, nothing of the old KV
+
+
+def test_a_dynamo_planner_cluster_relaunches_a_node_which_serves_nothing_for_the_downtime_and_starts_empty() -> None:
+    from evolving_infra.router.service.planning import ControlLoop, LocalSplitApplier
+
+    downtime = 2.0  # node seconds; speed_up 2
+    dynamo = {  # idle prefill engines want one node fewer, decode never shrinks: one prefill node moves to decode
+        "interval_s": 0.5, "prefill_grow_ratio": 1.0, "prefill_shrink_ratio": 1.0, "decode_grow_utilization": 1.0,
+        "decode_shrink_utilization": 0.0, "relaunch_s": downtime, "relaunch_min_s": downtime, "relaunch_max_s": downtime,
+    }  # fmt: skip
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {"seen": []}
+        modes = {"p0": NodeMode.PREFILL, "p1": NodeMode.PREFILL, "d0": NodeMode.DECODE, "d1": NodeMode.DECODE}
+        async with Cluster(modes, speed_up=2.0, state_interval_s=0.2, planner="dynamo", planner_settings=dynamo) as c:
+            router = c.router
+            tasks = [asyncio.ensure_future(c.complete(words(f"z{i}y", 6000), f"t{i}")) for i in range(8)]
+            await until(lambda: sum(a.engine.gauges().prefill_queued for n, a in c.agents.items() if n[0] == "p") >= 2,
+                        "requests queued at the prefill nodes")  # fmt: skip
+            loop = ControlLoop(router, LocalSplitApplier(router))
+            loop.start()
+            try:
+                moved: list[str] = []
+
+                def relaunching() -> bool:
+                    moved.extend(n for n, a in c.agents.items() if a.relaunching and n not in moved)
+                    return bool(moved)
+
+                await until(relaunching, "the Dynamo planner to relaunch a node")
+                node = NodeId(moved[0])
+                agent = c.agents[node]
+                out["node"] = node
+                await until(lambda: router.core.nodes[node].mode is None, "the router to see it serving nothing")
+                out["during"] = (
+                    node in {t.id for t in router.core.accepting(Phase.PREFILL)},
+                    node in {t.id for t in router.core.accepting(Phase.DECODE)},
+                    router.core.directory.held_count(node, Tier.HOST) + router.core.directory.held_count(node, Tier.GPU),
+                )
+                completed = agent.switch_completed
+
+                def at_completion(report: Any) -> None:  # what the fresh engine starts with
+                    out["fresh"] = (len(agent.arena), len(agent.engine.resident(Tier.HOST)), len(agent.engine.resident(Tier.GPU)))
+                    completed(report)
+
+                agent.switch_completed = at_completion  # type: ignore[method-assign]
+                await until(lambda: not agent.relaunching, "the relaunch to end")
+                results = await asyncio.gather(*tasks)
+                out["statuses"] = [s for s, _ in results]
+                await until(lambda: router.core.nodes[node].mode is NodeMode.DECODE, "its report of the new phase")
+                out["split"] = router.core.split_now()
+                out["after"] = (agent.engine.mode, router.core.nodes[node].phase)
+                out["switch_seconds"] = agent.metrics.switch_seconds.collect()[0].samples
+            finally:
+                await loop.close()
+        return out
+
+    out = run(scenario)
+    assert out["during"] == (False, False, 0)  # serves nothing; its KV left the directory at once
+    assert out["fresh"] == (0, 0, 0)  # the new engine starts empty: nothing in host memory or the tiers
+    assert out["statuses"] == [200] * 8  # requests it held were routed again and completed
+    assert out["after"] == (NodeMode.DECODE, Phase.DECODE) and out["split"] == (1, 3)
+    total = next(s.value for s in out["switch_seconds"] if s.name.endswith("_sum"))
+    assert total >= downtime  # on the node's clock, from the relaunch to serving the new phase
