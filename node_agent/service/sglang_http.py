@@ -170,7 +170,8 @@ def parse_generate(body: Any) -> GenerateJob:
         tokens = _ids(ids, "input_ids")
     if not tokens:
         raise RequestError("the prompt is empty")
-    params = body.get("sampling_params") or {}
+    params = body.get("sampling_params")
+    params = {} if params is None else params
     if not isinstance(params, dict):
         raise RequestError("sampling_params must be an object")
     max_new = _int(params.get("max_new_tokens", MAX_NEW_TOKENS_DEFAULT), "sampling_params.max_new_tokens", 1,
