@@ -32,6 +32,7 @@ from evolving_infra.node_agent.api.pages_service import PagesServicer
 from evolving_infra.node_agent.service.decodes import Accepted, Finished, Tokens
 from evolving_infra.node_agent.service.errors import ServiceError, to_service_error
 from evolving_infra.node_agent.service.events import SubscriberDropped
+from evolving_infra.node_agent.service.metrics import NodeMetrics
 from evolving_infra.proto.convert import switch_how_from_proto
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
@@ -59,7 +60,9 @@ class _ThreadContext:
         return self.active
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, counted: NodeMetrics | None = None, method: str = "") -> None:
+    if counted is not None and error.code is grpc.StatusCode.INVALID_ARGUMENT:
+        counted.invalid.labels(method).inc()
     await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
 
 
@@ -101,7 +104,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 check_count(len(update.pages), "CountUpdate.pages (count)", 0, MAX_COUNT_PAGES)
                 counts = counts_from_proto(update)
             except ValueError as error:
-                await _abort(context, to_service_error(error))
+                await _abort(context, to_service_error(error), self.node.metrics, "PushCounts")
             self.node.push_counts(counts)
             updates += 1
             pages += len(counts)
@@ -116,7 +119,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             addresses = {NodeId(run.peer): run.peer_address for run in request.fetch if run.peer_address}
             ahead = self.node.submit_prefill(req, addresses)
         except Exception as error:
-            await _abort(context, to_service_error(error))
+            await _abort(context, to_service_error(error), self.node.metrics, "SubmitPrefill")
             raise
         return pb.SubmitResponse(accepted=True, queue_position=ahead)
 
@@ -133,7 +136,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             async for item in self.node.decode(req, runs):
                 yield _progress(rid, item)
         except (ServiceError, ValueError) as error:
-            await _abort(context, to_service_error(error))
+            await _abort(context, to_service_error(error), self.node.metrics, "SubmitDecode")
 
     # --- pages ---------------------------------------------------------------------------------------
     async def ReadPages(  # noqa: N802
@@ -176,7 +179,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             try:
                 check_id(request.subscriber, "StreamEventsRequest.subscriber", MAX_SUBSCRIBER_CHARS)
             except ValueError as error:
-                await _abort(context, to_service_error(error))
+                await _abort(context, to_service_error(error), self.node.metrics, "StreamEvents")
         hub = self.node.hub
         sub = hub.subscribe(request.subscriber or context.peer())
         self.node.metrics.subscribers.set(len(hub))

@@ -168,6 +168,7 @@ async def token_scenario(tmp: Path) -> dict[str, Any]:
         finally:
             channel.close()
         out["denied_metric"] = node.metrics.denied._value.get()
+        out["invalid_metric"] = node.metrics.invalid.labels("SwitchPhase")._value.get()
     finally:
         await node.close()
     return out
@@ -186,6 +187,7 @@ def test_without_the_token_every_method_is_denied_and_the_generation_attack_is_r
     assert out["recovered"] == (pb.PHASE_PREFILL, 777_001)
     assert out["blocking"] == "a"
     assert out["denied_metric"] >= 2 * len(METHODS) + 1
+    assert out["invalid_metric"] == 2
 
 
 def _openssl(*args: str, cwd: Path) -> None:
