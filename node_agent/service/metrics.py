@@ -123,7 +123,8 @@ class NodeMetrics:
         for state, value in (("free", a.free), ("reserved", a.reserved), ("ready", a.ready)):
             self.arena.labels(state).set(value)
 
-    def state(self, mode: NodeMode, switch: SwitchState, generation: int | None = None) -> None:
+    def state(self, mode: NodeMode | None, switch: SwitchState | None, generation: int | None = None) -> None:
+        """The node's mode and switch state (None, None while it relaunches: it serves nothing)."""
         for m in NodeMode:
             self.mode.labels(m.value).set(1 if m is mode else 0)
         for s in SwitchState:

@@ -362,6 +362,7 @@ class NodeAgent:
         self._queue_reported = False
         self.metrics.request("prefill", "handed_back", len(prefills))
         self.metrics.request("decode", "handed_back", len(decodes))
+        self.metrics.state(None, None, generation)
         self.engine = self._new_engine(NodeMode.of(target))
         l2 = self.engine.pool.l2
         self.sync.holds, self.sync.writing = l2.contains, l2.is_writing

@@ -128,6 +128,8 @@ async def relaunch() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await refused
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE and "relaunching" in (error.value.details() or "")
+        modes = {m.value: a.metrics.mode.labels(m.value)._value.get() for m in NodeMode}
+        assert set(modes.values()) == {0.0}  # the mode gauge names no mode while it serves nothing
         joined = await sa.SwitchPhase(request, timeout=DEADLINE)  # a retry of the same call waits for the same relaunch
         answer = await call
         assert (answer.phase, answer.generation, answer.already_serving) == (pb.PHASE_DECODE, 1, False)
@@ -157,6 +159,7 @@ async def relaunch() -> None:
         progress = [m async for m in sa.SubmitDecode(pb.SubmitDecodeRequest(
             request_id="after", branch_id="after", prompt_tokens=20, output_tokens=5, t_acc=1.0), timeout=DEADLINE)]  # fmt: skip
         assert progress[-1].finished.output_tokens == 5
+        assert a.metrics.mode.labels("decode")._value.get() == 1.0
         again = await sa.SwitchPhase(request, timeout=DEADLINE)  # idempotent by generation
         assert again.already_serving and not again.handed_back
     finally:
