@@ -112,7 +112,7 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
         if outcome.result is Result.CONVERGED:
             rt.metrics.switch_seconds.observe(time.perf_counter() - started)
         elif outcome.result is Result.ROLLED_BACK:
-            rt.metrics.rollbacks.labels(namespace=namespace, cluster=name).inc()
+            rt.metrics.rollbacks.labels(cluster_namespace=namespace, cluster=name).inc()
         if outcome.result is Result.RETRY:
             raise kopf.TemporaryError(outcome.message, delay=outcome.delay)
         if outcome.result is Result.ROLLED_BACK:

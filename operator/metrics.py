@@ -7,14 +7,15 @@
 | `evolving_operator_api_failures_total` | counter | | Kubernetes API calls that failed after their retries |
 | `evolving_operator_switches_total` | counter | result | switch attempts: converged, retry, rolled_back, stale, nothing |
 | `evolving_operator_switch_duration_seconds` | histogram | | a switch attempt that converged: from its start to the last node switched |
-| `evolving_operator_rollbacks_total` | counter | namespace, cluster | target splits rolled back |
+| `evolving_operator_rollbacks_total` | counter | cluster_namespace, cluster | target splits rolled back |
 | `evolving_operator_drift_reverted_total` | counter | kind | children re-applied after a change outside the operator |
 | `evolving_operator_children_deleted_total` | counter | kind | children deleted because the spec no longer wants them |
 | `evolving_operator_clusters` | gauge | condition | clusters whose condition is True (Ready, Degraded, Invalid, Adapting, Progressing) |
-| `evolving_operator_planner_predicted_gain` | gauge | namespace, cluster | mean predicted gain of the candidate behind the current target split (status.targetSplit.decision) |
+| `evolving_operator_planner_predicted_gain` | gauge | cluster_namespace, cluster | mean predicted gain of the candidate behind the current target split (status.targetSplit.decision) |
 
-Labels are bounded: result and kind are small enums; namespace and cluster name the AgentServingClusters
-people created (one series per cluster). Never a request, branch or node id.
+Labels are bounded: result and kind are small enums; cluster_namespace and cluster name the
+AgentServingClusters people created (one series per cluster; not `namespace`, which the scrape sets to the
+operator's own). Never a request, branch or node id.
 
 Boundary: metric objects and their updates; `serve` starts the exposition endpoint.
 """
@@ -46,12 +47,12 @@ class OperatorMetrics:
         self.api_failures = Counter(p + "api_failures", "Kubernetes API calls that failed after their retries.", registry=r)
         self.switches = Counter(p + "switches", "Switch attempts by how they ended.", ["result"], registry=r)
         self.switch_seconds = Histogram(p + "switch_duration_seconds", "Converged switch attempts, start to last node switched.", buckets=_SWITCH_BUCKETS, registry=r)
-        self.rollbacks = Counter(p + "rollbacks", "Target splits rolled back.", ["namespace", "cluster"], registry=r)
+        self.rollbacks = Counter(p + "rollbacks", "Target splits rolled back.", ["cluster_namespace", "cluster"], registry=r)
         self.drift_reverted = Counter(p + "drift_reverted", "Children re-applied after a change outside the operator.", ["kind"], registry=r)
         self.children_deleted = Counter(p + "children_deleted", "Children deleted because the spec no longer wants them.", ["kind"], registry=r)
         self.clusters = Gauge(p + "clusters", "Clusters whose condition is True.", ["condition"], registry=r)
         self.predicted_gain = Gauge(
-            p + "planner_predicted_gain", "Mean predicted gain of the candidate behind the current target split.", ["namespace", "cluster"], registry=r
+            p + "planner_predicted_gain", "Mean predicted gain of the candidate behind the current target split.", ["cluster_namespace", "cluster"], registry=r
         )
         self._true: dict[tuple[str, str], frozenset[ConditionType]] = {}
         self._gains: set[tuple[str, str]] = set()
@@ -70,7 +71,7 @@ class OperatorMetrics:
         if gain is None:
             self._drop_gain(namespace, name)
         else:
-            self.predicted_gain.labels(namespace=namespace, cluster=name).set(gain)
+            self.predicted_gain.labels(cluster_namespace=namespace, cluster=name).set(gain)
             self._gains.add((namespace, name))
 
     def forget(self, namespace: str, name: str) -> None:

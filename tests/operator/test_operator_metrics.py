@@ -97,7 +97,7 @@ def test_the_predicted_gain_is_that_of_the_chosen_candidate() -> None:
     assert predicted_gain(AgentServingClusterStatus()) is None
     metrics = OperatorMetrics()
     metrics.observe_status("ns", "c", status)
-    assert _samples(metrics)[("evolving_operator_planner_predicted_gain", (("cluster", "c"), ("namespace", "ns")))] == 0.8
+    assert _samples(metrics)[("evolving_operator_planner_predicted_gain", (("cluster", "c"), ("cluster_namespace", "ns")))] == 0.8
     metrics.forget("ns", "c")
     assert not any(name == "evolving_operator_planner_predicted_gain" for name, _ in _samples(metrics))
 
