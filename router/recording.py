@@ -11,11 +11,12 @@ token ids of a partial page live only until the request ends. Each prompt's stru
    generated), else the leading full pages it shares with the candidate's context (a compaction or rewrite
    keeps a multiple of the page size: a lower bound).
 2. Otherwise (no candidate, or nothing shared with it) the longest run of leading pages seen in any completed
-   context decides: produced by the same agent, that request is the base (a fork); produced by another agent,
-   the run becomes a shared prefix `recorded:<hash of its last page>` of that many tokens (requests that
-   held those pages from nothing are given the longest such prefix too, so the producer counts). Else the
-   prompt is fresh. Different runs are different prefixes, so a shorter run common to two of them is not
-   shared in the trace (conservative).
+   context or any prompt handed over (a request in flight holds its prompt's KV) decides: produced by a
+   completed request of the same agent, that request is the base (a fork); otherwise (another agent, or only
+   prompts in flight), the run becomes a shared prefix `recorded:<hash of its last page>` of that many tokens
+   (requests that held those pages from nothing are given the longest such prefix too, so the producer
+   counts). Else the prompt is fresh. Different runs are different prefixes, so a shorter run common to two
+   of them is not shared in the trace (conservative).
 
 Agents are the branches without a known parent; a branch with a parent belongs to its parent's agent. A
 request waits (`after`) for the latest completed request of its branch (or, for a branch's first request, of
@@ -141,6 +142,7 @@ class TraceRecorder:
         self._branches: dict[str, _Branch] = {}
         self._open: dict[str, _Open] = {}
         self._producer: dict[PageHash, _Done] = {}
+        self._prompted: set[PageHash] = set()  # pages of every prompt handed over (in flight or done)
         self._prefixes: dict[str, int] = {}
         self._fresh: list[tuple[int, list[PageHash]]] = []  # (body position, prompt pages) of fresh starts
         self._body: list[dict[str, Any]] = []
@@ -171,13 +173,12 @@ class TraceRecorder:
         if not keep:
             run = self._run(pages)
             if run:
-                producer = self._producer[pages[run - 1]]
-                if producer.agent == b.agent:
+                producer = self._producer.get(pages[run - 1])
+                if producer is not None and producer.agent == b.agent:
                     spec = {"base": producer.rid, "keep": run * self.page_tokens, "new": len(prompt) - run * self.page_tokens}
                     self.report.forks += 1
                 else:
                     name = f"recorded:{pages[run - 1]:016x}"
-                    self._prefixes.setdefault(name, run * self.page_tokens)
                     spec = {"shared": name, "keep": run * self.page_tokens, "new": len(prompt) - run * self.page_tokens}
                     self.report.prefix_starts += 1
             else:
@@ -187,6 +188,8 @@ class TraceRecorder:
         after = [d.rid for d in waits] + b.ended_children
         ends = [d.end_s for d in waits] + [self._ends[r] for r in b.ended_children]
         b.ended_children = []
+        for page in pages:
+            self._prompted.add(page)
         running = _hasher(prompt)
         self._open[rid] = _Open(
             rid=self._new_rid(), agent=b.agent, branch=b.tid, arrival_s=t, prompt=len(prompt),
@@ -224,6 +227,8 @@ class TraceRecorder:
             record["recorded_cached_tokens"] = cached_tokens
         if o.fresh_pages:
             self._fresh.append((len(self._body), o.fresh_pages))
+        if "shared" in o.spec:
+            self._prefixes.setdefault(o.spec["shared"], o.spec["keep"])
         self._body.append(record)
         self.report.requests += 1
         context = [*o.tail, *output]
@@ -322,11 +327,12 @@ class TraceRecorder:
         return min(shared * self.page_tokens, c.context)
 
     def _run(self, pages: Sequence[PageHash]) -> int:
-        """Longest leading run of `pages` that some completed context holds (chained hashes: monotone)."""
+        """Longest leading run of `pages` that some completed context or handed-over prompt holds (chained
+        hashes: monotone)."""
         lo, hi = 0, len(pages)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if pages[mid - 1] in self._producer:
+            if pages[mid - 1] in self._producer or pages[mid - 1] in self._prompted:
                 lo = mid
             else:
                 hi = mid - 1

@@ -83,7 +83,7 @@ def _import_agents(args: argparse.Namespace) -> int:
             if key not in ("kind", "notes"):
                 table.add_row(key.replace("_", " "), f"{value:,}")
         console.print(table)
-    console.print(
+    print(
         f"OK {args.output}: {len(trace.requests):,} requests, {len(trace.agents):,} agents, "
         f"{len(trace.branches):,} branches; next: evolving-infra trace stats {args.output}"
     )
