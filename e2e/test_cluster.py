@@ -1,16 +1,20 @@
 """The whole install on a real cluster: manifests, the 9-node example scaled to the cluster, a forced re-split.
 
-Steps: `kubectl apply -k manifests/` with the operator's image set to EVOLVING_E2E_IMAGE; label the
+Steps: `kubectl apply -k` of an overlay of manifests/ whose one `images:` entry is EVOLVING_E2E_IMAGE; label the
 cluster's nodes (at most 9) into one pool; apply the example AgentServingCluster (emulated engine) scaled
 down to those nodes, with small KV and resource requests; wait until `kubectl get asc` shows the split
-with every node agent serving; write a `status.targetSplit` that moves one node (as the router's planner
-would) and wait for `status.split` to follow; clean up the cluster object and the labels.
+with every node agent serving, the router and node agents on the operator's image (the spec names none);
+edit the router's image by hand and wait for the operator to revert it; write a `status.targetSplit` that
+moves one node (as the router's planner would) and wait for `status.split` to follow; clean up the
+cluster object and the labels.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +24,9 @@ import pytest
 import yaml
 
 from evolving_infra.operator import meta
+from evolving_infra.operator.images import qualify
 
+REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "evolving-e2e"
 NAME = "e2e"
 POOL_LABEL = "evolving-infra.io/pool"
@@ -62,9 +68,25 @@ def status(kubectl: Kubectl) -> dict[str, Any]:
 
 @pytest.fixture
 def installed(kubectl: Kubectl, image: str) -> Iterator[list[str]]:
-    """Manifests applied with `image`; up to 9 nodes labelled into the pool; their names."""
-    kubectl("apply", "--server-side", "-k", "manifests/")
-    kubectl("-n", OPERATOR_NAMESPACE, "set", "image", "deployment/evolving-infra-operator", f"operator={image}")
+    """Manifests applied with `image` (one kustomize images entry, as a platform team sets it); up to 9 nodes
+    labelled into the pool; their names."""
+    if "@" in image:
+        name, digest = image.split("@", 1)
+        entry = {"name": "evolving-infra", "newName": name, "digest": digest}
+    else:
+        name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        entry = {"name": "evolving-infra", "newName": name, "newTag": tag}
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp) / "site"
+        site.mkdir()
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [os.path.relpath(REPO / "manifests", site)],
+            "images": [entry],
+        }
+        (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        kubectl("apply", "--server-side", "-k", str(site))
     kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", "deployment/evolving-infra-operator", "--timeout=300s")
     nodes = sorted(json.loads(kubectl("get", "nodes", "-o", "json"))["items"], key=lambda n: n["metadata"]["name"])
     names = [n["metadata"]["name"] for n in nodes if not n["spec"].get("unschedulable")][:9]
@@ -83,7 +105,7 @@ def installed(kubectl: Kubectl, image: str) -> Iterator[list[str]]:
 def test_the_example_cluster_serves_and_follows_a_target_split(kubectl: Kubectl, image: str, installed: list[str]) -> None:
     example = yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cluster-9-nodes.yaml").read_text())
     obj = cluster_object(example, len(installed))
-    obj["spec"]["images"] = {"router": {"image": image}, "nodeAgent": {"image": image}}
+    assert "images" not in obj["spec"]  # routers and node agents must follow the operator's own image
     kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
     want = f"{obj['spec']['initialSplit']['prefill']}P{obj['spec']['initialSplit']['decode']}D"
 
@@ -94,8 +116,19 @@ def test_the_example_cluster_serves_and_follows_a_target_split(kubectl: Kubectl,
     first = wait(f"split {want} with {len(installed)} node agents serving", serving)
     assert first["observedGeneration"] >= 1
     table = kubectl("get", "asc", NAME, "-n", NAMESPACE).splitlines()
-    assert table[0].split()[:6] == ["NAME", "SPLIT", "PREFILL", "DECODE", "READY", "ADAPTING"]
-    assert table[1].split()[:2] == [NAME, want]
+    assert table[0].split()[:7] == ["NAME", "READY", "SPLIT", "PREFILL", "DECODE", "NODES", "ADAPTING"]
+    assert table[1].split()[:3] == [NAME, "True", want]
+    wanted_image = qualify(image)
+    for kind in ("deployment/e2e-router", "daemonset/e2e-node-agent"):
+        assert kubectl("get", kind, "-n", NAMESPACE, "-o", "jsonpath={.spec.template.spec.containers[0].image}") == wanted_image, kind
+
+    # A hand edit of a child is reverted at the next resync, with an event.
+    kubectl("-n", NAMESPACE, "set", "image", "deployment/e2e-router", "router=registry.invalid/hand-edited:1")
+    wait(
+        "the hand-edited router image to be reverted",
+        lambda: kubectl("get", "deployment/e2e-router", "-n", NAMESPACE, "-o", "jsonpath={.spec.template.spec.containers[0].image}") == wanted_image,
+        timeout=120,
+    )
 
     # What the router's planner does: a target that moves one node to the other phase.
     node = first["nodes"][0]
