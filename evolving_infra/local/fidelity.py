@@ -4,8 +4,9 @@ and compare mean TTFT, mean E2E and the KV hit rate with the live run's report.
 
 The replay is open-loop on the recorded arrival times (`start_s`) and pauses, on the same nodes, initial split,
 planner, prefill routing and hardware profile, on the emulated clock (the recording is scaled by the run's
-speed-up). With no warmup the live router used the profile's models, and so does the replay; with a warmup
-the replay's nodes run on the recorded fitted coefficients. The bound is relative: |replay - live| / live.
+speed-up). When the live router fitted no model (no warmup, or one too short) it used the profile's models,
+and so does the replay; otherwise the replay's nodes run on the recorded fitted coefficients and the replay's
+router fits its own during the same warmup. Both sides are scored over the whole run, warmup included. The bound is relative: |replay - live| / live.
 
 Boundary: building the replay's settings, running it (`sim.run.simulate`) and comparing numbers; files are
 read and written by the caller.
@@ -22,6 +23,8 @@ from typing import Any
 
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.sim.config import SimConfig
+from evolving_infra.sim.metrics import compute_run_metrics
+from evolving_infra.sim.records import ScoreWindow
 from evolving_infra.sim.recorded import load_models, profile_with_models
 from evolving_infra.sim.run import simulate
 from evolving_infra.sim.systems import build_config
@@ -68,7 +71,8 @@ def replay_config(report: Mapping[str, Any], record_dir: Path) -> tuple[SimConfi
     profile = str(cluster["profile"])
     models = record_dir / "models.json"
     extra = ""
-    if warmup > 0 and models.is_file():
+    fitted = warmup > 0 and models.is_file() and bool(load_models(models)["nodes"])
+    if fitted:
         recorded = profile_with_models(load_profile(profile), load_models(models), source=f"recorded models {models}")
         target = Path(tempfile.mkdtemp(prefix="evolving-fidelity-")) / f"{recorded.name}.json"
         target.write_text(recorded.model_dump_json(indent=1), encoding="utf-8")
@@ -76,7 +80,7 @@ def replay_config(report: Mapping[str, Any], record_dir: Path) -> tuple[SimConfi
     split = report["config"]["split"]
     cfg = build_config(
         "evolving", profile=profile, nodes=int(cluster["nodes"]), split=split, planner=cluster["planner"],
-        prefill_routing=cluster["routing"], warmup_s=warmup, models="fitted" if warmup > 0 else "profile",
+        prefill_routing=cluster["routing"], warmup_s=warmup, models="fitted" if fitted else "profile",
         seed=int(cluster.get("seed", 0)),
     )  # fmt: skip
     command = (f"evolving-infra simulate {record_dir / 'trace.jsonl'} --profile {cluster['profile']}{extra} "
@@ -89,7 +93,9 @@ def check_fidelity(report: Mapping[str, Any], record_dir: Path, bound: float = B
     """Replay the recording in `record_dir` and compare it with the live `report` (report.json's content)."""
     cfg, command = replay_config(report, record_dir)
     result = simulate(cfg, load_trace(record_dir / "trace.jsonl"))
-    o = result.metrics.overall
+    # Scored like the live report: every request of the run, warmup included.
+    end = max([r.finish for r in result.records] + [1e-9])
+    o = compute_run_metrics(result.records, ScoreWindow(0.0, end)).overall
     live = report["latency_s"]
     figures = (
         Figure("mean TTFT (s)", live["ttft"]["mean"], o.ttft_s.mean),
