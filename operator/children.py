@@ -71,6 +71,11 @@ def _same_scalar(want: Any, have: Any) -> bool:
     return False
 
 
+def _omittable(value: Any) -> bool:
+    """A value the API server may leave out of its answer (`omitempty`): it counts as held when absent."""
+    return value is None or value is False or (isinstance(value, str | dict | list) and not value)
+
+
 def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
@@ -81,7 +86,8 @@ def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
                 continue
             where = f"{path}.{key}" if path else str(key)
             if key not in have:
-                out.append(where)
+                if not _omittable(value):
+                    out.append(where)
             else:
                 _drift(value, have[key], where, out)
     elif isinstance(want, list):
@@ -98,7 +104,8 @@ def drift(desired: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     """Paths (`spec.template.spec.containers[0].image`) where `live` does not hold what `desired` sets.
 
     Only fields `desired` sets count; a list must have the same length and each item hold its counterpart's
-    fields; quantities compare by value. `status` is the controllers' and never compared."""
+    fields; quantities compare by value; an empty or false value counts as held when the server left the
+    field out (`omitempty`). `status` is the controllers' and never compared."""
     out: list[str] = []
     _drift({k: v for k, v in desired.items() if k != "status"}, live, "", out)
     return out

@@ -152,3 +152,10 @@ def test_quantities_compare_by_value_and_identity_is_not_compared() -> None:
     assert drift(desired, {**live, "spec": {"resources": {"memory": "2Gi", "cpu": "1", "nvidia.com/gpu": "4"}}}) == ["spec.resources.memory"]
     assert drift({"spec": {"enabled": True}}, {"spec": {"enabled": "true"}}) == ["spec.enabled"]
     assert drift({"metadata": {"labels": {"x": "1"}}}, {"metadata": {"labels": {"x": "2"}}}) == ["metadata.labels.x"]
+
+
+def test_empty_values_the_server_omits_are_not_drift() -> None:
+    desired = {"spec": {"medium": "", "hostNetwork": False, "items": [], "selector": {}, "name": "x"}}
+    assert drift(desired, {"spec": {"name": "x"}}) == []
+    assert drift(desired, {"spec": {"name": "x", "hostNetwork": True}}) == ["spec.hostNetwork"]
+    assert drift({"spec": {"replicas": 0}}, {"spec": {}}) == ["spec.replicas"]
