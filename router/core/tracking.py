@@ -241,7 +241,11 @@ class NodeTrack:
             views = dict(zip(sent, self.sent_views()[1], strict=True))
             queue = [views[rid] for rid in queued_ids if rid in views]
         self.report_queue = tuple(queue)
-        self.report_ids = frozenset(sent)
+        # Requests sent and not listed were still on their way to the node (live; never in the simulator, which
+        # submits at once): they stay unreported, so routing counts them on top of the report.
+        listed = set(queued_ids)
+        listed.update(r.request for r in running)
+        self.report_ids = frozenset(rid for rid in sent if rid in listed)
 
     def forget_report(self) -> None:
         self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), _NO_IDS, None

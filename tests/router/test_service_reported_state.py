@@ -271,3 +271,20 @@ def test_a_dynamo_planner_cluster_relaunches_a_node_which_serves_nothing_for_the
     assert out["after"] == (NodeMode.DECODE, Phase.DECODE) and out["split"] == (1, 3)
     total = next(s.value for s in out["switch_seconds"] if s.name.endswith("_sum"))
     assert total >= downtime  # on the node's clock, from the relaunch to serving the new phase
+
+
+def test_a_request_sent_after_the_reports_snapshot_stays_unreported_until_a_report_lists_it() -> None:
+    from evolving_infra.core.types import BranchId, RequestId
+    from evolving_infra.router.core import NodeTrack, RoutedRequest
+    from evolving_infra.router.routing import RouteRequest, RunningPrefill
+
+    track = NodeTrack(NodeId("p0"), Phase.PREFILL)
+    for rid in ("a", "b", "c"):
+        track.sent[rid] = RoutedRequest(RouteRequest(RequestId(rid), BranchId(rid), (), 5000, 4), (), 1)
+    # the node's report (made before "c" arrived there): "a" running, "b" queued
+    track.record_report(1.0, (RunningPrefill(RequestId("a"), 3000, 2000),), ("b",))
+    unreported, in_flight = track.sent_views()
+    assert [q.request for q in track.report_queue] == ["b"] and [q.request for q in unreported] == ["c"]
+    assert len(in_flight) == 3
+    track.record_report(2.0, (RunningPrefill(RequestId("a"), 1000, 4000),), ("b", "c"))
+    assert not track.sent_views()[0] and [q.request for q in track.report_queue] == ["b", "c"]
