@@ -30,7 +30,7 @@ from evolving_infra.traces.writer import write_records
 
 ASSUMPTIONS: tuple[str, ...] = (
     "One agent per session file; its main conversation is one branch and each sub-agent sidechain "
-    "(SESSION/subagents/agent-ID.jsonl) another. Rows other than user, assistant and the compact_boundary "
+    "(SESSION/subagents/agent-ID.jsonl, or agent-ID.jsonl beside the sessions naming it in sessionId) another. Rows other than user, assistant and the compact_boundary "
     "system row are skipped.",
     "Streaming rows of one message (same message.id) are one call: their content blocks are merged and the "
     "largest output_tokens is taken. Assistant rows without usage and <synthetic> messages are skipped and "
@@ -292,15 +292,32 @@ def _emit(builder: TraceBuilder, agent: str, branch: str, ids: list[str], k: int
     end_of[ids[k]] = call.last_s
 
 
+def _session_of(side: Path) -> str | None:
+    """The parent session id a sidechain file of the older layout (beside the sessions) names first."""
+    for data in side.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(data)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("sessionId"), str):
+            return str(row["sessionId"])
+    return None
+
+
 def read_sessions(src: str | os.PathLike[str]) -> list[Session]:
-    """Parse every `*.jsonl` session of a project folder (or one session file) with its sidechains."""
+    """Parse every `*.jsonl` session of a project folder (or one session file) with its sidechains: those in
+    `SESSION/subagents/` and, in the layout before Claude Code 2.1.2, `agent-*.jsonl` files beside the sessions
+    that name the session in `sessionId`."""
     path = Path(src)
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    older: dict[str, list[Path]] = {}
+    for f in [f for f in files if f.name.startswith("agent-")]:
+        older.setdefault(_session_of(f) or "", []).append(f)
     sessions: list[Session] = []
-    for f in files:
+    for f in (f for f in files if not f.name.startswith("agent-")):
         main = parse_session_log(f.read_text(encoding="utf-8"), str(f))
         subs: list[BranchLog] = []
-        for side in sorted((f.parent / f.stem / "subagents").glob("agent-*.jsonl")):
+        for side in [*sorted((f.parent / f.stem / "subagents").glob("agent-*.jsonl")), *older.get(f.stem, [])]:
             agent_id = side.stem.removeprefix("agent-")
             log = parse_session_log(side.read_text(encoding="utf-8"), str(side), agent_id)
             meta = side.with_name(f"{side.stem}.meta.json")

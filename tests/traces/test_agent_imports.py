@@ -254,3 +254,14 @@ def test_the_20_real_mini_swe_agent_trajectories(tmp_path: Path) -> None:
     assert all(r.keep <= r.prompt_tokens for r in trace.requests)
     # Every call but an agent's first continues its predecessor: an append, or a rewrite after reasoning.
     assert {r.relation for r in trace.requests} == {Relation.ROOT, Relation.APPEND, Relation.REWRITE}
+
+
+def test_claude_code_older_layout_sidechains_beside_the_sessions(tmp_path: Path) -> None:
+    src = FIXTURES / "claude-code" / "project"
+    (tmp_path / "sess1.jsonl").write_text((src / "sess1.jsonl").read_text())
+    (tmp_path / "agent-a1.jsonl").write_text((src / "sess1" / "subagents" / "agent-a1.jsonl").read_text())
+    out = tmp_path / "cc.jsonl"
+    report = import_claude_code(tmp_path, out)
+    trace = load_trace(out)
+    assert len(trace.agents) == 1 and report.sub_agents == 1
+    assert trace.request("sess1.a1.r0").after == ("sess1.r0",)
