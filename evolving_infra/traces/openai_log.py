@@ -129,7 +129,7 @@ def _row(obj: object, path: str, line: int) -> LogRow | None:
     meta = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
     session = next((v for v in (obj.get("session_id"), meta.get("session_id"), request.get("user"))
                     if isinstance(v, str) and v), None)  # fmt: skip
-    times = {}
+    times: dict[str, float | None] = {}
     for key, values in (("start", (obj.get("start_time"), response.get("created"))), ("end", (obj.get("end_time"),))):
         times[key] = None
         for value in values:
@@ -215,7 +215,8 @@ def convert_log(
         else:
             branch = _new_branch(agent, branches_of)
             waits = last_of_agent.get(agent)
-            report.sub_agents += waits is not None and base is None
+            if waits is not None and base is None:
+                report.sub_agents += 1
         after = [f"r{rows[waits].line}"] if waits is not None else []
         delay = _delay(r, rows[waits]) if waits is not None else 0.0
         if waits is not None and delay is None:
