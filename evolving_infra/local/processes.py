@@ -5,7 +5,8 @@ only the driver, which then stops the children in order), with stdout and stderr
 work folder. A child is ready once it has printed its one JSON line (its addresses) on stdout; a child that
 exits first, or prints nothing by the deadline, raises `StartError` naming it with the last lines of its stderr.
 
-No orphans: every child is killed by the kernel if the driver dies (Linux `PR_SET_PDEATHSIG`), every live child
+No orphans: every child is killed by the kernel if the driver dies (Linux `PR_SET_PDEATHSIG`; the kernel ties it to
+the *thread* that started the child, so start children from a thread that outlives them, e.g. the main one), every live child
 is killed at interpreter exit (`atexit`), and `stop_all` sends SIGTERM, waits up to a grace period, then SIGKILL.
 
 Boundary: OS processes and files only; what the children are configured to do is the caller's.
