@@ -5,7 +5,7 @@ evolving-infra=REGISTRY/evolving-infra:TAG`); the operator reads it back from it
 (`EVOLVING_OPERATOR_POD_NAME` and `EVOLVING_OPERATOR_NAMESPACE`, set from the downward API), so retagging
 the install retags every workload it creates. `EVOLVING_OPERATOR_DEFAULT_IMAGE` overrides that, and
 `spec.images` overrides both for one cluster. Outside a pod (a workstation) the fallback is this release's
-image. References are registry-qualified (`docker.io/library/evolving-infra:0.1.0`, not
+image; in a pod whose image cannot be read the operator stops rather than guess. References are registry-qualified (`docker.io/library/evolving-infra:0.1.0`, not
 `evolving-infra:0.1.0`), so runtimes that refuse short names (CRI-O's enforcing short-name mode) pull
 the same image Docker would.
 
@@ -57,18 +57,30 @@ def image_of_pod(pod: Mapping[str, Any], container: str = OPERATOR_CONTAINER) ->
     return str(image) if image else None
 
 
+class ImageUnknown(RuntimeError):
+    """The operator runs in a pod but cannot read that pod's image."""
+
+
 async def resolve_default_image(api: KubeApi, explicit: str | None, namespace: str, pod_name: str | None) -> tuple[str, str]:
-    """(image of children, where it came from): the explicit setting, else the operator's own pod, else the fallback."""
+    """(image of children, where it came from): the explicit setting, else the operator's own pod, else (outside a
+    pod) the fallback.
+
+    In a pod whose image cannot be read this raises `ImageUnknown` rather than guess: a wrong default would
+    roll every router and node agent to another image. The operator stops and its pod is restarted."""
     if explicit:
         return qualify(explicit), "EVOLVING_OPERATOR_DEFAULT_IMAGE"
-    if pod_name:
-        try:
-            pod = await api.get(kube.POD, namespace, pod_name)
-        except KubeError as exc:
-            log.warning("cannot read the operator's pod %s/%s for its image (%s); children default to %s", namespace, pod_name, exc, FALLBACK_IMAGE)
-            return FALLBACK_IMAGE, "fallback"
-        image = image_of_pod(pod) if pod is not None else None
-        if image:
-            return qualify(image), f"pod {namespace}/{pod_name}"
-        log.warning("the operator's pod %s/%s has no %r container image; children default to %s", namespace, pod_name, OPERATOR_CONTAINER, FALLBACK_IMAGE)
-    return FALLBACK_IMAGE, "fallback"
+    if not pod_name:
+        log.warning("not in a pod (EVOLVING_OPERATOR_POD_NAME unset): routers and node agents default to %s", FALLBACK_IMAGE)
+        return FALLBACK_IMAGE, "fallback"
+    try:
+        pod = await api.get(kube.POD, namespace, pod_name)
+    except KubeError as exc:
+        raise ImageUnknown(f"cannot read the operator's pod {namespace}/{pod_name} for its image: {exc}") from exc
+    image = image_of_pod(pod) if pod is not None else None
+    if not image:
+        what = "does not exist" if pod is None else f"has no {OPERATOR_CONTAINER!r} container image"
+        raise ImageUnknown(
+            f"the operator's pod {namespace}/{pod_name} {what}; set EVOLVING_OPERATOR_DEFAULT_IMAGE or fix "
+            "EVOLVING_OPERATOR_POD_NAME / EVOLVING_OPERATOR_NAMESPACE"
+        )
+    return qualify(image), f"pod {namespace}/{pod_name}"

@@ -135,6 +135,7 @@ def _render(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import logging
 
+    from evolving_infra.operator.images import ImageUnknown
     from evolving_infra.operator.kube import NoCredentials
     from evolving_infra.operator.runner import run_operator
     from evolving_infra.operator.settings import OperatorSettings
@@ -152,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         run_operator(
             settings, namespaces=tuple(args.namespace or ()), liveness=args.liveness, kubeconfig=args.kubeconfig, context=args.context
         )
-    except NoCredentials as exc:
+    except (NoCredentials, ImageUnknown) as exc:
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:
         return 130

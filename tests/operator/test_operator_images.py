@@ -100,8 +100,12 @@ async def test_the_default_image_comes_from_the_setting_then_the_pod_then_the_fa
     api = _PodApi(pod)
     assert await images.resolve_default_image(api, None, "ops", "op-123") == ("reg.example/ei:7", "pod ops/op-123")
     assert api.asked == [("ops", "op-123")]
-    assert await images.resolve_default_image(_PodApi(None), None, "ops", "gone") == (images.FALLBACK_IMAGE, "fallback")
     assert await images.resolve_default_image(_PodApi(pod), None, "ops", None) == (images.FALLBACK_IMAGE, "fallback")
+    # In a pod whose image cannot be read, never guess (a wrong default would roll every workload).
+    with pytest.raises(images.ImageUnknown, match="ops/gone does not exist"):
+        await images.resolve_default_image(_PodApi(None), None, "ops", "gone")
+    with pytest.raises(images.ImageUnknown, match="has no 'operator' container image"):
+        await images.resolve_default_image(_PodApi({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}}), None, "ops", "op")
     assert images.FALLBACK_IMAGE.startswith("docker.io/library/evolving-infra:")
 
 
