@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy
@@ -210,13 +210,14 @@ class EngineCore:
             return Effects(self.pool.drain_events(), (), applied=False)
         return self._effects(now)
 
-    def fetch_completed(self, request: str, now: float) -> Effects:
-        """Every fetch run of `request` has landed. `applied` is False if the engine no longer waits
-        for it (the request was handed back, or its HiCache prefill already absorbed the fetch)."""
+    def fetch_completed(self, request: str, now: float, failed: Iterable[PageHash] = ()) -> Effects:
+        """Every fetch run of `request` has ended; the `failed` pages never arrived and are recomputed.
+        `applied` is False if the engine no longer waits for it (the request was handed back, or its
+        HiCache prefill already absorbed the fetch)."""
         self._tick(now)
         if request not in self._known:
             raise UnknownRequest(f"node {self.node}: fetch_completed for request {request!r}, never submitted here")
-        if not self._prefill.fetch_completed(request, now):
+        if not self._prefill.fetch_completed(request, now, frozenset(failed)):
             return Effects(self.pool.drain_events(), (), applied=False)
         return self._effects(now)
 

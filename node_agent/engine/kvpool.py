@@ -352,6 +352,14 @@ class KvPool:
         self.tier(tier).begin_write_all(owner, pages)
         self._after()
 
+    def cancel_writes(self, tier: Tier, owner: Owner, pages: Iterable[PageHash]) -> None:
+        """`owner`'s writes of `pages` into `tier` will never complete (a failed fetch): their slots are free."""
+        pool = self.tier(tier)
+        for page in pages:
+            if pool.writer(page) == owner:
+                pool.cancel_write(page)
+        self._after()
+
     def land(self, tier: Tier, owner: Owner, page: PageHash, parent: PageHash | None, now: float) -> None:
         """A page `owner` was writing into `tier` is complete; it stays pinned by `owner`."""
         pool = self.tier(tier)

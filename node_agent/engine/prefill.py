@@ -201,19 +201,23 @@ class PrefillScheduler:
             job.fetch_due = max(job.fetch_due, now + self.profile.fetch_time(tokens))
         return True, out
 
-    def fetch_completed(self, rid: str, now: float) -> bool:
-        """The driver finished the fetch of `rid`; False if the engine no longer waits for it."""
+    def fetch_completed(self, rid: str, now: float, failed: frozenset[PageHash] = frozenset()) -> bool:
+        """The driver finished the fetch of `rid`; `failed` pages never arrived, so they are not landed and
+        the prefill recomputes from the first of them (its prefix ends there). False if the engine no
+        longer waits for the fetch."""
         job = self.jobs.get(rid)
         if job is None or not job.fetch_pending:
             return False
-        self._land_fetch(job, now)
+        self._land_fetch(job, now, failed)
         if job.stage is PrefillStage.FETCHING:
             job.stage = PrefillStage.WAIT_GPU
         return True
 
-    def _land_fetch(self, job: PrefillJob, now: float) -> None:
+    def _land_fetch(self, job: PrefillJob, now: float, failed: frozenset[PageHash] = frozenset()) -> None:
         index = {p: i for i, p in enumerate(job.req.prompt_pages)}
-        landed = [(page, job.parent(index[page])) for page in job.fetching]
+        landed = [(page, job.parent(index[page])) for page in job.fetching if page not in failed]
+        if failed:
+            self.pool.cancel_writes(Tier.HOST, job.rid, [p for p in job.fetching if p in failed])
         self.pool.land_all(Tier.HOST, job.rid, landed, now)
         job.fetch_pending = False
 

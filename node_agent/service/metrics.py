@@ -70,7 +70,7 @@ class NodeMetrics:
             p + "kv_transfer_failures", "Failed transport reads.", ["transport", "error"], registry=r
         )
         self.fallback_pages = Counter(
-            p + "kv_fetch_fallback_pages", "Fetched pages that failed and were filled in locally.", registry=r
+            p + "kv_fetch_fallback_pages", "Pages of failed fetches, recomputed by the prefill instead.", registry=r
         )
         self.served_bytes = Counter(p + "kv_served_bytes", "KV bytes streamed to peers (ReadPages).", registry=r)
         self.switches = Counter(p + "phase_switches", "Completed phase switches.", ["source", "target"], registry=r)

@@ -3,9 +3,8 @@
 Transports are blocking (a gRPC stream or Mooncake batch reads), so every read runs in a worker thread
 and the event loop stays free. Two uses:
 - **prefill fetches** (`fetch`): the runs the engine started, one read per peer, in parallel. A failed
-  run is logged and counted; the fetch is still reported complete (the engine has no "fetch failed"
-  input), and the arena sync writes the missing pages from their emulated content, standing in for
-  recomputing that prefix, whose cost the engine does not charge (see docs/node-agent.md);
+  run is logged, counted, and its pages returned: the engine then recomputes the prompt from the first
+  page that did not arrive (nothing is made up for them);
 - **decode pulls** (`pull`): the prompt KV of a decode, from the prefill node. The pages appear there
   when its prefill ends, so a read that finds pages missing is retried with backoff until a deadline.
 
@@ -113,19 +112,21 @@ class KvMover:
         self.metrics.transferred(self.kind, result.bytes, time.perf_counter() - start, len(result.moved))
         return result
 
-    async def fetch(self, request: str, runs: Sequence[FetchStarted], addresses: Mapping[NodeId, str]) -> None:
-        """Pull every run of one request's fetch (parallel per peer). A run that fails is logged and
-        counted, not raised: the runner reports the fetch complete either way, and the arena sync then
-        writes the pages the engine holds but the arena lacks (see the module docstring)."""
+    async def fetch(self, request: str, runs: Sequence[FetchStarted], addresses: Mapping[NodeId, str]) -> frozenset[PageHash]:
+        """Pull every run of one request's fetch (parallel per peer); the pages of runs that failed (logged
+        and counted, not raised), which the engine recomputes (see the module docstring)."""
 
-        async def one(run: FetchStarted) -> None:
+        async def one(run: FetchStarted) -> tuple[PageHash, ...]:
             try:
                 await self.read(self.address_of(run.peer, addresses.get(run.peer, "")), run.pages)
             except (TransferError, UnknownPeer) as error:
-                log.warning("fetch of %d page(s) for %s from %s failed: %s", len(run.pages), request, run.peer, error)
+                log.warning("fetch of %d page(s) for %s from %s failed (recomputed): %s", len(run.pages), request, run.peer, error)
                 self.metrics.fetch_fallback(len(run.pages))
+                return tuple(run.pages)
+            return ()
 
-        await asyncio.gather(*(one(run) for run in runs))
+        failed = await asyncio.gather(*(one(run) for run in runs))
+        return frozenset(p for pages in failed for p in pages)
 
     async def pull(self, address: str, pages: Sequence[PageHash], deadline: float, cancelled: Callable[[], bool]) -> TransferResult | None:
         """Read `pages` from `address`, waiting (with backoff) while the peer lacks some, until `deadline`

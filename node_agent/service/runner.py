@@ -94,9 +94,9 @@ class RunnerSink(Protocol):
 
 
 class FetchExecutor(Protocol):
-    """Pulls a request's fetch runs into the local arena (raises on failure)."""
+    """Pulls a request's fetch runs into the local arena; returns the pages that did not arrive."""
 
-    async def fetch(self, request: str, runs: Sequence[FetchStarted], addresses: Mapping[NodeId, str]) -> None: ...
+    async def fetch(self, request: str, runs: Sequence[FetchStarted], addresses: Mapping[NodeId, str]) -> frozenset[PageHash]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,15 +213,17 @@ class EngineRunner:
             self._fetches[request] = task
 
     async def _fetch(self, request: str, runs: list[FetchStarted], addresses: Mapping[NodeId, str]) -> None:
+        failed: frozenset[PageHash] = frozenset()
         try:
-            await self.fetcher.fetch(request, runs, addresses)
+            failed = await self.fetcher.fetch(request, runs, addresses)
         except asyncio.CancelledError:
             raise
         except Exception:  # transfer errors are handled by the fetcher; anything else is reported here
             log.warning("fetch of %s failed unexpectedly", request, exc_info=True)
+            failed = frozenset(p for run in runs for p in run.pages)
         finally:
             self._fetches.pop(request, None)
-        effects = self.engine.fetch_completed(request, self.clock.now())
+        effects = self.engine.fetch_completed(request, self.clock.now(), failed)
         self._effects(effects)
         self.sink.fetch_settled([p for run in runs for p in run.pages])
 
