@@ -9,7 +9,9 @@ values the server normalises never cause a write loop. A child edited by hand is
 apply, the operator's field manager) and the fields it reverted are reported. Children the spec no longer
 wants (the NetworkPolicy once disabled) are found by their labels (`app.kubernetes.io/instance` and
 `managed-by`) and their controlling owner reference, and deleted. A child that exists but is not controlled
-by this cluster is never overwritten nor deleted: it is reported instead.
+by this cluster is never overwritten nor deleted: it is reported instead. Fields the server still answers
+differently right after an apply are its normalisation, learnt per child and applied hash, and never
+reverted again (so an unforeseen normalisation cannot cause a write and an event every resync).
 
 Boundary: `desired_with_hash`, `drift` and `ownership_problem` are pure; `apply_children` and
 `prune_children` call the API.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +33,7 @@ from evolving_infra.operator.meta import ANNOTATION_PREFIX, MANAGED_BY, ClusterR
 from evolving_infra.operator.quantity import parse_quantity
 
 APPLIED_HASH = f"{ANNOTATION_PREFIX}/applied-hash"
+log = logging.getLogger(__name__)
 
 
 def object_hash(obj: Mapping[str, Any]) -> str:
@@ -152,14 +156,26 @@ class ApplyResult:
         return len(self.created) + len(self.updated) + len(self.reverted) + len(self.deleted)
 
 
-async def apply_children(api: KubeApi, cluster: ClusterRef, children: Sequence[Mapping[str, Any]]) -> ApplyResult:
-    """Create or re-apply each child whose hash differs from the live object's (in order)."""
+NormalizedFields = dict[tuple[str, str], frozenset[str]]
+"""Per (child, applied hash): fields the API server answers differently from what was applied (normalised)."""
+
+
+async def apply_children(
+    api: KubeApi, cluster: ClusterRef, children: Sequence[Mapping[str, Any]], normalized: NormalizedFields | None = None
+) -> ApplyResult:
+    """Create or re-apply each child that is missing, whose hash differs, or that drifted (in order).
+
+    `normalized` (kept by the caller across reconciles) learns the fields the server still answers
+    differently right after an apply: those are the server's normalisation, not a hand edit, and are not
+    reverted again for that hash (no write and event every resync)."""
     result = ApplyResult()
+    learned = normalized if normalized is not None else {}
     for child in children:
         desired = desired_with_hash(child)
         kind = kind_of(desired)
         md = desired["metadata"]
         label = _describe(desired)
+        key = (label, md["annotations"][APPLIED_HASH])
         live = await api.get(kind, md.get("namespace"), md["name"])
         if live is None:
             await api.create(desired)
@@ -170,14 +186,27 @@ async def apply_children(api: KubeApi, cluster: ClusterRef, children: Sequence[M
             result.conflicts.append(problem)
             continue
         if ((live.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH) == md["annotations"][APPLIED_HASH]:
-            fields = drift(desired, live)
+            fields = [f for f in drift(desired, live) if f not in learned.get(key, frozenset())]
             if not fields:
                 result.unchanged.append(label)
                 continue
-            await api.apply(desired)
-            result.reverted.append(Reverted(label, str(desired.get("kind")), tuple(fields)))
+            answer = await api.apply(desired)
+            kept = set(drift(desired, answer)) & set(fields)
+            if kept:
+                learned[key] = learned.get(key, frozenset()) | kept
+                log.warning("%s: the API server normalises %s; not treated as drift", label, ", ".join(sorted(kept)))
+            reverted = tuple(f for f in fields if f not in kept)
+            if reverted:
+                result.reverted.append(Reverted(label, str(desired.get("kind")), reverted))
+            else:
+                result.unchanged.append(label)
             continue
-        await api.apply(desired)
+        answer = await api.apply(desired)
+        for stale in [k for k in learned if k[0] == label and k != key]:
+            del learned[stale]  # what was learnt for an older hash of this child
+        kept = frozenset(drift(desired, answer))
+        if kept:
+            learned[key] = kept
         result.updated.append(label)
     return result
 

@@ -37,7 +37,7 @@ from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.operator import conditions, images, kube, meta, nodes, placement, summary
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, NodeAgentClient
 from evolving_infra.operator.builders import BuildContext, build_children
-from evolving_infra.operator.children import ApplyResult, apply_children, prune_children
+from evolving_infra.operator.children import ApplyResult, NormalizedFields, apply_children, prune_children
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.kube import KubeApi, KubeError
 from evolving_infra.operator.metrics import OperatorMetrics
@@ -80,6 +80,8 @@ class Runtime:
     events: EventSink = _no_events
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    normalized: NormalizedFields = field(default_factory=dict)
+    """Fields the API server normalises, per child and applied hash (see `children.apply_children`)."""
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -356,7 +358,7 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         metrics_namespace=rt.settings.metrics_namespace,
     )
     desired = build_children(ctx)
-    applied = await apply_children(rt.api, cluster, desired)
+    applied = await apply_children(rt.api, cluster, desired, rt.normalized)
     applied.deleted.extend(await prune_children(rt.api, cluster, desired))
     for reverted in applied.reverted:
         rt.events(body, "Warning", DRIFT_REVERTED, reverted.message())

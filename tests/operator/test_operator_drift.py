@@ -159,3 +159,50 @@ def test_empty_values_the_server_omits_are_not_drift() -> None:
     assert drift(desired, {"spec": {"name": "x"}}) == []
     assert drift(desired, {"spec": {"name": "x", "hostNetwork": True}}) == ["spec.hostNetwork"]
     assert drift({"spec": {"replicas": 0}}, {"spec": {}}) == ["spec.replicas"]
+
+
+class _NormalisingServer:
+    """A fake API that stores applies but always answers one field its own way (as a server normalises)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.applies = 0
+
+    def _normalise(self, obj: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(obj)
+        if out.get("kind") == "Service":
+            out["spec"]["type"] = "ClusterIP"
+        return out
+
+    async def get(self, kind: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get(name)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.objects[obj["metadata"]["name"]] = self._normalise(obj)
+        return copy.deepcopy(self.objects[obj["metadata"]["name"]])
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.applies += 1
+        return await self.create(obj)
+
+
+@pytest.mark.asyncio
+async def test_a_field_the_server_normalises_is_learnt_not_reverted_every_pass() -> None:
+    from evolving_infra.operator.children import apply_children
+    from evolving_infra.operator.meta import ClusterRef, Component, child_metadata
+
+    cluster = ClusterRef("c", "ns", "uid")
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": child_metadata(cluster, Component.ROUTER, "router"),
+               "spec": {"type": "NodePort", "ports": [{"port": 80}]}}  # fmt: skip
+    server, learned = _NormalisingServer(), {}
+    first = await apply_children(server, cluster, [service], learned)  # type: ignore[arg-type]
+    assert first.created == ["Service ns/c-router"]
+    second = await apply_children(server, cluster, [service], learned)  # type: ignore[arg-type]
+    assert second.reverted == [] and second.unchanged == ["Service ns/c-router"]  # tried once, learnt
+    third = await apply_children(server, cluster, [service], learned)  # type: ignore[arg-type]
+    assert third.writes == 0 and server.applies == 1
+    # A real hand edit of another field is still reverted.
+    server.objects["c-router"]["spec"]["ports"] = [{"port": 81}]
+    fourth = await apply_children(server, cluster, [service], learned)  # type: ignore[arg-type]
+    assert [r.fields for r in fourth.reverted] == [("spec.ports[0].port",)]
