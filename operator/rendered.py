@@ -24,6 +24,8 @@ from evolving_infra.operator.meta import ClusterRef
 from evolving_infra.operator.semantics import effective_kv
 from evolving_infra.operator.spec import AgentServingClusterSpec, PlannerMode
 from evolving_infra.router.planner.base import PlannerName
+from evolving_infra.router.planner.registry import PLANNERS
+from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
 from evolving_infra.router.routing.base import PrefillPolicyName
 
 NODE_AGENT_GRPC_PORT = 50051
@@ -61,7 +63,9 @@ def planner_settings(spec: AgentServingClusterSpec) -> dict[str, Any]:
         }
     if name in (PlannerName.DYNAMO, PlannerName.ARROW):
         return {"min_prefill": planner.min_prefill, "min_decode": planner.min_decode}
-    return {"interval_s": float(planner.window_seconds)}
+    if name is PlannerName.STATIC:
+        return {"interval_s": float(planner.window_seconds)}
+    raise ValueError(f"planner.policy {name.value!r}: no rendering of its settings (a planner the CRD names needs one)")
 
 
 def prefill_settings(spec: AgentServingClusterSpec) -> dict[str, Any]:
@@ -103,6 +107,10 @@ def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -
         out["profile"] = spec.engine.profile
     if spec.engine.model is not None:
         out["model_name"] = spec.engine.model
+    # the settings the router will check at load, checked here too: a mismatch fails the reconcile, never runs
+    PLANNERS.validate(out["planner"], out["planner_settings"], "planner_settings")
+    PREFILL_ROUTING.validate(out["prefill_routing"], out["routing_settings"], "routing_settings")
+    DECODE_BINDING.get(out["decode_routing"], "decode_routing")
     return out
 
 

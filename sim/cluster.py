@@ -14,7 +14,6 @@ Boundary: construction and wiring; behaviour lives in `flow`, `stepping` and `ph
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 from evolving_infra.core.eviction import eviction_policy
@@ -26,8 +25,10 @@ from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core import CoreSettings, RouterCore
 from evolving_infra.router.core.control import ControlCore, ControlSettings
 from evolving_infra.router.directory import KvDirectory
-from evolving_infra.router.planner import PlannerName, make_planner
-from evolving_infra.router.routing import PrefillPolicyName, make_decode_binder, make_prefill_router
+from evolving_infra.router.planner import Planner
+from evolving_infra.router.planner.registry import PLANNERS
+from evolving_infra.router.routing import PrefillRouter
+from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
 from evolving_infra.sim import flow, phases, stepping
 from evolving_infra.sim.config import DecodeReservation, PauseRuleName, SimConfig
 from evolving_infra.sim.kernel import Command, Event, Priority
@@ -50,13 +51,9 @@ def initial_phases(cfg: SimConfig) -> dict[str, Phase]:
     return {n: (Phase.PREFILL if i < p else Phase.DECODE) for i, n in enumerate(node_ids(cfg.nodes))}
 
 
-def _seeded(streams: RandomStreams, name: str) -> random.Random:
-    return random.Random(int(streams.get(name).integers(2**62)))
-
-
 def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams) -> Callable[[NodeId, NodeMode], EngineCore]:
     def make(node: NodeId, mode: NodeMode) -> EngineCore:
-        rng = _seeded(streams, f"noise/{node}") if cfg.noise > 0 else None
+        rng = streams.seeded(f"noise/{node}") if cfg.noise > 0 else None
         return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=cfg.noise, rng=rng,
                           report_detail=False)
 
@@ -89,7 +86,7 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
     core = RouterCore(
         nodes,  # type: ignore[arg-type]
         router=_router(cfg, streams),
-        binder=make_decode_binder(cfg.decode_routing, _seeded(streams, "decode-binder")),
+        binder=DECODE_BINDING.build(cfg.decode_routing, cfg.decode_settings, streams.seeded("decode-binder")),
         settings=CoreSettings(
             shared_pool=cfg.shared_pool,
             reserve_on_bind=cfg.decode_reservation is DecodeReservation.AT_PREFILL_START,
@@ -128,18 +125,12 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
     return state
 
 
-def _router(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]
-    settings = dict(cfg.routing_settings)
-    if cfg.prefill_routing in (PrefillPolicyName.DYNAMO_KV, PrefillPolicyName.DYNAMO_KV_POOL):
-        settings.setdefault("rng", _seeded(streams, "prefill-router"))
-    return make_prefill_router(cfg.prefill_routing, **settings)
+def _router(cfg: SimConfig, streams: RandomStreams) -> PrefillRouter:
+    return PREFILL_ROUTING.build(cfg.prefill_routing, cfg.routing_settings, streams.seeded("prefill-router"))
 
 
-def _planner(cfg: SimConfig, streams: RandomStreams):  # type: ignore[no-untyped-def]
-    settings = dict(cfg.planner_settings)
-    if cfg.planner is PlannerName.DYNAMO:
-        settings.setdefault("rng", _seeded(streams, "relaunch"))
-    return make_planner(cfg.planner, **settings)
+def _planner(cfg: SimConfig, streams: RandomStreams) -> Planner:
+    return PLANNERS.build(cfg.planner, cfg.planner_settings, streams.seeded("relaunch"))
 
 
 def initial_commands(state: ClusterState) -> list[Command]:

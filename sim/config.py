@@ -18,8 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.node_agent.engine import DataPlane
 from evolving_infra.router.core.models import ModelOrigin
+from evolving_infra.core.plugins import load_plugins
 from evolving_infra.router.planner import PlannerName, parse_split
+from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
 
 
 class DecodeReservation(enum.Enum):
@@ -62,11 +65,15 @@ class SimConfig(BaseModel):
     profile: str = Field(default="glm-5.2-4xgb300-tp4", min_length=1, description="built-in profile name or file")
     nodes: int = Field(default=9, ge=2, le=4096, description="nodes in the cluster, 2..4096")
     split: str = Field(default="6P3D", description="initial split '<P>P<D>D' with P, D >= 1 and P + D = nodes")
-    planner: PlannerName = Field(default=PlannerName.OURS, description="phase-split planner")
-    planner_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the planner")
-    prefill_routing: PrefillPolicyName = Field(default=PrefillPolicyName.TTFT, description="prefill routing policy")
-    routing_settings: dict[str, Any] = Field(default_factory=dict, description="keyword settings of the router")
-    decode_routing: DecodePolicyName = Field(default=DecodePolicyName.FEWEST_REQUESTS, description="decode binder")
+    plugins: list[str] = Field(
+        default_factory=list, description="policy modules to load first (dotted module names or .py paths)"
+    )
+    planner: str = Field(default=PlannerName.OURS.value, min_length=1, description="phase-split planner (a declared one)")
+    planner_settings: dict[str, Any] = Field(default_factory=dict, description="settings of the planner")
+    prefill_routing: str = Field(default=PrefillPolicyName.TTFT.value, min_length=1, description="prefill routing policy")
+    routing_settings: dict[str, Any] = Field(default_factory=dict, description="settings of the prefill routing policy")
+    decode_routing: str = Field(default=DecodePolicyName.FEWEST_REQUESTS.value, min_length=1, description="decode binder")
+    decode_settings: dict[str, Any] = Field(default_factory=dict, description="settings of the decode binder")
     eviction: EvictionPolicyName = Field(default=EvictionPolicyName.BRANCH_COUNT, description="host eviction order")
     data_plane: DataPlane = Field(default=DataPlane.ASYNC_FETCH, description="how host KV reaches GPU memory")
     shared_pool: bool = Field(default=True, description="host memory of all nodes is one pool (peer fetches)")
@@ -97,6 +104,24 @@ class SimConfig(BaseModel):
         default=60.0, gt=0, description="during warmup, refit the provisional routing models this often (s)"
     )
     span_s: float = Field(default=60.0, gt=0, description="node busy-time spans are cut at least this often (s)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        """Policy names given as enums become their names."""
+        if isinstance(data, dict):
+            data = {k: (v.value if k in ("planner", "prefill_routing", "decode_routing") and isinstance(v, enum.Enum)
+                        else v) for k, v in data.items()}  # fmt: skip
+        return data
+
+    @model_validator(mode="after")
+    def _policies(self) -> SimConfig:
+        """Load the plugins, then check each policy's name and settings against its declaration."""
+        load_plugins(self.plugins)
+        PLANNERS.validate(self.planner, self.planner_settings, "planner_settings")
+        PREFILL_ROUTING.validate(self.prefill_routing, self.routing_settings, "routing_settings")
+        DECODE_BINDING.validate(self.decode_routing, self.decode_settings, "decode_settings")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> SimConfig:

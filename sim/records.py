@@ -153,15 +153,19 @@ class SplitRecord:
     at: float
     prefill: int
     decode: int
+    collocated: int = 0
+    """Nodes serving both phases (the collocated warmup)."""
 
     def __post_init__(self) -> None:
         _finite("split record", at=self.at)
-        if self.prefill < 0 or self.decode < 0:
+        if self.prefill < 0 or self.decode < 0 or self.collocated < 0:
             raise RecordError(f"split record at t={self.at}: node counts must be >= 0, got {self.label}")
 
     @property
     def label(self) -> str:
-        return f"{self.prefill}P{self.decode}D"
+        if self.collocated and not self.prefill and not self.decode:
+            return f"{self.collocated}C"
+        return f"{self.prefill}P{self.decode}D" + (f"+{self.collocated}C" if self.collocated else "")
 
 
 @dataclass(frozen=True, slots=True)

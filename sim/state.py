@@ -203,8 +203,10 @@ class ClusterState:
 
     def record_split(self, now: float) -> None:
         p, d = self.split_now()
-        if not self.splits or (self.splits[-1].prefill, self.splits[-1].decode) != (p, d):
-            self.splits.append(SplitRecord(now, p, d))
+        c = self.core.collocated_now()
+        last = self.splits[-1] if self.splits else None
+        if last is None or (last.prefill, last.decode, last.collocated) != (p, d, c):
+            self.splits.append(SplitRecord(now, p, d, c))
 
 
 def kick(state: ClusterState, node: SimNode, now: float) -> list[Command]:

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.local.agents import ClientSettings
-from evolving_infra.local.cluster import ClusterSpec, parse_split
+from evolving_infra.local.cluster import ClusterSpec, check_policies, parse_split
 from evolving_infra.local.presets import PRESETS, Preset, PresetName, preset
 from evolving_infra.local.report import write_report
 from evolving_infra.local.run import LocalRunConfig, LocalRunError, RunStatus, run_local
@@ -53,11 +53,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--agents", type=int, default=None, help="closed loop: agents kept active (preset: its scale)")
     p.add_argument("--speed-up", type=float, default=None, help="emulated time runs this many times faster than wall time")
     p.add_argument("--duration", type=float, default=None, help="stop issuing after this many wall seconds")
-    p.add_argument("--planner", choices=[n.value for n in PlannerName], default="ours", help="phase-split planner")
-    p.add_argument("--routing", choices=[n.value for n in PrefillPolicyName], default="ttft", help="prefill routing")
+    p.add_argument("--planner", default="ours", metavar="NAME",
+                   help=f"phase-split planner: {', '.join(n.value for n in PlannerName)} or a plugin's (default ours)")
+    p.add_argument("--routing", default="ttft", metavar="NAME",
+                   help=f"prefill routing: {', '.join(n.value for n in PrefillPolicyName)} or a plugin's (default ttft)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="load a policy module in the router first (repeatable): a dotted module name or a .py file")
     p.add_argument("--window", type=float, default=None, help="planner window, emulated seconds (preset's: 40)")
     p.add_argument("--slices", type=int, default=None, help="slices per planner window")
     p.add_argument("--cooldown", type=float, default=None, help="no re-split this long after one, emulated seconds")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="collocated warmup before the initial split, emulated seconds (preset's; 0: none)")
     p.add_argument("--max-in-flight", type=int, default=64, help="requests open at once (default 64)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default runs/local-<timestamp>)")
     p.add_argument("--work-dir", type=Path, default=None, help="keep settings files and process logs here")
@@ -108,7 +114,10 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
             nodes=nodes, prefill=prefill, speed_up=speed, planner=args.planner, routing=args.routing,
             window_s=args.window or base.window_s, slices=args.slices or base.slices,
             cooldown_s=args.cooldown if args.cooldown is not None else base.cooldown_s, seed=args.seed,
+            warmup_s=args.warmup if args.warmup is not None else base.warmup_s,
+            plugins=tuple(str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin),
         )  # fmt: skip
+        check_policies(cluster)
     except ValueError as exc:
         raise CliError(str(exc), USAGE_ERROR) from exc
     client = ClientSettings(speed_up=speed, max_in_flight=args.max_in_flight)

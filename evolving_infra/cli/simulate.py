@@ -52,9 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--workload", choices=list(KINDS), help="generate a synthetic workload of this kind instead")
     p.add_argument("--trace-agents", type=int, help="agents in the generated workload (default: 2 x --agents)")
     p.add_argument("--system", choices=_values(SystemName), default="evolving", help="preset (default evolving)")
-    p.add_argument("--planner", choices=_values(PlannerName))
-    p.add_argument("--routing", choices=_values(PrefillPolicyName), help="prefill routing policy")
-    p.add_argument("--decode-routing", choices=_values(DecodePolicyName))
+    p.add_argument("--planner", metavar="NAME", help=f"planner: {', '.join(_values(PlannerName))} or a plugin's")
+    p.add_argument("--routing", metavar="NAME",
+                   help=f"prefill routing policy: {', '.join(_values(PrefillPolicyName))} or a plugin's")
+    p.add_argument("--decode-routing", metavar="NAME", help=f"decode binder: {', '.join(_values(DecodePolicyName))}")
+    p.add_argument("--plugin", action="append", default=None, metavar="MODULE_OR_FILE",
+                   help="load a policy module first (repeatable): a dotted module name or a .py file")
     p.add_argument("--eviction", choices=_values(EvictionPolicyName))
     p.add_argument("--data-plane", choices=_values(DataPlane))
     p.add_argument("--pool", choices=["shared", "private"], help="host memory: one shared pool or private per node")
@@ -86,7 +89,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         "eviction": args.eviction, "data_plane": args.data_plane, "models": args.models, "profile": args.profile,
         "nodes": args.nodes, "split": args.split, "agents": args.agents, "seed": args.seed,
         "warmup_s": args.warmup, "duration_s": args.duration, "noise": args.noise,
-        "shared_pool": None if args.pool is None else args.pool == "shared",
+        "shared_pool": None if args.pool is None else args.pool == "shared", "plugins": args.plugin,
     }
     if args.nodes is not None and args.split is None:
         overrides["split"] = f"{max(1, (2 * args.nodes) // 3)}P{args.nodes - max(1, (2 * args.nodes) // 3)}D"

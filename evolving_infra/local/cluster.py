@@ -30,8 +30,11 @@ from typing import Any
 
 import yaml
 
+from evolving_infra.core.plugins import load_plugins
 from evolving_infra.core.types import NodeMode, Phase
 from evolving_infra.local.processes import Child, StartError, python_command, stop_all
+from evolving_infra.router.planner.registry import PLANNERS
+from evolving_infra.router.routing.registry import PREFILL_ROUTING
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,21 @@ class ClusterSpec:
     slices: int = 10
     cooldown_s: float = 120.0
     """No new decision this long after a switch, emulated seconds."""
+    warmup_s: float = 0.0
+    """Collocated warmup (algorithm E.3), emulated seconds: every node serves both phases while the router fits
+    its models, then the router switches each to its initial phase (0: nodes start in their phases)."""
+    fit_interval_s: float = 60.0
+    """During the warmup, the router refreshes its provisional models this often, emulated seconds."""
     seed: int = 0
     request_timeout_s: float = 120.0
     """Router deadline per request, wall seconds."""
     start_timeout_s: float = 60.0
     """How long each process may take to report ready, wall seconds."""
     stop_grace_s: float = 10.0
+    plugins: tuple[str, ...] = ()
+    """Policy modules the router loads first (dotted names or .py paths): a plugin's planner or routing."""
+    routing_settings: Mapping[str, Any] = field(default_factory=dict)
+    """Settings of the prefill routing policy (its declared fields)."""
     node_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Extra settings per node id (tests use it to break one node)."""
     record_dir: Path | None = None
@@ -69,6 +81,8 @@ class ClusterSpec:
             raise ValueError(f"prefill nodes must be 1..{self.nodes - 1} of {self.nodes}, got {self.prefill}")
         if not self.speed_up > 0:
             raise ValueError(f"speed_up must be > 0, got {self.speed_up}")
+        if not self.warmup_s >= 0 or not self.fit_interval_s > 0:
+            raise ValueError(f"warmup_s must be >= 0 and fit_interval_s > 0, got {self.warmup_s}, {self.fit_interval_s}")
 
     @property
     def split(self) -> str:
@@ -79,6 +93,13 @@ class ClusterSpec:
 
     def initial_phase(self, index: int) -> Phase:
         return Phase.PREFILL if index < self.prefill else Phase.DECODE
+
+
+def check_policies(spec: ClusterSpec) -> None:
+    """Refuse unknown policies or settings before any process starts (the router would refuse them too)."""
+    load_plugins(spec.plugins)
+    PLANNERS.get(spec.planner, "planner")
+    PREFILL_ROUTING.validate(spec.routing, spec.routing_settings, "routing_settings")
 
 
 def parse_split(text: str, nodes: int | None = None) -> tuple[int, int]:
@@ -110,13 +131,18 @@ class LocalCluster:
         self.node_addresses: dict[str, str] = {}
         self.exit_codes: dict[str, int | None] = {}
 
+    @property
+    def control_log_path(self) -> Path:
+        """Where the router appends its control core's log (JSON lines)."""
+        return self.workdir / "control.jsonl"
+
     # -- settings ------------------------------------------------------------------------------------
     def node_settings(self, index: int) -> dict[str, Any]:
         s = self.spec
         node = s.node_ids()[index]
         settings: dict[str, Any] = {
             "node": node, "host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0, "profile": s.profile,
-            "mode": NodeMode(s.initial_phase(index).value).value, "speed_up": s.speed_up, "l2_pages": s.l2_pages,
+            "mode": (NodeMode.COLLOCATED if s.warmup_s > 0 else NodeMode(s.initial_phase(index).value)).value, "speed_up": s.speed_up, "l2_pages": s.l2_pages,
             "page_bytes": s.page_bytes, "seed": s.seed + index, "shutdown_grace_s": 5.0, "workers": 2,
         }  # fmt: skip
         settings.update(dict(s.node_settings.get(node, {})))
@@ -133,6 +159,10 @@ class LocalCluster:
             "slices": s.slices, "prefill_routing": s.routing, "profile": s.profile, "applier": "local",
             "request_timeout_s": s.request_timeout_s, "switch_timeout_s": 60.0, "bind_wait_s": 30.0,
             "rpc_timeout_s": 10.0, "seed": s.seed, "insecure": True,
+            "warmup_s": s.warmup_s / s.speed_up, "fit_interval_s": s.fit_interval_s / s.speed_up,
+            "initial_split": {n: s.initial_phase(i).value for i, n in enumerate(s.node_ids())},
+            "control_log": str(self.control_log_path), "plugins": list(s.plugins),
+            "routing_settings": dict(s.routing_settings),
         }  # fmt: skip
 
     def record_settings(self) -> dict[str, Any]:
@@ -221,4 +251,4 @@ class LocalCluster:
         self.stop()
 
 
-__all__ = ["ClusterSpec", "LocalCluster", "StartError", "parse_split"]
+__all__ = ["ClusterSpec", "LocalCluster", "StartError", "check_policies", "parse_split"]

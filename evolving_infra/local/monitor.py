@@ -62,7 +62,7 @@ def _one(samples: Mapping[str, list[tuple[dict[str, str], float]]], name: str) -
 class ClusterMonitor:
     """Polls the router and node metrics (see the module docstring)."""
 
-    def __init__(self, router_metrics: str, node_metrics: Mapping[str, str], initial: tuple[int, int]) -> None:
+    def __init__(self, router_metrics: str, node_metrics: Mapping[str, str], initial: tuple[int, ...]) -> None:
         self.router_metrics = router_metrics
         self.node_metrics = dict(node_metrics)
         self.splits: list[SplitRecord] = [SplitRecord(0.0, *initial)]
@@ -100,9 +100,10 @@ class ClusterMonitor:
 
     def _router(self, samples: Mapping[str, list[tuple[dict[str, str], float]]], now: float) -> None:
         split = {labels.get("phase"): int(v) for labels, v in samples.get("evolving_router_split_nodes", ())}
-        p, d = split.get("prefill"), split.get("decode")
-        if p is not None and d is not None and (p, d) != (self.splits[-1].prefill, self.splits[-1].decode) and p + d > 0:
-            self.splits.append(SplitRecord(max(now, self.splits[-1].at), p, d))
+        p, d, c = split.get("prefill"), split.get("decode"), split.get("collocated", 0)
+        last = self.splits[-1]
+        if p is not None and d is not None and (p, d, c) != (last.prefill, last.decode, last.collocated) and p + d + c > 0:
+            self.splits.append(SplitRecord(max(now, last.at), p, d, c))
         self.router_switches = {
             f"{labels.get('to_phase')}:{labels.get('outcome')}": v
             for labels, v in samples.get("evolving_router_phase_switches_total", ())

@@ -83,6 +83,8 @@ class Preset:
     """Agents in the generated trace (None: 2 x agents for closed loop)."""
     period_s: tuple[float, float] = (200.0, 200.0)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    warmup_s: float = 0.0
+    """Collocated warmup (algorithm E.3) before the initial split, emulated seconds."""
 
     def trace(self, seed: int, agents: int | None = None) -> Trace:
         """The preset's trace for `seed` (and, if given, `agents` instead of its own agent count)."""

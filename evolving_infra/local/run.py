@@ -14,6 +14,7 @@ Boundary: lifecycle of one run; the report is `evolving_infra.local.report`, the
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import tempfile
 import time
@@ -28,6 +29,7 @@ from evolving_infra.local.agents import AgentClients, ClientSettings, ReplayProg
 from evolving_infra.local.cluster import ClusterSpec, LocalCluster
 from evolving_infra.local.monitor import ClusterMonitor
 from evolving_infra.local.processes import StartError
+from evolving_infra.router.core.control import ControlRecord, record_from_json
 from evolving_infra.sim.replay import ReplayMode
 from evolving_infra.traces.records import Trace
 
@@ -72,11 +74,20 @@ class LocalRunResult:
     exit_codes: dict[str, int | None]
     startup_s: float
     stopped_by: str
+    control_log: list[ControlRecord] = field(default_factory=list)
+    """The router's control core log (warmup, decisions, switch orders and completions), router time."""
 
 
 class _Interrupt:
     def __init__(self) -> None:
         self.count = 0
+
+
+def read_control_log(path: Path) -> list[ControlRecord]:
+    """The router's control log (empty when it wrote none)."""
+    if not path.exists():
+        return []
+    return [record_from_json(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def run_local(config: LocalRunConfig, trace: Trace, on_status: Callable[[RunStatus], None] | None = None) -> LocalRunResult:
@@ -113,7 +124,7 @@ def run_local(config: LocalRunConfig, trace: Trace, on_status: Callable[[RunStat
         return LocalRunResult(
             config=config, replay=replay, splits=monitor.splits, switches=monitor.switches, decisions=monitor.decisions,
             router_switches=monitor.router_switches, retries=monitor.retries, exit_codes=codes, startup_s=startup,
-            stopped_by=stopped_by,
+            stopped_by=stopped_by, control_log=read_control_log(cluster.control_log_path),
         )  # fmt: skip
     finally:
         cluster.stop()
@@ -130,7 +141,8 @@ async def _replay(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     spec = config.cluster
-    monitor = ClusterMonitor(cluster.router_metrics_url, cluster.node_metrics, (spec.prefill, spec.nodes - spec.prefill))
+    initial = (0, 0, spec.nodes) if spec.warmup_s > 0 else (spec.prefill, spec.nodes - spec.prefill, 0)
+    monitor = ClusterMonitor(cluster.router_metrics_url, cluster.node_metrics, initial)
     clients = AgentClients(trace, cluster.router_url, config.mode, config.client)
     main = asyncio.current_task()
     assert main is not None

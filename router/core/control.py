@@ -173,6 +173,17 @@ class ControlRecord:
         return self.kind.value, self.node, self.detail
 
 
+def record_json(record: ControlRecord) -> dict[str, object]:
+    """A control record as plain JSON data."""
+    return {"at": record.at, "kind": record.kind.value, "node": record.node, "detail": record.detail}
+
+
+def record_from_json(data: Mapping[str, object]) -> ControlRecord:
+    node = data.get("node")
+    return ControlRecord(float(data["at"]), RecordKind(data["kind"]), NodeId(str(node)) if node else None,  # type: ignore[arg-type]
+                         str(data.get("detail", "")))
+
+
 @dataclass(frozen=True, slots=True)
 class ControlSettings:
     """How one cluster is run.

@@ -130,6 +130,10 @@ class RouterCore:
         d = sum(1 for n in self.nodes.values() if n.serving and n.phase is Phase.DECODE)
         return p, d
 
+    def collocated_now(self) -> int:
+        """Nodes serving both phases now (the collocated warmup)."""
+        return sum(1 for n in self.nodes.values() if n.current_mode() is NodeMode.COLLOCATED)
+
     # -- counts ----------------------------------------------------------------------------------------
     def take_counts(self) -> list[PushCounts]:
         """Every count changed since the last call, per node (in node order)."""

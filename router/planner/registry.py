@@ -1,15 +1,20 @@
-"""Planner registry: `make_planner(name, **settings)` builds any planner by its `PlannerName`.
+"""Planner registry: each planner's declaration (`PolicySpec`: name, settings type, factory taking settings and
+a seeded generator, what its switches need), listed once (`PLANNERS`). `make_planner(name, **settings)` builds
+any planner through its declaration; a planner from another module registers itself with
+`PLANNERS.register(spec)` when imported (`evolving_infra.core.plugins.load_plugins`).
 
-Boundary: construction and validation of settings only. Unknown names or settings raise ValueError listing
-what is allowed.
+Boundary: declarations, construction and validation of settings only. Unknown names or settings raise
+`PolicyError` (a ValueError) listing what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from dataclasses import dataclass
 from typing import Any
 
+from evolving_infra.core.plugins import PolicyKind, PolicyNeed, PolicyRegistry, PolicySpec
 from evolving_infra.router.planner.arrow import ArrowPlanner, ArrowSettings
 from evolving_infra.router.planner.base import Planner, PlannerName
 from evolving_infra.router.planner.dynamo import DynamoPlanner, DynamoSettings
@@ -17,24 +22,49 @@ from evolving_infra.router.planner.ours import OursPlanner, OursSettings
 from evolving_infra.router.planner.static import StaticPlanner, StaticSettings
 from evolving_infra.router.planner.window import WindowConfig
 
-_SETTINGS: dict[PlannerName, type] = {
-    PlannerName.OURS: OursSettings,
-    PlannerName.DYNAMO: DynamoSettings,
-    PlannerName.ARROW: ArrowSettings,
-    PlannerName.STATIC: StaticSettings,
-}
-# Extra keyword arguments beyond the settings fields: ours takes window_s/slices (its WindowConfig),
-# Dynamo takes rng (a seeded random.Random for relaunch durations).
-_EXTRA: dict[PlannerName, tuple[str, ...]] = {
-    PlannerName.OURS: ("window_s", "slices"),
-    PlannerName.DYNAMO: ("rng",),
-    PlannerName.ARROW: (),
-    PlannerName.STATIC: (),
-}
+
+@dataclass(frozen=True)
+class OursPolicySettings:
+    """`OursSettings` with the window given as `window_s` and `slices` (or as a `window`, not both)."""
+
+    window_s: float | None = None
+    slices: int | None = None
+    window: WindowConfig | None = None
+    cooldown_s: float = 120.0
+    min_prefill: int = 1
+    min_decode: int = 1
+    significance: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.window is not None and (self.window_s is not None or self.slices is not None):
+            raise ValueError("give either window or window_s/slices for planner 'ours', not both")
+        self.settings()  # the planner's own checks
+
+    def settings(self) -> OursSettings:
+        window = self.window
+        if window is None:
+            default = WindowConfig()
+            window = WindowConfig(default.window_s if self.window_s is None else float(self.window_s),
+                                  default.slices if self.slices is None else int(self.slices))  # fmt: skip
+        return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance)
+
+
+_M = __name__
+PLANNERS: PolicyRegistry[Planner] = PolicyRegistry(PolicyKind.PLANNER, [
+    PolicySpec(PolicyKind.PLANNER, PlannerName.OURS.value, "ours (eq. 5/6): throughput gain over the window's slices",
+               OursPolicySettings, lambda s, rng: OursPlanner(s.settings()), frozenset({PolicyNeed.IN_PLACE_SWITCH}), _M),
+    PolicySpec(PolicyKind.PLANNER, PlannerName.DYNAMO.value, "Dynamo load planner: relaunches workers",
+               DynamoSettings, lambda s, rng: DynamoPlanner(s, rng=rng),
+               frozenset({PolicyNeed.RELAUNCH, PolicyNeed.RANDOM}), _M),
+    PolicySpec(PolicyKind.PLANNER, PlannerName.ARROW.value, "Arrow-style TTFT/TPOT planner: in place, strands KV",
+               ArrowSettings, lambda s, rng: ArrowPlanner(s), frozenset({PolicyNeed.STRAND_KV}), _M),
+    PolicySpec(PolicyKind.PLANNER, PlannerName.STATIC.value, "static split (no switch)", StaticSettings,
+               lambda s, rng: StaticPlanner(s), frozenset(), _M),
+])  # fmt: skip
 
 
 def planner_name(name: PlannerName | str) -> PlannerName:
-    """Parse a planner name, e.g. from a CR or a command line."""
+    """Parse a built-in planner name, e.g. from a CR or a command line."""
     if isinstance(name, PlannerName):
         return name
     try:
@@ -45,36 +75,17 @@ def planner_name(name: PlannerName | str) -> PlannerName:
 
 
 def allowed_settings(name: PlannerName | str) -> tuple[str, ...]:
-    """The keyword arguments `make_planner` accepts for a planner."""
-    key = planner_name(name)
-    fields = tuple(f.name for f in dataclasses.fields(_SETTINGS[key]))
-    return fields + _EXTRA[key]
+    """The keyword settings `make_planner` accepts for a planner."""
+    spec = PLANNERS.get(name)
+    return tuple(f.name for f in dataclasses.fields(spec.settings))
 
 
-def make_planner(name: PlannerName | str, **settings: Any) -> Planner:
-    """Build a planner with its default settings overridden by `settings`."""
-    key = planner_name(name)
-    allowed = allowed_settings(key)
-    unknown = sorted(set(settings) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown settings {unknown} for planner {key.value!r}; allowed: {', '.join(allowed)}")
-    if key is PlannerName.OURS:
-        window_s = settings.pop("window_s", None)
-        slices = settings.pop("slices", None)
-        if window_s is not None or slices is not None:
-            if "window" in settings:
-                raise ValueError("give either window or window_s/slices for planner 'ours', not both")
-            default = WindowConfig()
-            settings["window"] = WindowConfig(
-                window_s=default.window_s if window_s is None else float(window_s),
-                slices=default.slices if slices is None else int(slices),
-            )
-        return OursPlanner(OursSettings(**settings))
-    if key is PlannerName.DYNAMO:
-        rng = settings.pop("rng", None)
-        if rng is not None and not isinstance(rng, random.Random):
-            raise ValueError(f"rng for planner 'dynamo' must be a random.Random, got {type(rng).__name__}")
-        return DynamoPlanner(DynamoSettings(**settings), rng=rng)
-    if key is PlannerName.ARROW:
-        return ArrowPlanner(ArrowSettings(**settings))
-    return StaticPlanner(StaticSettings(**settings))
+def make_planner(name: PlannerName | str, *, rng: random.Random | None = None, **settings: Any) -> Planner:
+    """Build a planner with its default settings overridden by `settings`; `rng` feeds its random draws (a
+    relaunch's duration; without one Dynamo's relaunches last `relaunch_s`)."""
+    spec = PLANNERS.get(name)
+    if rng is not None and not isinstance(rng, random.Random):
+        raise ValueError(f"rng for planner {spec.name!r} must be a random.Random, got {type(rng).__name__}")
+    if spec.name == PlannerName.DYNAMO.value and rng is None:
+        return DynamoPlanner(spec.validate(settings), rng=None)
+    return spec.build(settings, rng)

@@ -102,7 +102,8 @@ class RoutingDecision:
     """
 
     node: NodeId
-    policy: PrefillPolicyName
+    policy: PrefillPolicyName | str
+    """The policy that decided (a declared plugin policy names itself with a string)."""
     reason: RouteReason
     cached_tokens: int
     uncached_tokens: int

@@ -1,20 +1,21 @@
-"""Registries: build a prefill router or a decode binder from its name and keyword settings.
+"""Registries of the routing policies: each policy's declaration (`PolicySpec`: name, settings type, factory
+taking settings and a seeded generator, needs), listed once per kind (`PREFILL_ROUTING`, `DECODE_BINDING`).
 
-`make_prefill_router("cache-aware", cache_threshold=0.5)` or with a `PrefillPolicyName`; the keywords are
-the fields of the policy's settings dataclass (plus `rng` where a policy draws random tie-breaks). An
-unknown name or keyword raises ValueError naming what is allowed.
+`make_prefill_router("cache-aware", cache_threshold=0.5)` (or with a `PrefillPolicyName`) and
+`make_decode_binder(name, rng, **settings)` build a policy through its declaration; an unknown name or setting
+raises `PolicyError` (a ValueError) naming what is allowed. A policy from another module registers itself with
+`PREFILL_ROUTING.register(spec)` when it is imported (`evolving_infra.core.plugins.load_plugins`).
 
-Boundary: construction only.
+Boundary: declarations and construction only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import random
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
+from evolving_infra.core.plugins import PolicyKind, PolicyNeed, PolicyRegistry, PolicySpec
 from evolving_infra.router.routing.base import DecodeBinder, DecodePolicyName, PrefillPolicyName, PrefillRouter
 from evolving_infra.router.routing.cache_aware import CacheAwareRouter, CacheAwareSettings
 from evolving_infra.router.routing.decode import (
@@ -27,89 +28,70 @@ from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSett
 from evolving_infra.router.routing.least_loaded import LeastLoadedRouter
 from evolving_infra.router.routing.round_robin import RoundRobinRouter
 from evolving_infra.router.routing.sticky import StickyRouter, StickySettings
-from evolving_infra.router.routing.ttft import TtftRouter, TtftSettings, WaitModel
-
-S = TypeVar("S")
-E = TypeVar("E", bound=enum.Enum)
+from evolving_infra.router.routing.ttft import TtftRouter, TtftSettings
 
 
-def _settings(cls: type[S], policy: str, cfg: dict[str, Any]) -> S:
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(cfg) - set(fields))
-    if unknown:
-        allowed = ", ".join(sorted(fields)) or "none"
-        raise ValueError(f"unknown setting(s) {', '.join(unknown)} for policy {policy}; allowed: {allowed}")
-    return cls(**cfg)
+@dataclasses.dataclass(frozen=True)
+class NoSettings:
+    """A policy without settings."""
 
 
-def _name(kind: type[E], name: E | str) -> E:
-    if isinstance(name, kind):
-        return name
-    try:
-        return kind(name)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise ValueError(f"unknown {kind.__name__} {name!r}; allowed: {allowed}") from None
+@dataclasses.dataclass(frozen=True)
+class DynamoKvPolicySettings:
+    """Dynamo's KV router cost (`DynamoKvSettings` without `with_memory_pool`, which the policy name fixes)."""
+
+    gpu_credit: float = 1.0
+    host_credit: float = 0.75
+    disk_credit: float = 0.25
+    pool_credit: float = 0.0
 
 
-def _ttft(cfg: dict[str, Any]) -> PrefillRouter:
-    if isinstance(cfg.get("wait_model"), str):
-        cfg["wait_model"] = _name(WaitModel, cfg["wait_model"])
-    return TtftRouter(_settings(TtftSettings, "ttft", cfg))
-
-
-def _dynamo(pool: bool) -> Callable[[dict[str, Any]], PrefillRouter]:
-    def build(cfg: dict[str, Any]) -> PrefillRouter:
-        rng = cfg.pop("rng", None)
-        if rng is not None and not isinstance(rng, random.Random):
-            raise ValueError(f"rng must be a random.Random, got {type(rng).__name__}")
-        name = "dynamo-kv-pool" if pool else "dynamo-kv"
-        if "with_memory_pool" in cfg and cfg["with_memory_pool"] != pool:
-            raise ValueError(f"policy {name} fixes with_memory_pool={pool}")
-        cfg["with_memory_pool"] = pool
-        return DynamoKvRouter(_settings(DynamoKvSettings, name, cfg), rng)
+def _dynamo(pool: bool) -> Any:
+    def build(s: DynamoKvPolicySettings, rng: random.Random) -> PrefillRouter:
+        return DynamoKvRouter(DynamoKvSettings(**dataclasses.asdict(s), with_memory_pool=pool), rng)
 
     return build
 
 
-def _round_robin(cfg: dict[str, Any]) -> PrefillRouter:
-    _settings(_NoSettings, "round-robin", cfg)
-    return RoundRobinRouter()
+_M = __name__
+PREFILL_ROUTING: PolicyRegistry[PrefillRouter] = PolicyRegistry(PolicyKind.PREFILL_ROUTING, [
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.TTFT.value,
+               "ours (eq. 7): shortest predicted TTFT (queue replay, exposed fetch, copy price)",
+               TtftSettings, lambda s, rng: TtftRouter(s), frozenset({PolicyNeed.KV_MOVES}), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.CACHE_AWARE.value,
+               "SGLang gateway: cache-aware with load-balance thresholds", CacheAwareSettings,
+               lambda s, rng: CacheAwareRouter(s), frozenset(), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.STICKY.value, "a branch stays on its node",
+               StickySettings, lambda s, rng: StickyRouter(s), frozenset(), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.DYNAMO_KV.value,
+               "Dynamo KV router cost, own KV only", DynamoKvPolicySettings, _dynamo(False),
+               frozenset({PolicyNeed.RANDOM}), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.DYNAMO_KV_POOL.value,
+               "Dynamo KV router cost with the shared pool", DynamoKvPolicySettings, _dynamo(True),
+               frozenset({PolicyNeed.RANDOM, PolicyNeed.KV_MOVES}), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.ROUND_ROBIN.value, "round robin", NoSettings,
+               lambda s, rng: RoundRobinRouter(), frozenset(), _M),
+    PolicySpec(PolicyKind.PREFILL_ROUTING, PrefillPolicyName.LEAST_LOADED.value,
+               "Arrow-style least-loaded (ignores where KV is)", NoSettings, lambda s, rng: LeastLoadedRouter(),
+               frozenset(), _M),
+])  # fmt: skip
+
+DECODE_BINDING: PolicyRegistry[DecodeBinder] = PolicyRegistry(PolicyKind.DECODE_BINDING, [
+    PolicySpec(PolicyKind.DECODE_BINDING, DecodePolicyName.FEWEST_REQUESTS.value,
+               "ours: fewest requests among nodes with KV room", NoSettings,
+               lambda s, rng: FewestRequestsBinder(), frozenset(), _M),
+    PolicySpec(PolicyKind.DECODE_BINDING, DecodePolicyName.ROUND_ROBIN.value, "round robin (SGLang PD router)",
+               BaselineBinderSettings, lambda s, rng: RoundRobinBinder(s), frozenset(), _M),
+    PolicySpec(PolicyKind.DECODE_BINDING, DecodePolicyName.POWER_OF_TWO.value, "power of two choices",
+               BaselineBinderSettings, lambda s, rng: PowerOfTwoBinder(rng, s), frozenset({PolicyNeed.RANDOM}), _M),
+])  # fmt: skip
 
 
-def _least_loaded(cfg: dict[str, Any]) -> PrefillRouter:
-    _settings(_NoSettings, "least-loaded", cfg)
-    return LeastLoadedRouter()
-
-
-@dataclasses.dataclass(frozen=True)
-class _NoSettings:
-    pass
-
-
-PREFILL_ROUTERS: dict[PrefillPolicyName, Callable[[dict[str, Any]], PrefillRouter]] = {
-    PrefillPolicyName.TTFT: _ttft,
-    PrefillPolicyName.CACHE_AWARE: lambda cfg: CacheAwareRouter(_settings(CacheAwareSettings, "cache-aware", cfg)),
-    PrefillPolicyName.STICKY: lambda cfg: StickyRouter(_settings(StickySettings, "sticky", cfg)),
-    PrefillPolicyName.DYNAMO_KV: _dynamo(False),
-    PrefillPolicyName.DYNAMO_KV_POOL: _dynamo(True),
-    PrefillPolicyName.ROUND_ROBIN: _round_robin,
-    PrefillPolicyName.LEAST_LOADED: _least_loaded,
-}
-
-
-def make_prefill_router(name: PrefillPolicyName | str, **cfg: Any) -> PrefillRouter:
+def make_prefill_router(name: PrefillPolicyName | str, *, rng: random.Random | None = None, **cfg: Any) -> PrefillRouter:
     """A fresh prefill router of policy `name` configured by `cfg` (its settings' fields)."""
-    return PREFILL_ROUTERS[_name(PrefillPolicyName, name)](dict(cfg))
+    return PREFILL_ROUTING.build(name, cfg, rng)
 
 
 def make_decode_binder(name: DecodePolicyName | str, rng: random.Random, **cfg: Any) -> DecodeBinder:
-    """A fresh decode binder of policy `name`; `rng` feeds power-of-two's draws (others ignore it)."""
-    policy = _name(DecodePolicyName, name)
-    if policy is DecodePolicyName.FEWEST_REQUESTS:
-        _settings(_NoSettings, policy.value, cfg)
-        return FewestRequestsBinder()
-    settings = _settings(BaselineBinderSettings, policy.value, cfg)
-    if policy is DecodePolicyName.ROUND_ROBIN:
-        return RoundRobinBinder(settings)
-    return PowerOfTwoBinder(rng, settings)
+    """A fresh decode binder of policy `name`; `rng` feeds its random draws (power of two)."""
+    return DECODE_BINDING.build(name, cfg, rng)

@@ -39,12 +39,15 @@ from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import CoreSettings, FetchPlanRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
 from evolving_infra.router.core.control import ControlCore, ControlSettings
 from evolving_infra.router.core.models import ModelBook, ModelOrigin
-from evolving_infra.router.planner import WindowConfig, make_planner
+from evolving_infra.core.rng import RandomStreams
+from evolving_infra.router.planner import WindowConfig
+from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.http.backend import (
     BranchRef, CompletionRequest, FinishOutcome, FinishReason, ModelCard, Readiness, TokenChunk,
 )  # fmt: skip
 from evolving_infra.router.http.errors import DeadlineExceeded, InvalidRequest, NoCapacity, NodeUnavailable
-from evolving_infra.router.routing import RouteRequest, make_decode_binder, make_prefill_router
+from evolving_infra.router.routing import RouteRequest
+from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
 from evolving_infra.router.service.client import NodeClient, NodeEndpoint
 from evolving_infra.router.service.flights import AttemptIds, Flight
 from evolving_infra.router.service.metrics import RouterServiceMetrics
@@ -78,20 +81,17 @@ class LiveRouter:
         self.settings = settings
         self.shape = shape
         self.metrics = metrics or RouterServiceMetrics()
-        rng = random.Random(settings.seed)
-        routing = dict(settings.routing_settings)
-        if settings.prefill_routing.value.startswith("dynamo-kv"):
-            routing.setdefault("rng", random.Random(rng.getrandbits(62)))
+        streams = RandomStreams(settings.seed)
         core_settings = CoreSettings(shared_pool=settings.shared_pool, reserve_on_bind=True, kv_capacity_tokens=shape.l1_tokens)
         self.core = RouterCore(
             {},
-            router=make_prefill_router(settings.prefill_routing, **routing),
-            binder=make_decode_binder(settings.decode_routing, random.Random(rng.getrandbits(62))),
+            router=PREFILL_ROUTING.build(settings.prefill_routing, settings.routing_settings, streams.seeded("prefill-router")),
+            binder=DECODE_BINDING.build(settings.decode_routing, settings.decode_settings, streams.seeded("decode-binder")),
             settings=core_settings,
         )
         self.control = ControlCore(
             self.core,
-            make_planner(settings.planner, **planner_settings(settings)),
+            PLANNERS.build(settings.planner, planner_settings(settings), streams.seeded("relaunch")),
             ControlSettings(
                 initial={NodeId(n): phase for n, phase in settings.initial_split.items()},
                 warmup_s=settings.warmup_s,
@@ -397,6 +397,7 @@ class LiveRouter:
         p, d = self.core.split_now()
         m.split.labels(phase="prefill").set(p)
         m.split.labels(phase="decode").set(d)
+        m.split.labels(phase="collocated").set(self.core.collocated_now())
         m.directory_pages.set(self.core.directory.page_count)
         m.directory_nodes.set(len(self.core.directory.nodes()))
         for track in self.core.nodes.values():

@@ -129,7 +129,7 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
         metrics_url = f"{server.admin_url}/metrics" if server.admin_url else None
         if on_ready is not None:
             on_ready({"url": server.url, "metrics_url": metrics_url, "nodes": {n: e.address for n, e in router.endpoints.items()},
-                      "planner": settings.planner.value, "applier": settings.applier.value})  # fmt: skip
+                      "planner": settings.planner, "applier": settings.applier.value})  # fmt: skip
         await stop.wait()
         log.info("router: shutting down")
         closing = asyncio.ensure_future(server.stop())

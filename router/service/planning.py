@@ -23,6 +23,7 @@ Boundary: asyncio orchestration; decisions are the control core's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ import grpc
 
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.router.core import PushCounts
-from evolving_infra.router.core.control import ControlEffect, ModelsFrozen, PlannerDecided, SwitchOrder
+from evolving_infra.router.core.control import ControlEffect, ModelsFrozen, PlannerDecided, SwitchOrder, record_json
 from evolving_infra.router.planner import CandidateVerdict, OursDiagnostics, PlannerDecision, SwitchMode
 from evolving_infra.router.service.backend import LiveRouter
 
@@ -125,7 +126,7 @@ class KubernetesSplitApplier:
             "relaunchSeconds": first.relaunch_s,
         }
         if decision is not None:
-            out_target["decision"] = _decision(decision, self.router.settings.planner.value, self.clock())
+            out_target["decision"] = _decision(decision, self.router.settings.planner, self.clock())
         out: dict[str, Any] = {"targetSplit": out_target}
         fitted = fitted_models(self.router, self.clock())
         if fitted:
@@ -174,7 +175,7 @@ class ControlLoop:
         self.applier = applier
         self._applying: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._logged = 0
 
     def start(self) -> None:
         """Start the cluster's control (warmup or split) now and tick from then on."""
@@ -183,6 +184,7 @@ class ControlLoop:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="control")
 
     async def close(self) -> None:
+        self._write_log()
         for task in (self._task, *self._applying):
             if task is not None:
                 task.cancel()
@@ -202,6 +204,7 @@ class ControlLoop:
                 self.tick()
             except Exception:  # noqa: BLE001 - one bad tick must not stop the cluster's control
                 log.exception("control tick failed")
+            self._write_log()
 
     def tick(self) -> list[ControlEffect]:
         """Deliver one tick at the router's time now and carry out what it returns."""
@@ -209,8 +212,20 @@ class ControlLoop:
         self.carry_out(effects)
         return effects
 
+    def _write_log(self) -> None:
+        """Append the control records not written yet to `settings.control_log` (JSON lines)."""
+        path = self.router.settings.control_log
+        records = self.router.control.log
+        if path is None or self._logged >= len(records):
+            return
+        with open(path, "a", encoding="utf-8") as out:
+            for record in records[self._logged :]:
+                out.write(json.dumps(record_json(record)) + "\n")
+        self._logged = len(records)
+
     def carry_out(self, effects: Sequence[ControlEffect]) -> None:
         router = self.router
+        self._write_log()
         orders: list[SwitchOrder] = []
         decided: PlannerDecided | None = None
         for effect in effects:

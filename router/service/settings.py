@@ -22,8 +22,11 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.core.types import Phase
+from evolving_infra.core.plugins import load_plugins
 from evolving_infra.router.planner import PlannerName
+from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
+from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
 from evolving_infra.settings import SettingsError, YamlFileSource, load_layered
 
 
@@ -64,13 +67,18 @@ class RouterSettings(BaseSettings):
     nodes_dns: str | None = Field(
         default=None, description="Headless Service name:port whose addresses are the node agents (Kubernetes)."
     )
-    planner: PlannerName = Field(default=PlannerName.OURS, description="Phase-split planner.")
-    planner_settings: dict[str, Any] = Field(default_factory=dict, description="Keyword settings of the planner.")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Policy modules to load before the policies are looked up (dotted module names or .py paths).",
+    )
+    planner: str = Field(default=PlannerName.OURS.value, min_length=1, description="Phase-split planner (a declared planner policy).")
+    planner_settings: dict[str, Any] = Field(default_factory=dict, description="Settings of the planner (its declared fields).")
     window_s: float = Field(default=600.0, gt=0, le=86_400, description="Planning window, seconds (paper: 600).")
     slices: int = Field(default=10, ge=1, le=1000, description="Slices per planning window (paper: 10).")
-    prefill_routing: PrefillPolicyName = Field(default=PrefillPolicyName.TTFT, description="Prefill routing policy.")
-    routing_settings: dict[str, Any] = Field(default_factory=dict, description="Keyword settings of the prefill router.")
-    decode_routing: DecodePolicyName = Field(default=DecodePolicyName.FEWEST_REQUESTS, description="Decode binder.")
+    prefill_routing: str = Field(default=PrefillPolicyName.TTFT.value, min_length=1, description="Prefill routing policy (a declared one).")
+    routing_settings: dict[str, Any] = Field(default_factory=dict, description="Settings of the prefill routing policy (its declared fields).")
+    decode_routing: str = Field(default=DecodePolicyName.FEWEST_REQUESTS.value, min_length=1, description="Decode binding policy (a declared one).")
+    decode_settings: dict[str, Any] = Field(default_factory=dict, description="Settings of the decode binding policy (its declared fields).")
     eviction: EvictionPolicyName = Field(
         default=EvictionPolicyName.BRANCH_COUNT, description="Host eviction order of the nodes; counts are pushed only for branch-count."
     )
@@ -82,6 +90,10 @@ class RouterSettings(BaseSettings):
     )  # fmt: skip
     fit_interval_s: float | None = Field(
         default=60.0, gt=0, le=86_400, description="During the warmup, refresh the provisional routing models this often (seconds)."
+    )
+    control_log: Path | None = Field(
+        default=None,
+        description="Append the control core's log (warmup, decisions, switch orders and completions) here as JSON lines.",
     )
     initial_split: dict[str, Phase] = Field(
         default_factory=dict,
@@ -135,6 +147,15 @@ class RouterSettings(BaseSettings):
         return None if value is None else _address(value, "nodes_dns")
 
     @model_validator(mode="after")
+    def _policies(self) -> RouterSettings:
+        """Load the plugins, then check each policy's name and settings against its declaration."""
+        load_plugins(self.plugins)
+        PLANNERS.validate(self.planner, planner_settings(self), "planner_settings")
+        PREFILL_ROUTING.validate(self.prefill_routing, self.routing_settings, "routing_settings")
+        DECODE_BINDING.validate(self.decode_routing, self.decode_settings, "decode_settings")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> RouterSettings:
         if bool(self.nodes) == (self.nodes_dns is not None):
             raise ValueError("give exactly one of nodes (static id -> host:port) and nodes_dns (headless Service name:port)")
@@ -146,7 +167,7 @@ class RouterSettings(BaseSettings):
 def planner_settings(settings: RouterSettings) -> dict[str, Any]:
     """The keyword settings of the chosen planner (ours takes the window from `window_s` and `slices`)."""
     out = dict(settings.planner_settings)
-    if settings.planner is PlannerName.OURS and "window" not in out:
+    if settings.planner == PlannerName.OURS.value and "window" not in out:
         out.setdefault("window_s", settings.window_s)
         out.setdefault("slices", settings.slices)
     return out

@@ -117,9 +117,9 @@ def test_every_rendered_variant_loads_in_both_services(apiserver: Any, nine_node
         agent = agent_settings.load_settings(agent_file)
 
         # Router: policies, windows, discovery, applier.
-        assert router.planner is spec.planner.effective_policy, label
-        assert router.prefill_routing is spec.routing.prefill_policy, label
-        assert router.decode_routing is spec.routing.decode_policy, label
+        assert router.planner == spec.planner.effective_policy.value, label
+        assert router.prefill_routing == spec.routing.prefill_policy.value, label
+        assert router.decode_routing == spec.routing.decode_policy.value, label
         assert router.eviction is spec.eviction.policy, label
         assert (router.window_s, router.slices, router.warmup_s) == (
             spec.planner.window_seconds, spec.planner.slices, spec.planner.warmup_seconds,
@@ -217,3 +217,16 @@ def test_a_real_node_agent_serves_from_the_rendered_file(nine_nodes: dict[str, A
             assert answer.status == health_pb2.HealthCheckResponse.SERVING, probe
     finally:
         assert agent.stop() == 0
+
+
+def test_the_crd_names_exactly_the_declared_built_in_policies() -> None:
+    """The CR's policy enums and the policy registries agree (the CRD schema is generated from these enums)."""
+    from evolving_infra.router.planner.base import PlannerName
+    from evolving_infra.router.planner.registry import PLANNERS
+    from evolving_infra.router.routing.base import DecodePolicyName, PrefillPolicyName
+    from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
+
+    builtin = lambda registry: [s.name for s in registry.specs if not s.module.startswith("evolving_plugin")]  # noqa: E731
+    assert [n.value for n in PlannerName] == builtin(PLANNERS)
+    assert [n.value for n in PrefillPolicyName] == builtin(PREFILL_ROUTING)
+    assert [n.value for n in DecodePolicyName] == builtin(DECODE_BINDING)

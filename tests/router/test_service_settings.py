@@ -14,7 +14,7 @@ def test_file_environment_and_flags_in_that_order(tmp_path: Path, monkeypatch: p
     file.write_text("nodes: {n0: '127.0.0.1:5000'}\nport: 7000\nmetrics_port: 7001\nplanner: static\n")
     monkeypatch.setenv("EVOLVING_ROUTER_METRICS_PORT", "7002")
     settings = load_settings(file, {"planner": "dynamo", "port": None})
-    assert (settings.port, settings.metrics_port, settings.planner.value) == (7000, 7002, "dynamo")
+    assert (settings.port, settings.metrics_port, settings.planner) == (7000, 7002, "dynamo")
     assert settings.nodes == {"n0": "127.0.0.1:5000"} and settings.applier is ApplierKind.LOCAL
 
 
@@ -34,3 +34,21 @@ def test_bad_settings_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="mapping"):
         load_settings(bad)
     assert RouterSettings(nodes_dns="router-nodes.ns.svc:50051").nodes == {}
+
+
+def test_unknown_policies_and_policy_settings_are_refused_naming_them(tmp_path: Path) -> None:
+    node = {"nodes": {"n0": "h:1"}}
+    with pytest.raises(SettingsError, match="unknown planner policy 'magic'; known: ours"):
+        load_settings(None, {**node, "planner": "magic"})
+    with pytest.raises(SettingsError, match="unknown prefill routing policy 'fastest'"):
+        load_settings(None, {**node, "prefill_routing": "fastest"})
+    with pytest.raises(SettingsError, match="routing_settings.*cache_treshold"):
+        load_settings(None, {**node, "prefill_routing": "cache-aware", "routing_settings": {"cache_treshold": 0.4}})
+    with pytest.raises(SettingsError, match=r"planner_settings\.cooldown_s"):
+        load_settings(None, {**node, "planner_settings": {"cooldown_s": "soon"}})
+    with pytest.raises(SettingsError, match="plugins: cannot load 'no_such_policy_module'"):
+        load_settings(None, {**node, "plugins": ["no_such_policy_module"]})
+    file = tmp_path / "router.yaml"
+    file.write_text("nodes: {n0: 'h:1'}\nplanner: ours\nplanner_settings: {significance: -1}\n")
+    with pytest.raises(SettingsError, match="significance must be >= 0"):
+        load_settings(file)
