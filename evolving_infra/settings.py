@@ -42,14 +42,41 @@ class YamlFileSource(PydanticBaseSettingsSource):
         return dict(_FILE_DATA.get())
 
 
+MAX_SETTINGS_BYTES = 1 << 20
+"""Largest settings file read."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases: a settings file never needs them, and an alias bomb (a few
+    bytes expanding to gigabytes once walked) is refused at its first alias, with its position."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in settings files", mark)
+        return super().compose_node(parent, index)
+
+
 def read_settings_file(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML settings file (SettingsError naming the file otherwise)."""
+    """The mapping in a YAML settings file (SettingsError naming the file, and the position where known,
+    otherwise): at most MAX_SETTINGS_BYTES, UTF-8, safe YAML without aliases."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SETTINGS_BYTES + 1)
     except OSError as exc:
         raise SettingsError(str(path), [("file", f"cannot read it: {exc.strerror or exc}")]) from exc
+    if len(raw) > MAX_SETTINGS_BYTES:
+        raise SettingsError(str(path), [("file", f"larger than {MAX_SETTINGS_BYTES} bytes")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(str(path), [("file", f"not UTF-8 (byte {exc.start})")]) from None
+    try:
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SettingsError(str(path), [("file", f"invalid YAML: {exc}")]) from exc
+    except RecursionError:
+        raise SettingsError(str(path), [("file", "nested too deeply")]) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
