@@ -193,6 +193,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     def stall(self, predicate: Predicate) -> None:
         """Hold requests matching `predicate` without answering until `release()`."""
+        if self._released is not None and self._released.is_set():
+            self._released = None  # a new round of stalls after an earlier release
         self._stalls.append(predicate)
 
     def release(self) -> None:
