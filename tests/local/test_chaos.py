@@ -10,7 +10,7 @@ cut, hung) and the requests the fault touched are told apart by the serving-node
 - a router restart cuts only the streams it carried; the nodes cancel the decodes it left behind, and the
   new router serves.
 
-Bounded: 16 clients sending one streaming request after another for 15 s (at most 40 each), a 60 s limit
+Bounded: 16 clients sending one streaming request after another for 12 s (at most 40 each), a 60 s limit
 per request, a fresh cluster per fault.
 `chaos_report` gathers the counts; `python -P tests/local/test_chaos.py` prints them as a table.
 """
@@ -38,11 +38,11 @@ from evolving_infra.local.processes import Child, python_command
 
 CLIENTS = 16
 MAX_PER_CLIENT = 40
-LOAD_S = 15.0
+LOAD_S = 12.0
 """Clients keep sending for this long (the fault comes at FAULT_AT_S, so load runs across it)."""
 REQUEST_LIMIT_S = 60.0
 FAULT_AT_S = 2.0
-STOP_FOR_S = 12.0
+STOP_FOR_S = 10.0
 PROMPT = " ".join(f"tok{i}" for i in range(600))
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local cluster needs Linux process control")
@@ -163,11 +163,11 @@ def run_fault(name: str, workdir: Path) -> dict[str, Any]:
         faults: dict[str, Callable[[], None]] = {
             "kill -9 prefill node n0": lambda: nodes["n0"].proc.kill(),  # type: ignore[union-attr]
             "kill -9 decode node n2": lambda: nodes["n2"].proc.kill(),  # type: ignore[union-attr]
-            "SIGSTOP decode node n3 (12 s)": lambda: (nodes["n3"].signal(signal.SIGSTOP), stopped.append(nodes["n3"])),
+            "SIGSTOP decode node n3 (10 s)": lambda: (nodes["n3"].signal(signal.SIGSTOP), stopped.append(nodes["n3"])),
             "kill -9 router, restart": lambda: restart_router(cluster),
         }
         load = Load(cluster.router_url)
-        fault_node = {"kill -9 prefill node n0": "n0", "kill -9 decode node n2": "n2", "SIGSTOP decode node n3 (12 s)": "n3"}.get(name)
+        fault_node = {"kill -9 prefill node n0": "n0", "kill -9 decode node n2": "n2", "SIGSTOP decode node n3 (10 s)": "n3"}.get(name)
 
         async def main() -> None:
             runner = asyncio.ensure_future(load.run(lambda: cluster.router_url, faults[name]))
@@ -213,7 +213,7 @@ def run_fault(name: str, workdir: Path) -> dict[str, Any]:
         cluster.stop()
 
 
-FAULTS = ["kill -9 prefill node n0", "kill -9 decode node n2", "SIGSTOP decode node n3 (12 s)", "kill -9 router, restart"]
+FAULTS = ["kill -9 prefill node n0", "kill -9 decode node n2", "SIGSTOP decode node n3 (10 s)", "kill -9 router, restart"]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
