@@ -48,6 +48,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
 
+    g = sub.add_parser(
+        "smg",
+        help="our cache-aware policy vs the real SGLang gateway on one request stream (scripts/peers/setup-smg.sh)",
+        description="Replay a request stream through smg (127.0.0.1) in front of workers speaking SGLang's API, "
+        "decide each request with our cache-aware policy too, and report the agreement and its causes.",
+    )
+    g.add_argument("--trace", help="trace file (default: a generated --workload)")
+    g.add_argument("--workload", choices=WORKLOADS, default="putnam", help="generated workload (default putnam)")
+    g.add_argument("--agents", type=int, default=12, help="agents of the generated workload (default 12)")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--requests", type=int, default=200, help="requests to replay (default 200)")
+    g.add_argument("--workers", type=int, default=3)
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at most (default 8)")
+    g.add_argument("--balance-abs-threshold", type=int, default=64)
+    g.add_argument("--balance-rel-threshold", type=float, default=1.5)
+    g.add_argument("--cache-threshold", type=float, default=0.3)
+    g.add_argument("--smg-defaults", action="store_true",
+                   help="keep smg's warm-up slice and backend-reported loads (off by default: the documented rule)")
+    g.add_argument("--timeout", type=float, default=300.0)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(handler=run_smg)
+
 
 def _sides(text: str) -> list[OurSide]:
     try:
@@ -98,6 +120,49 @@ def run(args: argparse.Namespace) -> int:
     print(render_markdown(rows, REFERENCE))
     speed = ", ".join(f"{k} {v['requests_per_wall_s']:,.0f} req/wall-s" for k, v in report["speed"].items())
     print(f"speed: {speed}")
+    return 0
+
+
+def run_smg(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from evolving_infra.peers.smg_judge import SmgUnavailable, run_differential
+    from evolving_infra.router.routing.cache_aware import CacheAwareSettings
+    from evolving_infra.sim.run import workload_trace
+    from evolving_infra.traces.loader import load_trace
+
+    if args.requests < 1 or args.workers < 2 or args.concurrency < 1 or args.timeout <= 0:
+        raise CliError("--requests >= 1, --workers >= 2, --concurrency >= 1 and --timeout > 0 please", USAGE_ERROR)
+    try:
+        settings = CacheAwareSettings(cache_threshold=args.cache_threshold,
+                                      balance_abs_threshold=args.balance_abs_threshold,
+                                      balance_rel_threshold=args.balance_rel_threshold)  # fmt: skip
+        trace = load_trace(args.trace) if args.trace else workload_trace(args.workload, args.agents, args.seed)
+        report = asyncio.run(run_differential(
+            trace, workers=args.workers, concurrency=args.concurrency, max_requests=args.requests,
+            settings=settings, timeout_s=args.timeout, warmup_slice=args.smg_defaults,
+            backend_loads=args.smg_defaults,
+        ))  # fmt: skip
+    except SmgUnavailable as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    except (TraceError, OSError, ValueError) as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    except TimeoutError as exc:
+        raise CliError(f"the gateway differential timed out: {exc}") from None
+    data = report.to_dict()
+    data["same_loads"] = sum(d.loads == d.gateway_loads for d in report.decisions)
+    by_reason: dict[str, list[int]] = {}
+    for d in report.decisions:
+        by_reason.setdefault(d.reason, [0, 0])[0] += 1
+        by_reason[d.reason][1] += d.gateway == d.ours
+    data["by_our_reason"] = {k: {"requests": n, "agreements": a} for k, (n, a) in by_reason.items()}
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    print(f"{data['requests']} requests, agreement {data['agreement_rate']:.1%}; disagreements by cause: "
+          f"{data['causes'] or 'none'}; our load counts equal the gateway's at {data['same_loads']} decisions")
+    for reason, v in data["by_our_reason"].items():
+        print(f"  our reason {reason}: {v['agreements']}/{v['requests']} agree")
     return 0
 
 

@@ -51,6 +51,7 @@ from evolving_infra.router.routing.base import RouteReason
 from evolving_infra.router.routing.cache_aware import CacheAwareRouter, CacheAwareSettings
 from evolving_infra.router.routing.inputs import PrefillNodeView, RouteRequest
 from evolving_infra.traces.content import ContentModel
+from evolving_infra.traces.mooncake_export import arrival_estimates
 from evolving_infra.traces.records import Trace
 
 ENV_SMG = "EVOLVING_INFRA_SMG"
@@ -106,6 +107,8 @@ class Decision:
     char_rate: float
     page_rate: float
     cause: Cause | None = None
+    page_matches: dict[str, int] = field(default_factory=dict)
+    char_matches: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,12 +135,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b` (binary search over slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def char_match_rate(text: str, sent: Sequence[str]) -> float:
     """Longest common prefix of `text` with any earlier prompt sent, in characters / len(text)."""
-    best = 0
-    for other in sent:
-        n = len(os.path.commonprefix([text, other]))
-        best = max(best, n)
+    best = max((common_prefix(text, other) for other in sent), default=0)
     return best / len(text) if text else 0.0
 
 
@@ -189,8 +201,8 @@ async def run_differential(
     smg: Path | None = None, log_path: Path | None = None, warmup_slice: bool = False,
     backend_loads: bool = False,
 ) -> DifferentialReport:
-    """Replay up to `max_requests` of `trace` (file order, at most `concurrency` in flight) through `smg` and
-    through our cache-aware router; see the module docstring."""
+    """Replay up to `max_requests` of `trace` (in order of open-loop arrival estimates, agents interleaved, at most
+    `concurrency` in flight) through `smg` and through our cache-aware router; see the module docstring."""
     exe = smg or find_smg()
     start = time.monotonic()
     deadline = start + timeout_s
@@ -216,53 +228,65 @@ async def run_differential(
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     ours = CacheAwareRouter(settings)
     decisions: list[Decision] = []
-    sent_text: list[str] = []
+    sent_by: dict[str, list[str]] = {}
     gate = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             await _wait_workers(session, gate, workers, deadline)
             slots = asyncio.Semaphore(concurrency)
             tasks: list[asyncio.Task[None]] = []
+            try:
 
-            async def send(rid: str, text: str, max_new: int, done: asyncio.Event) -> None:
-                try:
-                    body = {"text": text, "rid": rid, "sampling_params": {"max_new_tokens": max_new}}
-                    async with session.post(f"{gate}/generate", json=body) as resp:
-                        await resp.read()
-                        if resp.status != 200:
-                            raise RuntimeError(f"smg answered {resp.status} for {rid}")
-                finally:
-                    ours.on_finished(RequestId(rid), time.monotonic() - start)
-                    done.set()
-                    slots.release()
+                async def send(rid: str, text: str, max_new: int, done: asyncio.Event) -> None:
+                    try:
+                        body = {"text": text, "rid": rid, "sampling_params": {"max_new_tokens": max_new}}
+                        async with session.post(f"{gate}/generate", json=body) as resp:
+                            await resp.read()
+                            if resp.status != 200:
+                                raise RuntimeError(f"smg answered {resp.status} for {rid}")
+                    finally:
+                        ours.on_finished(RequestId(rid), time.monotonic() - start)
+                        done.set()
+                        slots.release()
 
-            for r in trace.requests[:max_requests]:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the differential replay ran out of time")
-                await slots.acquire()
-                text = prompt_words(model, r.id)
-                tokens = word_tokens(text)
-                pages = tuple(token_page_hashes(list(tokens), PAGE_TOKENS))
-                req = RouteRequest(RequestId(r.id), BranchId(r.branch), pages, len(tokens), r.output_tokens,
-                                   page_tokens=PAGE_TOKENS)  # fmt: skip
-                gateway_loads = await _gateway_loads(session, gate, node_of)
-                now = time.monotonic() - start
-                views = [PrefillNodeView(node=n) for n in node_of.values()]
-                decision = ours.route(req, views, now)
-                loads = {str(n): ours.loads.load(n) for n in node_of.values()}
-                char_rate = char_match_rate(text, sent_text)
-                longest = max(ours.tree.match(n, pages) for n in node_of.values())
-                page_rate = longest * PAGE_TOKENS / len(tokens)
-                served_before = [len(b.served) for b in backends]
-                done = asyncio.Event()
-                tasks.append(asyncio.create_task(send(r.id, text, max(1, min(r.output_tokens, output_cap)), done)))
-                chosen = await _which_worker(backends, served_before, r.id, deadline)
-                gateway = node_of[urls[chosen]]
-                ours.on_routed(req, _forced(decision, gateway), now)
-                sent_text.append(text)
-                decisions.append(Decision(r.id, str(gateway), str(decision.node), decision.reason.value, loads,
-                                          gateway_loads, char_rate, page_rate))  # fmt: skip
-            await asyncio.gather(*tasks)
+                arrival = arrival_estimates(trace, service_s=1.0)
+                order = sorted(trace.requests, key=lambda q: (arrival[q.index], q.index))[:max_requests]
+                for r in order:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the differential replay ran out of time")
+                    await slots.acquire()
+                    text = prompt_words(model, r.id)
+                    tokens = word_tokens(text)
+                    pages = tuple(token_page_hashes(list(tokens), PAGE_TOKENS))
+                    req = RouteRequest(RequestId(r.id), BranchId(r.branch), pages, len(tokens), r.output_tokens,
+                                       page_tokens=PAGE_TOKENS)  # fmt: skip
+                    gateway_loads = await _gateway_loads(session, gate, node_of)
+                    now = time.monotonic() - start
+                    views = [PrefillNodeView(node=n) for n in node_of.values()]
+                    decision = ours.route(req, views, now)
+                    loads = {str(n): ours.loads.load(n) for n in node_of.values()}
+                    page_matches = {str(n): ours.tree.match(n, pages) for n in node_of.values()}
+                    char_matches = {w: max((common_prefix(text, t) for t in ts), default=0)
+                                    for w, ts in sent_by.items()}  # fmt: skip
+                    char_rate = max(char_matches.values(), default=0) / len(text)
+                    longest = max(ours.tree.match(n, pages) for n in node_of.values())
+                    page_rate = longest * PAGE_TOKENS / len(tokens)
+                    served_before = [len(b.served) for b in backends]
+                    done = asyncio.Event()
+                    tasks.append(asyncio.create_task(send(r.id, text, max(1, min(r.output_tokens, output_cap)), done)))
+                    chosen = await _which_worker(backends, served_before, r.id, deadline)
+                    gateway = node_of[urls[chosen]]
+                    ours.on_routed(req, _forced(decision, gateway), now)
+                    sent_by.setdefault(str(gateway), []).append(text)
+                    decisions.append(Decision(r.id, str(gateway), str(decision.node), decision.reason.value, loads,
+                                              gateway_loads, char_rate, page_rate, None, page_matches,
+                                              char_matches))  # fmt: skip
+                await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
     finally:
         proc.terminate()
         try:

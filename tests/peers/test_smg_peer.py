@@ -52,3 +52,10 @@ def test_gateway_differential() -> None:
     both_cache = [d for d in report.decisions if d.reason == "cache-match" and d.char_rate > 0.3]
     assert both_cache, "the stream must exercise cache hits"
     assert sum(d.gateway == d.ours for d in both_cache) >= 0.9 * len(both_cache)
+
+
+def test_common_prefix() -> None:
+    from evolving_infra.peers.smg_judge import char_match_rate, common_prefix
+
+    assert common_prefix("abcdef", "abcxyz") == 3 and common_prefix("", "a") == 0 and common_prefix("ab", "ab") == 2
+    assert char_match_rate("abcd", ["abxx", "abcz"]) == 0.75 and char_match_rate("q", []) == 0.0

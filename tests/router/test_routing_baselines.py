@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId
+from evolving_infra.router.routing.cache_aware import BalanceGate
 from evolving_infra.router.routing import (
     CacheAwareRouter,
     CacheAwareSettings,
@@ -77,7 +78,7 @@ def load(router: object, node: str, n: int) -> None:
 def test_cache_aware_imbalance_needs_both_thresholds(
     load_a: int, load_b: int, expected: str, reason: RouteReason
 ) -> None:
-    router = CacheAwareRouter()
+    router = CacheAwareRouter(CacheAwareSettings(gate=BalanceGate.GLOBAL))  # the classic rule
     send(router, request(20), "p-a")
     load(router, "p-a", load_a - 1)
     load(router, "p-b", load_b)
@@ -105,11 +106,12 @@ def test_cache_aware_follows_a_match_only_above_the_cache_threshold(
 
 
 def test_cache_aware_is_not_load_aware_among_workers_holding_the_longest_match() -> None:
-    router = CacheAwareRouter()
-    send(router, request(30, prefix=5), "p-a", now=1.0)
-    send(router, request(30, prefix=5), "p-b", now=2.0)  # p-b used the prefix last
+    router = CacheAwareRouter(CacheAwareSettings(gate=BalanceGate.GLOBAL))
+    send(router, request(30, prefix=5), "p-b", now=1.0)  # p-b was sent the prefix first
+    send(router, request(30, prefix=5), "p-a", now=2.0)  # p-a used it last
     load(router, "p-b", 50)  # 51 vs 1: balanced (difference <= 64)
     decision = router.route(request(30, prefix=5), views("p-a", "p-b", "p-c"), now=3.0)
+    # the gateway's tree node keeps the tenant that created it (smg kv_index `last_tenant`): the first holder
     assert (decision.node, decision.reason) == ("p-b", RouteReason.CACHE_MATCH)
     # a longer match elsewhere wins regardless of recency
     send(router, request(40, prefix=5), "p-c", now=4.0)
@@ -302,3 +304,58 @@ def test_dynamo_pool_credit_is_off_by_default_and_credits_pool_pages_when_set() 
     credited = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True, pool_credit=0.25))
     assert credited.credit(view) == pytest.approx(2.0 + 0.25 * 8)
     assert DynamoKvRouter(DynamoKvSettings(pool_credit=0.25)).credit(view) == pytest.approx(2.0)  # no pool
+
+
+def test_cache_aware_holder_is_the_first_sent_even_after_later_touches() -> None:
+    """The gateway's node keeps its creator: touching the prefix on other workers later does not move it."""
+    router = CacheAwareRouter()
+    send(router, request(12, prefix=9), "p-c", now=1.0)
+    for t, node in enumerate(["p-a", "p-b", "p-a"], start=2):
+        send(router, request(12, prefix=9), node, now=float(t))
+    assert router.route(request(12, prefix=9), views("p-a", "p-b", "p-c"), now=9.0).node == "p-c"
+    assert router.tree.first_sent(NodeId("p-c"), request(12, prefix=9).page_hashes[-1]) < router.tree.first_sent(
+        NodeId("p-a"), request(12, prefix=9).page_hashes[-1]
+    )
+
+
+
+@pytest.mark.parametrize(
+    ("loads", "holder_spills"),
+    [
+        ([0, 7, 0], True),  # mean 2.33, margin max(4, 2 sqrt 2.33 = 3.1) = 4: 7 > 6.33 and 7 > 3.5
+        ([0, 6, 1], False),  # 6 is not > 2.33 + 4
+        ([60, 100, 60], False),  # mean 73.3, margin 2 sqrt 73.3 = 17.1: 100 > 90.4 but not > 1.5 x 73.3 = 110
+        ([10, 200, 10], True),  # 200 > 73.3 + 17.1 and 200 > 110
+        ([0, 70, 0], True),  # the margin never exceeds balance_abs_threshold (64) nor falls under 4
+    ],
+)
+def test_cache_aware_spill_gate(loads: list[int], holder_spills: bool) -> None:
+    """smg 1.13: a matched worker is skipped when its load exceeds the mean by the capped margin and the
+    relative threshold; then the least loaded wins, ties to the fewest requests sent, then view order."""
+    router = CacheAwareRouter()
+    prompt = request(20, prefix=4)
+    send(router, prompt, "p-b")
+    for node, n in zip(("p-a", "p-b", "p-c"), loads, strict=True):
+        load(router, node, n - (node == "p-b"))
+    assert router.spills(loads[1], loads) is holder_spills
+    decision = router.route(request(20, prefix=4), views("p-a", "p-b", "p-c"), now=1.0)
+    if holder_spills:
+        low = min(loads[0], loads[2])
+        tied = [n for n, x in (("p-a", loads[0]), ("p-c", loads[2])) if x == low]
+        expected = min(tied, key=lambda n: (router.processed[NodeId(n)], n))
+        assert (decision.node, decision.reason) == (expected, RouteReason.IMBALANCED_LEAST_LOADED)
+    else:
+        assert (decision.node, decision.reason) == ("p-b", RouteReason.CACHE_MATCH)
+
+
+def test_cache_aware_spill_least_loaded_ties_go_to_fewest_sent() -> None:
+    router = CacheAwareRouter()
+    req = request(5, prefix=8)
+    send(router, req, "p-a")
+    router.on_finished(req.id, now=0.5)  # p-a: load 0 again, but one request sent
+    decision = router.route(request(3, prefix=9), views("p-a", "p-b"), now=1.0)
+    assert (decision.node, decision.reason) == ("p-b", RouteReason.LOW_MATCH_LEAST_LOADED)
+    classic = CacheAwareRouter(CacheAwareSettings(gate=BalanceGate.GLOBAL))
+    send(classic, req, "p-a")
+    classic.on_finished(req.id, now=0.5)
+    assert classic.route(request(3, prefix=9), views("p-a", "p-b"), now=1.0).node == "p-a"  # smallest id
