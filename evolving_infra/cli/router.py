@@ -28,8 +28,8 @@ from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import ProfileError, load_profile
 from evolving_infra.router.service import ModelShape, RouterSettings, SettingsError, load_settings
-from evolving_infra.router.http.security import ApiKeyFileError
-from evolving_infra.router.service.client import CredentialsError
+from evolving_infra.router.http.security import ApiKeyFileError, ApiKeys
+from evolving_infra.router.service.client import CredentialsError, load_node_credentials
 from evolving_infra.router.service.main import run
 from evolving_infra.sim.models import shape_of
 
@@ -93,6 +93,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     if settings.api_key_file is None and not settings.insecure:
         raise CliError("no API keys: give --api-key-file FILE, or --insecure to serve without keys (local runs only)", USAGE_ERROR)
+    try:  # fail fast, before connecting to any node
+        if settings.api_key_file is not None:
+            ApiKeys.load(settings.api_key_file)
+        load_node_credentials(settings.cluster_token_file, settings.tls_cert_file, settings.tls_key_file,
+                              settings.tls_ca_file, settings.insecure)  # fmt: skip
+    except (CredentialsError, ApiKeyFileError) as exc:
+        raise CliError(f"credentials: {exc}", USAGE_ERROR) from exc
     try:
         return run(settings, shape, ready)
     except (CredentialsError, ApiKeyFileError) as exc:

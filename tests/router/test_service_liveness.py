@@ -142,3 +142,17 @@ def test_switch_phase_never_sends_an_out_of_range_generation() -> None:
 
     assert asyncio.run(main()) is grpc.StatusCode.OUT_OF_RANGE
 
+
+
+def test_router_serve_refuses_to_start_without_keys_or_credentials(tmp_path: Path) -> None:
+    base = [sys.executable, "-P", "-m", "evolving_infra", "router", "serve", "--node", "a=127.0.0.1:9", "--port", "0",
+            "--metrics-port", "0"]  # fmt: skip
+    done = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--api-key-file" in done.stderr, done.stderr[-2000:]
+    keys = tmp_path / "keys"
+    keys.write_text("team:sk-0123456789abcdef0123\n")
+    done = subprocess.run(base + ["--api-key-file", str(keys)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "cluster_token_file" in done.stderr, done.stderr[-2000:]
+    keys.write_text("short\n")
+    done = subprocess.run(base + ["--api-key-file", str(keys), "--insecure"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{keys}:1" in done.stderr, done.stderr[-2000:]
