@@ -64,6 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--balance-abs-threshold", type=int, default=64)
     g.add_argument("--balance-rel-threshold", type=float, default=1.5)
     g.add_argument("--cache-threshold", type=float, default=0.3)
+    g.add_argument("--gate", choices=["spill", "global"], default="spill",
+                   help="our policy's balance gate: spill (smg 1.13, default) or global (the classic rule)")
     g.add_argument("--smg-defaults", action="store_true",
                    help="keep smg's warm-up slice and backend-reported loads (off by default: the documented rule)")
     g.add_argument("--timeout", type=float, default=300.0)
@@ -127,7 +129,7 @@ def run_smg(args: argparse.Namespace) -> int:
     import asyncio
 
     from evolving_infra.peers.smg_judge import SmgUnavailable, run_differential
-    from evolving_infra.router.routing.cache_aware import CacheAwareSettings
+    from evolving_infra.router.routing.cache_aware import BalanceGate, CacheAwareSettings
     from evolving_infra.sim.run import workload_trace
     from evolving_infra.traces.loader import load_trace
 
@@ -136,7 +138,8 @@ def run_smg(args: argparse.Namespace) -> int:
     try:
         settings = CacheAwareSettings(cache_threshold=args.cache_threshold,
                                       balance_abs_threshold=args.balance_abs_threshold,
-                                      balance_rel_threshold=args.balance_rel_threshold)  # fmt: skip
+                                      balance_rel_threshold=args.balance_rel_threshold,
+                                      gate=BalanceGate(args.gate))  # fmt: skip
         trace = load_trace(args.trace) if args.trace else workload_trace(args.workload, args.agents, args.seed)
         report = asyncio.run(run_differential(
             trace, workers=args.workers, concurrency=args.concurrency, max_requests=args.requests,
@@ -150,6 +153,7 @@ def run_smg(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         raise CliError(f"the gateway differential timed out: {exc}") from None
     data = report.to_dict()
+    data["settings"]["gate"] = args.gate
     data["same_loads"] = sum(d.loads == d.gateway_loads for d in report.decisions)
     by_reason: dict[str, list[int]] = {}
     for d in report.decisions:

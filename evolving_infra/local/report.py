@@ -144,13 +144,58 @@ def markdown(report: dict[str, Any]) -> str:
     decisions = ", ".join(f"{k}: {int(v)}" for k, v in sorted(report["planner_decisions"].items())) or "none"
     lines += ["", f"Planner decisions: {decisions}.", "",
               "Plots: `split_over_time.png`, `latency_cdf.png`, `kv_lost.png`; per request: `requests.jsonl`.", ""]  # fmt: skip
+    lines += peers_markdown(report.get("peers") or [])
     return "\n".join(lines)
+
+
+def collect_peer_reports(folder: Path) -> list[dict[str, Any]]:
+    """The JSON reports of `evolving-infra evaluate peers --out` / `evaluate smg --json` saved in `folder`
+    (runs/peers beside the run folders), newest first; unreadable files are skipped."""
+    found: list[tuple[float, dict[str, Any]]] = []
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and ("comparison" in data or "agreement_rate" in data):
+            found.append((path.stat().st_mtime, {**data, "file": path.name}))
+    return [d for _, d in sorted(found, key=lambda t: -t[0])]
+
+
+def peers_markdown(reports: list[dict[str, Any]]) -> list[str]:
+    """"Ours vs the real peers": Dynamo's replay against our simulator, and the SGLang gateway's routing
+    against our cache-aware policy (docs/peers.md), from saved judge reports."""
+    if not reports:
+        return []
+    lines = ["## Ours vs the real peers", "",
+             "From the judge reports in `runs/peers/` (docs/peers.md); differences from the peer in parentheses.", ""]
+    for r in (r for r in reports if "comparison" in r):
+        sides = list(r["comparison"][0]["values"])
+        lines += [f"**{r['file']}**: {r['trace']['requests']:,} requests, split {r['split']}, reference {r['reference']}",
+                  "", "| figure | " + " | ".join(sides) + " |", "|---|" + "---:|" * len(sides)]  # fmt: skip
+        for row in r["comparison"]:
+            cells = []
+            for side in sides:
+                diff = row["differences"].get(side)
+                note = "" if side == r["reference"] else (" (n/a)" if diff is None else f" ({diff:+.0%})")
+                cells.append(f"{row['values'][side]:,.3f}{note}")
+            lines.append(f"| {row['figure']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    smg = [r for r in reports if "agreement_rate" in r]
+    if smg:
+        lines += ["| gateway differential | requests | agreement | disagreements by cause |", "|---|---:|---:|---|"]
+        for r in smg:
+            causes = ", ".join(f"{k} {v}" for k, v in sorted(r.get("causes", {}).items())) or "none"
+            lines.append(f"| {r['file']} | {r['requests']} | {r['agreement_rate']:.1%} | {causes} |")
+        lines.append("")
+    return lines
 
 
 def write_report(result: LocalRunResult, trace: Trace, out: Path, *, trace_label: str, command: str) -> dict[str, Any]:
     """Write report.json, report.md, requests.jsonl and the plots into `out`; returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     report = build_report(result, trace, trace_label=trace_label, command=command)
+    report["peers"] = collect_peer_reports(out.parent / "peers")
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
     write_requests_jsonl(result.replay.records, out / "requests.jsonl")

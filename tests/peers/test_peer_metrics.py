@@ -149,3 +149,24 @@ def test_cli_without_the_side_environment(monkeypatch: pytest.MonkeyPatch, capsy
     assert "scripts/peers/setup-dynamo.sh" in capsys.readouterr().err
     assert main(["evaluate", "peers", "--workload", "putnam", "--trace", "x.jsonl"]) == 2
     assert main(["evaluate", "peers", "--workload", "putnam", "--sides", "nope"]) == 2
+
+
+def test_local_report_peers_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from evolving_infra.local.report import collect_peer_reports, peers_markdown
+    from evolving_infra.peers.metrics import compare as compare_sides
+
+    a = summarize([req(0, 0.0, 1.0, 2.0)])
+    b = summarize([req(0, 0.0, 2.0, 2.0)])
+    judge = {"trace": {"requests": 1}, "split": "4P5D", "reference": "dynamo-replay",
+             "comparison": [r.to_dict() for r in compare_sides({"dynamo-replay": a, "dynamo": b}, "dynamo-replay")]}
+    (tmp_path / "j.json").write_text(json.dumps(judge))
+    (tmp_path / "g.json").write_text(json.dumps({"requests": 10, "agreement_rate": 0.9, "causes": {"tie": 1}}))
+    (tmp_path / "junk.json").write_text("{not json")
+    reports = collect_peer_reports(tmp_path)
+    assert sorted(r["file"] for r in reports) == ["g.json", "j.json"]
+    text = "\n".join(peers_markdown(reports))
+    assert "## Ours vs the real peers" in text and "| ttft_mean_s | 1.000 | 2.000 (+100%) |" in text
+    assert "| g.json | 10 | 90.0% | tie 1 |" in text
+    assert peers_markdown([]) == [] and collect_peer_reports(tmp_path / "none") == []
