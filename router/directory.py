@@ -1,16 +1,25 @@
 """The cluster-wide KV directory: which node holds which KV page in which tier, fed by KV events.
 
 The directory is a prefix tree of pages keyed by their chained `PageHash` (equal hashes mean equal whole
-prefixes, so a page hash names a tree node and its whole path). Every page records its parent and one integer
-bitmask of its holders, three bits per node index i: bit `3i` when node i holds it in GPU memory (L1),
-`3i + 1` in host memory (L2), `3i + 2` in either. Every (node, tier) records the pages it holds with their
-last-use time. A lookup makes one dictionary probe per prompt page, then one AND-accumulation of the masks
-(a C-level `itertools.accumulate`) answers every node and tier at once (see `PrefixMatch`).
+prefixes, so a page hash names a tree node and its whole path). Pages are kept as **runs**: consecutive pages
+of a chain (each page's parent is the page before it) with the same holders and the same last use per holder.
+A run has one integer bitmask of its holders, three bits per node index i: bit `3i` when node i holds its
+pages in GPU memory (L1), `3i + 1` in host memory (L2), `3i + 2` in either; and one last-use time per holder
+bit. A KV event touching part of a run splits it where the holders or times start to differ; a run left
+without holders leaves the directory. Per page there is one dictionary entry (page -> its run) and one slot in
+its run's page list.
 
-Invariants (checked by `tests/router/test_directory*.py` against a brute-force model):
-- bit `3i + t` of `mask[page]` is set  <=>  `page` is in `held[t][i]` (node i holds it in tier t), and
-  bit `3i + 2` is set  <=>  bit `3i` or bit `3i + 1` is;
-- `page` has a parent entry  <=>  `page` has a mask entry  <=>  some node holds it in some tier;
+A lookup walks the runs the prompt's held prefix lies in: one probe per run, and one C-level comparison of the
+run's pages with the prompt's (chained hashes make a mismatch rare; where the prompt leaves a run inside it, a
+binary search finds the point). The masks of those stretches answer every node and tier at once
+(`prefix_match.match_from_stretches`).
+
+Invariants (checked by `tests/router/test_directory*.py` against a brute-force model and against the
+page-exact directory `directory_pages.PageKvDirectory`, the oracle):
+- page p is in `_run` <=> some node holds it in some tier; bit `3i + t` of its run's mask is set <=> node i
+  holds p in tier t <=> `3i + t` is a key of the run's times; bit `3i + 2` is set <=> bit `3i` or `3i + 1` is;
+- consecutive pages of a run are parent and child; a run's pages are distinct and every one maps to it;
+- `_holding[b]` is exactly the set of runs whose times have key b;
 - masks never carry the bit of a node index that is free (dropped nodes are cleared before reuse).
 
 Tolerated events, all deterministic and counted in `DirectoryStats`:
@@ -19,23 +28,21 @@ Tolerated events, all deterministic and counted in `DirectoryStats`:
 - `KvRemoved` of a page the node does not hold in that tier: no-op;
 - `KvRemoved` / `KvCleared` / `touch` for a node the directory never saw: no-op (the node is not added).
 
-Boundary: pure state over KV events; no clock (times come from events and callers), no I/O. Per-page
-storage is a few dict entries (hash -> mask, hash -> parent, hash -> last use per holder); node indices
+Boundary: pure state over KV events; no clock (times come from events and callers), no I/O. Node indices
 are small integers reused lowest-first after `drop_node`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, islice, repeat
-from operator import and_, ne, not_, or_
+from itertools import groupby, repeat
 
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
-from evolving_infra.router.prefix_match import PrefixMatch
+from evolving_infra.router.prefix_match import PrefixMatch, bits_of, match_from_stretches
 
 __all__ = ["DirectoryStats", "KvDirectory", "PrefixMatch"]
 
@@ -64,20 +71,55 @@ class _NodeSlots:
     free: list[int] = field(default_factory=list)
 
 
+class _Run:
+    """Consecutive pages of one chain (each page's parent is the page before it; `parent` is the first page's)
+    with one holder mask and one last use per holder bit (3i + t, t = 0 GPU, 1 host)."""
+
+    __slots__ = ("pages", "parent", "mask", "times")
+
+    def __init__(self, pages: list[PageHash], parent: PageHash | None, mask: int, times: dict[int, float]) -> None:
+        self.pages = pages
+        self.parent = parent
+        self.mask = mask
+        self.times = times
+
+
+Ranges = list[tuple[int, int]]
+"""Sorted, disjoint [start, end) position ranges within a run."""
+
+
+def _ranges(positions: Iterable[int]) -> Ranges:
+    out: Ranges = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for lo, hi in sorted(ranges):
+        if out and out[-1][1] >= lo:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
 class KvDirectory:
-    """Pages held per node and tier, with last-use times; answers longest-prefix lookups.
+    """Pages held per node and tier, with last-use times, kept as runs of pages; answers longest-prefix lookups.
 
     Node ids get a bit index on their first `KvStored` (or `add_node`); `drop_node` frees it.
     """
 
-    __slots__ = ("_slots", "_parent", "_mask", "_held", "_tier_bits", "stats")
+    __slots__ = ("_slots", "_run", "_holding", "_tier_bits", "stats")
 
     def __init__(self) -> None:
         self._slots = _NodeSlots()
-        self._parent: dict[PageHash, PageHash | None] = {}
-        self._mask: dict[PageHash, int] = {}
-        # _held[tier][node index]: page -> last use time on that node in that tier.
-        self._held: tuple[list[dict[PageHash, float]], list[dict[PageHash, float]]] = ([], [])
+        self._run: dict[PageHash, _Run] = {}
+        self._holding: dict[int, set[_Run]] = {}  # holder bit 3i + t -> the runs it holds
         self._tier_bits = [0, 0, 0]  # GPU, host and either bits of every index ever allocated
         self.stats = DirectoryStats()
 
@@ -94,8 +136,6 @@ class KvDirectory:
         else:
             idx = len(slots.ids)
             slots.ids.append(node)
-            self._held[0].append({})
-            self._held[1].append({})
             for t in range(3):
                 self._tier_bits[t] |= 1 << (3 * idx + t)
         slots.index[node] = idx
@@ -119,7 +159,12 @@ class KvDirectory:
     @property
     def page_count(self) -> int:
         """Distinct pages held by at least one node in at least one tier."""
-        return len(self._parent)
+        return len(self._run)
+
+    @property
+    def run_count(self) -> int:
+        """Runs the pages are kept in."""
+        return len({id(r) for runs in self._holding.values() for r in runs})
 
     # ---------------------------------------------------------------------------------------- events
     def apply(self, event: KvEvent) -> None:
@@ -143,24 +188,75 @@ class KvDirectory:
         """`node` holds the parent-linked chain `pages` in `tier`, last used at `time`."""
         t = _TIER_INDEX[tier]
         idx = self.add_node(node)
-        bit = (1 << (3 * idx + t)) | (1 << (3 * idx + 2))
-        masks = self._mask
-        held = self._held[t][idx]
-        parents = self._parent
+        bit = 3 * idx + t
+        add = (1 << bit) | (1 << (3 * idx + 2))
         stats = self.stats
         stats.events += 1
         stats.pages_stored += len(pages)
+        runs = self._run
         prev = parent
-        if parent is not None and parent not in parents:
+        if parent is not None and parent not in runs:
             stats.unknown_parents += 1
             prev = None
-        # Page by page, as C-level maps: parent (first one kept), holder bit, last use.
-        prevs = (prev, *pages[:-1])
-        mismatches = sum(map(ne, map(parents.setdefault, pages, prevs), prevs))
-        masks.update(zip(pages, map(or_, map(masks.get, pages, repeat(0)), repeat(bit))))
-        held.update(zip(pages, repeat(time)))
-        if mismatches:
-            stats.parent_mismatches += mismatches
+        if not pages:
+            return
+        pages = list(pages)
+        found = list(map(runs.get, pages))
+        touched: dict[_Run, Ranges] = {}
+        if len(set(pages)) == len(pages):  # the usual chain: stretches of existing runs and of new pages
+            at = 0
+            for run, group in groupby(found, key=id):
+                n = len(list(group))
+                chunk = pages[at : at + n]
+                existing = found[at]
+                if existing is None:
+                    fresh = _Run(chunk, prev, add, {bit: time})
+                    runs.update(zip(chunk, repeat(fresh)))
+                    self._register(fresh)
+                else:
+                    rp = existing.pages
+                    o = 0 if rp[0] == chunk[0] else rp.index(chunk[0])
+                    if rp[o : o + n] == chunk:
+                        before = rp[o - 1] if o else existing.parent
+                        if before != prev:
+                            stats.parent_mismatches += 1
+                        touched.setdefault(existing, []).append((o, o + n))
+                    else:  # scattered pages of one run: page by page
+                        for k, page in enumerate(chunk):
+                            pos = rp.index(page)
+                            before = rp[pos - 1] if pos else existing.parent
+                            if before != (prev if k == 0 else chunk[k - 1]):
+                                stats.parent_mismatches += 1
+                            touched.setdefault(existing, []).append((pos, pos + 1))
+                prev = chunk[-1]
+                at += n
+        else:  # a page repeats in the chain: page by page
+            fresh_run: _Run | None = None
+            for page in pages:
+                run = runs.get(page)
+                if run is None:
+                    if fresh_run is not None and fresh_run.pages[-1] == prev:
+                        fresh_run.pages.append(page)
+                    else:
+                        fresh_run = _Run([page], prev, add, {bit: time})
+                        self._register(fresh_run)
+                    runs[page] = fresh_run
+                else:
+                    pos = run.pages.index(page)
+                    before = run.pages[pos - 1] if pos else run.parent
+                    if before != prev:
+                        stats.parent_mismatches += 1
+                    if run is not fresh_run:
+                        touched.setdefault(run, []).append((pos, pos + 1))
+                    fresh_run = None
+                prev = page
+
+        def held(r: _Run) -> None:
+            r.mask |= add
+            r.times[bit] = time
+
+        for run, ranges in touched.items():
+            self._update(run, ranges if len(ranges) == 1 else _merge(ranges), held, bit, 1)
 
     def remove(self, node: NodeId, tier: Tier, pages: Iterable[PageHash]) -> int:
         """`node` no longer holds `pages` in `tier`; returns how many it did hold."""
@@ -170,27 +266,23 @@ class KvDirectory:
             self.stats.unknown_node_events += 1
             return 0
         t = _TIER_INDEX[tier]
-        held = self._held[t][idx]
-        removed = unheld = 0
-        masks, parents = self._mask, self._parent
-        base = 3 * idx
-        bit, other, either = 1 << (base + t), 1 << (base + 1 - t), 1 << (base + 2)
-        for page in pages:  # `_unset` inlined
-            if held.pop(page, None) is None:
-                unheld += 1
-                continue
-            removed += 1
-            mask = masks[page] & ~bit
-            if not mask & other:
-                mask &= ~either
-            if mask:
-                masks[page] = mask
-            else:
-                del masks[page]
-                del parents[page]
-        self.stats.pages_removed += removed
-        self.stats.removed_unheld += unheld
-        return removed
+        bit = 3 * idx + t
+        other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
+        pages = list(pages)
+        touched, held = self._held_ranges(pages, 1 << bit)
+        for run, ranges in touched.items():
+
+            def unheld(r: _Run) -> None:
+                mask = r.mask & ~(1 << bit)
+                if not mask & other:
+                    mask &= ~either
+                r.mask = mask
+                del r.times[bit]
+
+            self._update(run, ranges, unheld, bit, -1)
+        self.stats.pages_removed += held
+        self.stats.removed_unheld += len(pages) - held
+        return held
 
     def clear(self, node: NodeId, tier: Tier | None) -> int:
         """`node` dropped everything in `tier` (both tiers when None); returns pages dropped."""
@@ -207,145 +299,214 @@ class KvDirectory:
         idx = self._slots.index.get(node)
         if idx is None:
             return 0
-        held = self._held[_TIER_INDEX[tier]][idx]
-        updated = 0
-        for page in pages:
-            if page in held:
-                held[page] = time
-                updated += 1
-        return updated
+        bit = 3 * idx + _TIER_INDEX[tier]
+        touched, held = self._held_ranges(list(pages), 1 << bit, count_repeats=True)
 
-    def _unset(self, page: PageHash, idx: int, t: int) -> None:
-        masks = self._mask
-        base = 3 * idx
-        mask = masks[page] & ~(1 << (base + t))
-        if not mask >> (base + 1 - t) & 1:
-            mask &= ~(1 << (base + 2))
-        if mask:
-            masks[page] = mask
-        else:
-            del masks[page]
-            del self._parent[page]
+        def used(r: _Run) -> None:
+            r.times[bit] = time
+
+        for run, ranges in touched.items():
+            self._update(run, ranges, used, bit, 0)
+        return held
+
+    def _held_ranges(
+        self, pages: list[PageHash], bitmask: int, count_repeats: bool = False
+    ) -> tuple[dict[_Run, Ranges], int]:
+        """The positions of `pages` held with `bitmask`, per run, and how many of `pages` were held (a page
+        listed twice counts once unless `count_repeats`)."""
+        runs = self._run
+        found = list(map(runs.get, pages))
+        touched: dict[_Run, Ranges] = {}
+        held = 0
+        distinct = len(set(pages)) == len(pages)
+        at = 0
+        for _, group in groupby(found, key=id):
+            n = len(list(group))
+            run = found[at]
+            chunk = pages[at : at + n]
+            at += n
+            if run is None or not run.mask & bitmask:
+                continue
+            rp = run.pages
+            o = 0 if rp[0] == chunk[0] else rp.index(chunk[0])
+            if distinct and rp[o : o + n] == chunk:
+                touched.setdefault(run, []).append((o, o + n))
+                held += n
+                continue
+            positions = [rp.index(page) for page in chunk]
+            touched.setdefault(run, []).extend((p, p + 1) for p in positions)
+            held += n
+        if not distinct:
+            if not count_repeats:
+                held = len({p for p, r in zip(pages, found) if r is not None and r.mask & bitmask})
+        return {run: ranges if len(ranges) == 1 else _merge(ranges) for run, ranges in touched.items()}, held
+
+    def _register(self, run: _Run) -> None:
+        holding = self._holding
+        for b in run.times:
+            holding.setdefault(b, set()).add(run)
+
+    def _update(self, run: _Run, ranges: Ranges, change: Callable[[_Run], None], bit: int, delta: int) -> None:
+        """Apply `change` to the pages of `run` at `ranges`, splitting the run where they start and end; runs
+        left without holders leave the directory. `change` adds holder `bit` (delta 1), removes it (-1) or
+        leaves the holders as they are (0). The longest piece keeps the run object (fewer pages re-pointed)."""
+        pages = run.pages
+        n = len(pages)
+        holding, runs = self._holding, self._run
+        if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == n:
+            change(run)
+            if delta > 0:
+                holding.setdefault(bit, set()).add(run)
+            elif delta < 0:
+                holding[bit].discard(run)
+                if not run.mask:
+                    for page in pages:
+                        del runs[page]
+            return
+        segments: list[tuple[int, int, bool]] = []
+        at = 0
+        for lo, hi in ranges:
+            if lo > at:
+                segments.append((at, lo, False))
+            segments.append((lo, hi, True))
+            at = hi
+        if at < n:
+            segments.append((at, n, False))
+        keep = max(segments, key=lambda seg: seg[1] - seg[0])
+        mask, times, parent = run.mask, dict(run.times), run.parent
+        for lo, hi, hit in segments:
+            if (lo, hi, hit) == keep:
+                run.pages = pages[lo:hi]
+                run.parent = pages[lo - 1] if lo else parent
+                if hit:
+                    self._update(run, [(0, hi - lo)], change, bit, delta)
+                continue
+            piece = _Run(pages[lo:hi], pages[lo - 1] if lo else parent, mask, dict(times))
+            if hit:
+                change(piece)
+            if piece.mask:
+                runs.update(zip(piece.pages, repeat(piece)))
+                self._register(piece)
+            else:
+                for page in piece.pages:
+                    del runs[page]
 
     def _clear_index(self, idx: int, t: int) -> int:
-        held = self._held[t][idx]
-        for page in held:
-            self._unset(page, idx, t)
-        dropped = len(held)
+        bit = 3 * idx + t
+        runs = list(self._holding.get(bit, ()))
+        other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
+
+        def unheld(r: _Run) -> None:
+            mask = r.mask & ~(1 << bit)
+            if not mask & other:
+                mask &= ~either
+            r.mask = mask
+            del r.times[bit]
+
+        dropped = 0
+        for run in runs:
+            dropped += len(run.pages)
+            self._update(run, [(0, len(run.pages))], unheld, bit, -1)
+        self._holding.pop(bit, None)
         self.stats.pages_removed += dropped
-        held.clear()
         return dropped
 
     # --------------------------------------------------------------------------------------- queries
+    def _position(self, page: PageHash) -> tuple[_Run, int] | None:
+        run = self._run.get(page)
+        if run is None:
+            return None
+        return run, run.pages.index(page)
+
     def parent(self, page: PageHash) -> PageHash | None:
         """The parent recorded for `page` (None for a root); KeyError if no node holds `page`."""
-        try:
-            return self._parent[page]
-        except KeyError:
-            raise KeyError(f"page {page:#018x} is not in the directory") from None
+        at = self._position(page)
+        if at is None:
+            raise KeyError(f"page {page:#018x} is not in the directory")
+        run, pos = at
+        return run.pages[pos - 1] if pos else run.parent
 
     def __contains__(self, page: object) -> bool:
-        return page in self._parent
+        return page in self._run
 
     def holders(self, page: PageHash, tier: Tier) -> frozenset[NodeId]:
         """Nodes that hold `page` in `tier`."""
         t = _TIER_INDEX[tier]
-        return frozenset(node for _, node in self._bits_of(self._mask.get(page, 0) & self._tier_bits[t]))
+        run = self._run.get(page)
+        mask = 0 if run is None else run.mask & self._tier_bits[t]
+        return frozenset(node for _, node in bits_of(mask, self._slots.ids))
 
     def last_used(self, page: PageHash, node: NodeId, tier: Tier) -> float | None:
         """When `node` last used `page` in `tier`, or None if it does not hold it there."""
         idx = self._slots.index.get(node)
-        if idx is None:
+        run = self._run.get(page)
+        if idx is None or run is None:
             return None
-        return self._held[_TIER_INDEX[tier]][idx].get(page)
+        return run.times.get(3 * idx + _TIER_INDEX[tier])
 
     def pages_on(self, node: NodeId, tier: Tier) -> dict[PageHash, float]:
         """A copy of the pages `node` holds in `tier`, with their last-use times."""
         idx = self._slots.index.get(node)
-        return {} if idx is None else dict(self._held[_TIER_INDEX[tier]][idx])
+        if idx is None:
+            return {}
+        bit = 3 * idx + _TIER_INDEX[tier]
+        out: dict[PageHash, float] = {}
+        for run in self._holding.get(bit, ()):
+            out.update(zip(run.pages, repeat(run.times[bit])))
+        return out
 
     def held_count(self, node: NodeId, tier: Tier) -> int:
         idx = self._slots.index.get(node)
-        return 0 if idx is None else len(self._held[_TIER_INDEX[tier]][idx])
+        if idx is None:
+            return 0
+        return sum(len(run.pages) for run in self._holding.get(3 * idx + _TIER_INDEX[tier], ()))
 
     def lookup(self, pages: Sequence[PageHash]) -> PrefixMatch:
-        """Longest cached prefixes of a prompt given as its page hashes (see `PrefixMatch`)."""
-        pages = pages if isinstance(pages, (list, tuple)) else list(pages)
-        masks = list(map(self._mask.get, pages, repeat(0)))
-        anywhere = _first(masks, 0)
-        del masks[anywhere:]
-        tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] = ({}, {}, {})
-        # Bit 3i + t survives the AND-accumulation while node i holds every page so far in tier t.
-        for length, dropped in self._drops(list(accumulate(masks, and_, initial=-1))):
-            for bit_index, node in self._bits_of(dropped):
-                tiers[bit_index % 3][node] = length
-        host_any = list(map(and_, masks, repeat(self._tier_bits[1])))
-        pooled = _first(host_any, 0)
-        return PrefixMatch(
-            pages=len(pages),
-            anywhere=anywhere,
-            pooled=pooled,
-            gpu=tiers[0],
-            host=tiers[1],
-            either=tiers[2],
-            reachable=self._reachable(masks, host_any, pooled),
-            _masks=masks,
-            _index={node: 3 * i for node, i in self._slots.index.items()},
-            _ids=tuple(self._slots.ids),
+        """Longest cached prefixes of a prompt given as its page hashes (see `PrefixMatch`): one walk over the
+        runs the prompt's held prefix lies in, each matched with one C-level slice comparison."""
+        prompt = pages if isinstance(pages, list) else list(pages)
+        runs = self._run
+        n = len(prompt)
+        stretches: list[tuple[int, int]] = []
+        p = 0
+        while p < n:
+            run = runs.get(prompt[p])
+            if run is None:
+                break
+            rp = run.pages
+            o = 0 if rp[0] == prompt[p] else rp.index(prompt[p])
+            k = min(len(rp) - o, n - p)
+            if rp[o : o + k] != prompt[p : p + k]:
+                k = _common(rp, o, prompt, p, k)
+            if not stretches or stretches[-1][1] != run.mask:
+                stretches.append((p, run.mask))
+            p += k
+        return match_from_stretches(
+            n,
+            stretches,
+            p,
+            {node: 3 * i for node, i in self._slots.index.items()},
+            tuple(self._slots.ids),
+            self._tier_bits[1],
+            self._tier_bits[2],
         )
 
-    def _reachable(self, masks: list[int], host_any: list[int], pooled: int) -> dict[NodeId, int]:
-        """Per node, leading pages it holds itself or any node holds in host memory.
 
-        Only the pages no node holds in host memory constrain a node: its reachable prefix ends at the
-        first such page it does not hold itself (its either bit, `3i + 2`, is clear there).
-        """
-        out: dict[NodeId, int] = dict.fromkeys(self.nodes(), pooled) if pooled else {}
-        if pooled == len(masks):
-            return out
-        gaps = list(compress(range(pooled, len(masks)), map(not_, islice(host_any, pooled, None))))
-        either = self._tier_bits[2]
-        for k, dropped in self._drops(list(accumulate(map(masks.__getitem__, gaps), and_, initial=either))):
-            for _, node in self._bits_of(dropped):
-                out[node] = gaps[k] if k < len(gaps) else len(masks)
-        return out
+def _common(a: list[PageHash], i: int, b: list[PageHash], j: int, k: int) -> int:
+    """The length of the common prefix of a[i:i+k] and b[j:j+k] (>= 1, < k: they differ and start equal).
 
-    @staticmethod
-    def _drops(acc: list[int]) -> list[tuple[int, int]]:
-        """For `acc` = [start, start & m0, start & m0 & m1, ...]: (length, bits set in exactly `length`
-        leading masks), for every length > 0 at which some bits drop out (or survive to the end)."""
-        out: list[tuple[int, int]] = []
-        last = len(acc) - 1
-        i, value = 1, acc[1] if last >= 1 else 0
-        while value:
-            # acc is a chain of shrinking sets: find the last index of the run of `value` (binary search).
-            lo, hi = i + 1, last + 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if acc[mid] == value:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            nxt = acc[lo] if lo <= last else 0
-            out.append((lo - 1, value & ~nxt))
-            i, value = lo, nxt
-        return out
-
-    def _bits_of(self, mask: int) -> Iterable[tuple[int, NodeId]]:
-        """(bit index, node) of every set bit of `mask` that belongs to a known node."""
-        ids = self._slots.ids
-        while mask > 0:
-            low = mask & -mask
-            bit_index = low.bit_length() - 1
-            node = ids[bit_index // 3] if bit_index // 3 < len(ids) else None
-            if node is not None:
-                yield bit_index, node
-            mask ^= low
-
-
-def _first(values: list, sentinel: object) -> int:  # type: ignore[type-arg]
-    """Index of the first `sentinel` in `values`, or `len(values)` if there is none."""
-    try:
-        return values.index(sentinel)
-    except ValueError:
-        return len(values)
+    With chained hashes, equal pages at an offset mean equal pages before it, so a binary search on single
+    pages finds it; the answer is then checked with one slice comparison, and found page by page otherwise."""
+    lo, hi = 1, k  # a[i:i+lo] == b[j:j+lo]; the first difference is before hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[i + mid - 1] == b[j + mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    if a[i + lo] != b[j + lo] and a[i : i + lo] == b[j : j + lo]:
+        return lo
+    m = 0
+    while m < k and a[i + m] == b[j + m]:
+        m += 1
+    return m

@@ -4,9 +4,9 @@ All lengths are in pages, counted from the prompt's first page. A node is listed
 length is positive. `fetch_plan(node)` tells a prefill node which pages of its reachable prefix it lacks and
 which peers hold each of them in host memory (the shared pool), so it can fetch them while it queues.
 
-Boundary: an immutable value computed by `KvDirectory.lookup`; it keeps the per-page host masks of the
-prompt's held prefix (node index i: bit 3i GPU memory, 3i + 1 host memory, 3i + 2 either) so
-that fetch plans need no second directory walk.
+Boundary: an immutable value computed by a directory's lookup (`match_from_stretches`); it keeps the holder
+masks of the prompt's held prefix as stretches of equal masks (node index i: bit 3i GPU memory, 3i + 1 host
+memory, 3i + 2 either), so that fetch plans need no second directory walk.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import groupby
 
 import numpy as np
 
@@ -77,10 +76,11 @@ class PrefixMatch:
     host: Mapping[NodeId, int]
     either: Mapping[NodeId, int]
     reachable: Mapping[NodeId, int]
-    _masks: list[int] = field(repr=False, compare=False)  # directory masks of the held prefix
+    _stretches: list[tuple[int, int]] = field(repr=False, compare=False)
+    """(first page, mask) of consecutive stretches covering the held prefix [0, anywhere), each page of a
+    stretch with that directory mask (adjacent stretches may have equal masks)."""
     _index: Mapping[NodeId, int] = field(repr=False, compare=False)  # node -> its GPU bit index (3i)
     _ids: tuple[NodeId | None, ...] = field(repr=False, compare=False)
-    _stretch_cache: list[tuple[int, int]] = field(default_factory=list, repr=False, compare=False)
 
     def reachable_for(self, node: NodeId) -> int:
         """Reachable prefix of `node`; for a node the directory does not know, the pooled prefix."""
@@ -96,7 +96,7 @@ class PrefixMatch:
         start = -1
         current = 0
         # Page i's peers depend only on its mask: walk the stretches of equal masks, not the pages.
-        for lo, mask in self._stretches():
+        for lo, mask in self._stretches:
             if lo >= reachable:
                 break
             peers = 0 if mask & own else mask & host_bits
@@ -116,11 +116,11 @@ class PrefixMatch:
         gpu = np.fromiter((self.gpu.get(n, 0) for n in nodes), np.int64, count)
         either = np.fromiter((self.either.get(n, 0) for n in nodes), np.int64, count)
         reach = np.fromiter((self.reachable_for(n) for n in nodes), np.int64, count)
-        stretches = self._stretches()
+        stretches = self._stretches
         if not stretches or not reach.any():
             return gpu, either, reach, np.zeros(count, np.int64)
         los = np.fromiter((lo for lo, _ in stretches), np.int64, len(stretches))
-        his = np.append(los[1:], len(self._masks))
+        his = np.append(los[1:], self.anywhere)
         width = (3 * len(self._ids) + 7) // 8
         raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
         bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(len(stretches), width), axis=1, bitorder="little")
@@ -131,16 +131,6 @@ class PrefixMatch:
         fetch = (overlap * (1 - held)).sum(axis=0)
         return gpu, either, reach, fetch
 
-    def _stretches(self) -> list[tuple[int, int]]:
-        """(first page, mask) of each maximal stretch of equal masks, computed once per match."""
-        out = self._stretch_cache
-        if not out and self._masks:
-            lo = 0
-            for mask, same in groupby(self._masks):
-                out.append((lo, mask))
-                lo += len(list(same))
-        return out
-
     def _nodes(self, mask: int) -> frozenset[NodeId]:
         out = []
         while mask:
@@ -150,3 +140,77 @@ class PrefixMatch:
                 out.append(node)
             mask ^= low
         return frozenset(out)
+
+
+def bits_of(mask: int, ids: Sequence[NodeId | None]) -> list[tuple[int, NodeId]]:
+    """(bit index, node) of every set bit of `mask` that belongs to a known node."""
+    out = []
+    while mask > 0:
+        low = mask & -mask
+        bit_index = low.bit_length() - 1
+        node = ids[bit_index // 3] if bit_index // 3 < len(ids) else None
+        if node is not None:
+            out.append((bit_index, node))
+        mask ^= low
+    return out
+
+
+def match_from_stretches(
+    pages: int,
+    stretches: list[tuple[int, int]],
+    end: int,
+    index: Mapping[NodeId, int],
+    ids: tuple[NodeId | None, ...],
+    host_bits: int,
+    either_bits: int,
+) -> PrefixMatch:
+    """The `PrefixMatch` of a prompt of `pages` pages whose held prefix [0, end) has these stretches.
+
+    A bit 3i + t survives the AND of the masks while node i holds every page so far in tier t, so a node's
+    prefix in a tier ends at the first stretch lacking its bit. `host_bits` / `either_bits`: the host / either
+    bit of every node index in use.
+    """
+    tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] = ({}, {}, {})
+    pooled = end
+    if stretches:
+        acc = stretches[0][1]
+        for lo, mask in stretches:
+            if not mask & host_bits and pooled == end:
+                pooled = lo
+            dropped = acc & ~mask
+            if dropped:
+                for bit_index, node in bits_of(dropped, ids):
+                    tiers[bit_index % 3][node] = lo
+                acc &= mask
+        for bit_index, node in bits_of(acc, ids):
+            tiers[bit_index % 3][node] = end
+    reachable: dict[NodeId, int] = dict.fromkeys((n for n in ids if n is not None), pooled) if pooled else {}
+    if pooled < end:
+        # Only pages no node holds in host memory constrain a node: its reachable prefix ends at the first such
+        # page it does not hold itself (its either bit is clear there).
+        acc = either_bits
+        for lo, mask in stretches:
+            if lo < pooled or mask & host_bits:
+                continue
+            dropped = acc & ~mask
+            if dropped:
+                if lo:  # a node lacking the first such page keeps the pooled prefix (or none when it is 0)
+                    for _, node in bits_of(dropped, ids):
+                        reachable[node] = lo
+                acc &= mask
+                if not acc:
+                    break
+        for _, node in bits_of(acc, ids):
+            reachable[node] = end
+    return PrefixMatch(
+        pages=pages,
+        anywhere=end,
+        pooled=pooled,
+        gpu=tiers[0],
+        host=tiers[1],
+        either=tiers[2],
+        reachable=reachable,
+        _stretches=stretches,
+        _index=index,
+        _ids=ids,
+    )

@@ -13,7 +13,9 @@ Figures (wall clock and thread CPU time both, since CPU time leaves out preempti
   each a cached branch path cut to a random length of at least 90 % of the prompt and completed with new
   pages; the generated events are freed and collected before the lookups are timed;
 - bytes per page = sizes (`sys.getsizeof`) of every object reachable from the directory
-  (`gc.get_referents` walk, each object counted once, types and modules excluded) / distinct pages.
+  (`gc.get_referents` walk, each object counted once, types and modules excluded) / distinct pages;
+- runs: the runs of pages the directory keeps (`--page-exact` measures the page-exact oracle instead, where
+  every page is its own entry).
 
 Boundary: measurement code only; the directory itself stays pure.
 """
@@ -40,6 +42,7 @@ from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS, PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.directory_pages import PageKvDirectory
 
 SYSTEM_PROMPTS = 32
 GPU_PAGES_PER_NODE = 20_000
@@ -69,6 +72,8 @@ class DirectoryBenchResult:
     bytes_method: str
     seed: int
     python: str
+    implementation: str = "runs"
+    runs: int = 0
 
 
 def generate_events(nodes: int, pages: int, seed: int) -> tuple[list[KvEvent], list[list[PageHash]]]:
@@ -154,10 +159,12 @@ def deep_size(root: object) -> int:
     return total
 
 
-def run_benchmark(nodes: int, pages: int, seed: int, lookups: int, prompt_pages: int) -> DirectoryBenchResult:
+def run_benchmark(
+    nodes: int, pages: int, seed: int, lookups: int, prompt_pages: int, page_exact: bool = False
+) -> DirectoryBenchResult:
     events, paths = generate_events(nodes, pages, seed)
     event_pages = sum(len(e.pages) for e in events if isinstance(e, (KvStored, KvRemoved)))
-    directory = KvDirectory()
+    directory: KvDirectory | PageKvDirectory = PageKvDirectory() if page_exact else KvDirectory()
     apply = directory.apply
     start, cpu_start = time.perf_counter(), time.thread_time()
     for event in events:
@@ -200,6 +207,8 @@ def run_benchmark(nodes: int, pages: int, seed: int, lookups: int, prompt_pages:
         bytes_method="sys.getsizeof over gc.get_referents walk from the directory",
         seed=seed,
         python=platform.python_version(),
+        implementation="page-exact" if page_exact else "runs",
+        runs=directory.page_count if isinstance(directory, PageKvDirectory) else directory.run_count,
     )
 
 
@@ -220,6 +229,7 @@ def _handler(args: argparse.Namespace) -> int:
         seed=args.seed,
         lookups=_positive("lookups", args.lookups),
         prompt_pages=_positive("prompt-pages", args.prompt_pages),
+        page_exact=args.page_exact,
     )
     if args.json:
         print(json.dumps(asdict(result), indent=2))
@@ -230,7 +240,7 @@ def _handler(args: argparse.Namespace) -> int:
     table.add_column("target", justify="right")
     rows = [
         ("KV events applied", f"{result.events:,} ({result.event_pages:,} pages)", ""),
-        ("ingest", f"{result.ingest_pages_per_second:,} pages/s", ">= 200,000 pages/s"),
+        ("ingest", f"{result.ingest_pages_per_second:,} pages/s", ">= 1,000,000 pages/s"),
         ("ingest (thread CPU time)", f"{result.ingest_cpu_pages_per_second:,} pages/s", ""),
         ("ingest", f"{result.ingest_events_per_second:,} events/s", ""),
         (f"lookup p50 ({result.prompt_tokens:,}-token prompt)", f"{result.lookup_p50_ms:.3f} ms", ""),
@@ -239,6 +249,7 @@ def _handler(args: argparse.Namespace) -> int:
         ("lookup p99 (thread CPU time)", f"{result.lookup_cpu_p99_ms:.3f} ms", "<= 1 ms"),
         ("mean longest cached prefix", f"{result.mean_cached_pages:,.1f} pages", ""),
         ("memory", f"{result.bytes_per_page:,.1f} bytes/page", ""),
+        (f"runs ({result.implementation})", f"{result.runs:,}", ""),
     ]
     for row in rows:
         table.add_row(*row)
@@ -257,5 +268,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument("--lookups", type=int, default=1000, help="lookups to time (default 1000)")
     parser.add_argument(
         "--prompt-pages", type=int, default=2000, help="pages per looked-up prompt (default 2000 = 128K tokens)"
+    )
+    parser.add_argument(
+        "--page-exact", action="store_true", help="measure the page-exact directory (the test oracle) instead"
     )
     parser.set_defaults(handler=_handler)

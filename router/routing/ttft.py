@@ -323,13 +323,16 @@ class TtftRouter(RouterHooks):
         rows: list[tuple[float, ...]] = []
         linear: list[int] = []
         exact: list[TtftEstimate] = []
-        entry = self.backlogs.entry
+        entry, state_of, max_age = self.backlogs.entry, nodes.state, s.state_max_age_s
+        reported, record = StateSource.REPORTED, StateSource.ROUTER_RECORD
         for i, node in enumerate(ids):
-            state = nodes.state(i)
-            if state.model is None:
+            running, queue, unreported, in_flight, age, model = state_of(i)
+            if model is None:
                 _model(nodes.view(i))
-            source = state_source(state, s)
-            hit = entry(node, source, state.model, _state_parts(state, source))  # type: ignore[arg-type]
+            if age is not None and age <= max_age:  # `state_source` and `_state_parts`, inlined
+                hit = entry(node, reported, model, (running, queue, unreported))  # type: ignore[arg-type]
+            else:
+                hit = entry(node, record, model, (in_flight,))  # type: ignore[arg-type]
             if hit.row is None:
                 exact.append(estimate_ttft(request, nodes.view(i), s, hit.backlog))
             else:

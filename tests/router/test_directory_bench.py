@@ -32,6 +32,15 @@ def test_small_run_reports_consistent_figures() -> None:
     assert result.bytes_per_page > 0
 
 
+def test_runs_and_page_exact_directories_report_the_same_load_and_matches() -> None:
+    runs = run_benchmark(nodes=4, pages=2000, seed=2, lookups=5, prompt_pages=50)
+    pages = run_benchmark(nodes=4, pages=2000, seed=2, lookups=5, prompt_pages=50, page_exact=True)
+    assert (runs.implementation, pages.implementation) == ("runs", "page-exact")
+    assert runs.distinct_pages == pages.distinct_pages and runs.events == pages.events
+    assert runs.mean_cached_pages == pages.mean_cached_pages
+    assert 0 < runs.runs < pages.runs == pages.distinct_pages
+
+
 def test_deep_size_counts_shared_objects_once() -> None:
     shared = list(range(1000))
     assert deep_size([shared, shared]) < deep_size([shared, list(range(1000))])
