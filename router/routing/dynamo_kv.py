@@ -6,7 +6,10 @@ Rule (shared/baselines.md, "Dynamo KV router"; paper appendix A.3), per worker w
 - adjusted prefill = max(raw - 1.0 x blocks cached on GPU - 0.75 x blocks in host memory
   - 0.25 x blocks on disk, 0), the cached blocks being the leading run of the request's pages w holds;
 - cost = adjusted prefill + decode blocks of w's in-flight requests (their prompt blocks, from routing
-  until they finish).
+  until w is done with them: the end of their prefill on a disaggregated prefill worker, whose own request
+  ends once the KV is handed to decode (`disaggregated`, the default), or their finish on an aggregated
+  one). Judged against Dynamo's own replay (docs/peers.md): charging decode blocks on prefill workers until
+  the requests finished elsewhere cost 5 points of prefix reuse by pushing requests off their cache.
 Lowest cost wins (temperature 0); ties go to the worker with the smallest cached tree, then to a seeded
 random choice. Loads are the router's own bookkeeping, not reports from workers.
 
@@ -48,6 +51,8 @@ class DynamoKvSettings:
     disk_credit: float = 0.25
     with_memory_pool: bool = False
     pool_credit: float = 0.0
+    disaggregated: bool = True
+    """Prefill workers of a disaggregated cluster: a request stops counting on its worker at its first token."""
 
     def __post_init__(self) -> None:
         for name in ("gpu_credit", "host_credit", "disk_credit", "pool_credit"):
@@ -162,6 +167,9 @@ class DynamoKvRouter:
         if charge is not None and charge.prefilling:
             charge.prefilling = False
             _add(self._prefill, charge.node, -charge.blocks)
+            if self.settings.disaggregated:
+                self._charges.pop(request)
+                _add(self._decode, charge.node, -charge.blocks)
 
     def on_finished(self, request: RequestId, now: float) -> None:
         self.on_first_token(request, now)

@@ -181,7 +181,8 @@ def test_sticky_keeps_a_branch_on_its_node_and_places_new_branches_on_the_least_
         (0, 0, 0, 0, 0, 10.0),
         # raw = 20 + 10; credit = 4 x 1.0 + 2 x 0.75 + 4 x 0.25 = 6.5; adjusted 23.5; decode 20 -> 43.5
         (4, 2, 4, 2, 0, 43.5),
-        # one request past its first token: no longer charged to prefill, still decode blocks
+        # one request past its first token: on an aggregated worker no longer charged to prefill, still decode
+        # blocks (on a disaggregated prefill worker it is gone: see the charges test)
         (4, 2, 4, 1, 1, 10 + 10 - 6.5 + 20),
         # full GPU prefix: credit 10 -> adjusted 0
         (10, 0, 0, 0, 0, 0.0),
@@ -190,7 +191,7 @@ def test_sticky_keeps_a_branch_on_its_node_and_places_new_branches_on_the_least_
 def test_dynamo_cost_formula(
     gpu: int, host: int, disk: int, charged: int, decode_only: int, expected_cost: float
 ) -> None:
-    router = DynamoKvRouter()
+    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False))
     for _ in range(charged):
         send(router, request(10, prefix=9), "p-a")
     for _ in range(decode_only):
@@ -268,7 +269,7 @@ def test_dynamo_adjusted_cost_is_never_negative(
 
 
 def test_dynamo_charges_follow_first_token_and_finish() -> None:
-    router = DynamoKvRouter()
+    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False))  # an aggregated worker decodes it too
     r = request(10)
     send(router, r, "p-a")
     view = PrefillNodeView(NodeId("p-a"))
@@ -277,6 +278,20 @@ def test_dynamo_charges_follow_first_token_and_finish() -> None:
     router.on_first_token(r.id, now=1.5)  # repeated report: no double release
     assert (router.cost(request(4), view).charged_prefill, router.cost(request(4), view).decode_blocks) == (0, 10)
     router.on_finished(r.id, now=2.0)
+    assert router.cost(request(4), view).cost == 4.0
+
+
+def test_dynamo_disaggregated_prefill_worker_is_free_of_a_request_at_its_first_token() -> None:
+    """Judged by Dynamo's own replay (docs/peers.md): in disaggregated mode the prefill worker's request ends
+    with its prefill, so its blocks stop counting there (prefill and decode charge alike)."""
+    router = DynamoKvRouter()
+    r = request(10)
+    send(router, r, "p-a")
+    view = PrefillNodeView(NodeId("p-a"))
+    assert router.cost(request(4), view).cost == 24.0  # 10 charged + 4 new + 10 decode
+    router.on_first_token(r.id, now=1.0)
+    assert router.cost(request(4), view).cost == 4.0
+    router.on_finished(r.id, now=2.0)  # finishing later on a decode node releases nothing twice
     assert router.cost(request(4), view).cost == 4.0
 
 
