@@ -3,8 +3,8 @@
 Order of events for a request: body read (408 past `body_read_timeout_s`) -> parse (400s) -> model
 check (404) -> branch resolution (400s) -> tokenization (400s) -> length limits (400 naming the limit:
 prompt tokens, `max_tokens` cap, prompt + `max_tokens` within the context) -> `backend.complete` under the
-request's deadline. Bodies of `offload_bytes` or more are parsed and tokenized on a worker thread, so a
-huge prompt never stalls the event loop (health checks, other streams). The HTTP status is committed only
+request's deadline. Bodies of `offload_bytes` or more are parsed and tokenized in worker processes
+(offload.py), so a huge prompt never stalls the event loop (health checks, other streams). The HTTP status is committed only
 when the backend yields its first chunk, so every failure before that (no capacity, node down, deadline,
 rejected by the backend) still gets its own status code and retry headers. The serving nodes the backend
 names by then go into the headers `x-evolving-prefill-node` / `x-evolving-decode-node`; the last ones it
@@ -44,7 +44,7 @@ from evolving_infra.router.http.errors import (
 from evolving_infra.router.http.metrics import CLIENT_CLOSED, FinishTrigger
 from evolving_infra.router.http.responses import DONE, ResponseHead, serving_headers, sse, usage
 from evolving_infra.router.http.state import AppState, RequestContext, error_response, json_response
-from evolving_infra.router.http.tokenizer import IncrementalDetokenizer
+from evolving_infra.router.http.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 _TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
@@ -58,8 +58,8 @@ def trace_context(headers: Any) -> tuple[str | None, str | None]:
     return parent.strip().lower(), headers.get("tracestate")
 
 
-def _prompt_ids(state: AppState, parsed: ParsedRequest) -> tuple[int, ...]:
-    tok = state.tokenizer
+def prompt_ids(tok: Tokenizer, parsed: ParsedRequest) -> tuple[int, ...]:
+    """The prompt's token ids (400 for ids outside the vocabulary or an empty prompt)."""
     if parsed.messages is not None:
         ids = tok.apply_chat_template(parsed.messages, parsed.tools)
         param = "messages"
@@ -136,16 +136,20 @@ async def handle_completion(
             408, f"the request body was not received within {settings.body_read_timeout_s:g} s",
             ErrorType.INVALID_REQUEST, ErrorCode.BODY_TIMEOUT,
         ) from None  # fmt: skip
-    parse = parse_chat if endpoint is Endpoint.CHAT_COMPLETIONS else parse_completion
-    offload = len(raw) >= settings.offload_bytes
-    parsed = await asyncio.to_thread(parse, raw) if offload else parse(raw)
+    tokenized: tuple[int, ...] | ApiError | None = None
+    if len(raw) >= settings.offload_bytes and state.offloader is not None:
+        parsed, tokenized = await state.offloader.run(endpoint, raw)
+    else:
+        parsed = parse_chat(raw) if endpoint is Endpoint.CHAT_COMPLETIONS else parse_completion(raw)
     model = _check_model(state, parsed)
     resolved = resolve_branch(request.headers, parsed.hints, request_id)
     state.metrics.branch_resolved(resolved.source)
     echo = {BRANCH_HEADER: resolved.branch.branch_id, SOURCE_HEADER: resolved.source.value}
     handed_over = False
     try:
-        prompt = await asyncio.to_thread(_prompt_ids, state, parsed) if offload else _prompt_ids(state, parsed)
+        if isinstance(tokenized, ApiError):
+            raise tokenized
+        prompt = tokenized if tokenized is not None else prompt_ids(state.tokenizer, parsed)
         check_lengths(settings.max_prompt_tokens, settings.max_tokens_cap, settings.context_tokens, len(prompt), parsed.max_tokens,
                       "messages" if parsed.messages is not None else "prompt")  # fmt: skip
         traceparent, tracestate = trace_context(request.headers)

@@ -31,7 +31,8 @@ from aiohttp import web
 from evolving_infra.router.http.api import Endpoint
 from evolving_infra.router.http.backend import BranchRef, RouterBackend
 from evolving_infra.router.http.branch import BRANCH_HEADER, check_id, resolve_tenant
-from evolving_infra.router.http.completion import handle_completion
+from evolving_infra.router.http.completion import handle_completion, prompt_ids
+from evolving_infra.router.http.offload import Offloader
 from evolving_infra.router.http.errors import (
     ApiError,
     BackendError,
@@ -268,6 +269,8 @@ async def _on_shutdown(app: web.Application) -> None:
 async def _on_cleanup(app: web.Application) -> None:
     state = app[STATE]
     await state.drain_background(max(1.0, state.settings.shutdown_grace_s))
+    if state.offloader is not None:
+        state.offloader.close()
 
 
 def create_app(
@@ -280,14 +283,16 @@ def create_app(
     """The front end as an aiohttp application. `tokenizer` defaults to the configured one; `clock` is
     the wall clock used for the `created` field."""
     app = web.Application(middlewares=[_middleware], client_max_size=settings.max_body_bytes)
+    tokenizer = tokenizer or load_tokenizer(settings.tokenizer, settings.tokenizer_path)
     app[STATE] = AppState(
         settings=settings,
         backend=backend,
-        tokenizer=tokenizer or load_tokenizer(settings.tokenizer, settings.tokenizer_path),
+        tokenizer=tokenizer,
         metrics=RouterMetrics(),
         clock=clock,
         api_keys=ApiKeys.load(settings.api_key_file) if settings.api_key_file is not None else None,
         limiter=KeyLimiter(settings.max_concurrent_per_key),
+        offloader=Offloader(tokenizer, prompt_ids, settings.tokenize_processes),
     )
     app.router.add_post("/v1/chat/completions", _completion_handler(Endpoint.CHAT_COMPLETIONS))
     app.router.add_post("/v1/completions", _completion_handler(Endpoint.COMPLETIONS))
@@ -362,6 +367,9 @@ async def start_server(
     backend stream. A connection that has not sent a complete request head within
     `header_read_timeout_s` (also the longest idle keep-alive) is closed."""
     app = create_app(settings, backend, tokenizer=tokenizer)
+    offloader = app[STATE].offloader
+    if offloader is not None:
+        await offloader.warm()  # workers start now, not on the first large body
     runner, port = await _serve(
         app, settings.host, settings.port, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s,
         keepalive_timeout=settings.header_read_timeout_s,

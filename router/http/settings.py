@@ -106,7 +106,13 @@ class RouterHttpSettings(BaseSettings):
         default=64 * 1024,
         ge=0,
         le=1 << 30,
-        description="Bodies at least this large are parsed and tokenized on a worker thread, never on the event loop.",
+        description="Bodies at least this large are parsed and tokenized in worker processes, never on the event loop.",
+    )
+    tokenize_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Worker processes that parse and tokenize bodies of offload_bytes or more (0: a worker thread).",
     )
     admin_port: int | None = Field(
         default=None,

@@ -22,6 +22,7 @@ from aiohttp import web
 from evolving_infra.router.http.backend import BranchRef, FinishOutcome, RouterBackend
 from evolving_infra.router.http.errors import ApiError
 from evolving_infra.router.http.metrics import FinishTrigger, RouterMetrics
+from evolving_infra.router.http.offload import Offloader
 from evolving_infra.router.http.security import ApiKeys, KeyLimiter
 from evolving_infra.router.http.settings import RouterHttpSettings
 from evolving_infra.router.http.tokenizer import Tokenizer
@@ -55,6 +56,8 @@ class AppState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     api_keys: ApiKeys | None = None
     limiter: KeyLimiter = field(default_factory=lambda: KeyLimiter(None))
+    offloader: Offloader | None = None
+    """Parses and tokenizes large bodies off the event loop."""
 
     async def finish(self, branch: BranchRef, trigger: FinishTrigger) -> FinishOutcome:
         """Finish `branch` through the backend (bounded by the request deadline) and count it."""

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from evolving_infra.router.http import FakeBackend, RouterHttpSettings, create_app, start_server
 from evolving_infra.router.http.security import ApiKeyFileError, ApiKeys
+from evolving_infra.router.http.server import STATE
 from evolving_infra.router.http.tokenizer import BuiltinTokenizer
 
 KEY_A = "sk-alpha-0123456789abcdef"
@@ -170,9 +171,32 @@ def test_large_bodies_are_tokenized_off_the_event_loop() -> None:
         large = await client.post("/v1/chat/completions", json=big)
         assert (small.status, large.status) == (200, 200)
 
-    run_app(scenario, tokenizer=tokenizer, offload_bytes=64 * 1024)
+    run_app(scenario, tokenizer=tokenizer, offload_bytes=64 * 1024, tokenize_processes=0)
     assert tokenizer.threads[0] == loop_thread[0]
     assert tokenizer.threads[1] != loop_thread[0]
+
+
+def test_large_bodies_go_to_worker_processes_with_the_same_result() -> None:
+    backend = FakeBackend()
+    big = {**CHAT, "messages": [{"role": "user", "content": "many words, " * 20_000}]}
+    seen: dict[str, Any] = {}
+
+    async def scenario(client: TestClient) -> None:
+        offloader = client.server.app[STATE].offloader
+        resp = await client.post("/v1/chat/completions", json=big)
+        assert resp.status == 200
+        seen["workers"] = len(offloader.pool._processes) if offloader.pool is not None else 0  # noqa: SLF001
+        bad = await client.post("/v1/completions", json={"prompt": [2**40] + [1] * 30_000})
+        seen["bad"] = (bad.status, (await bad.json())["error"]["param"])
+        broken = await client.post("/v1/chat/completions", data=b'{"messages": [' + b" " * 70_000)
+        seen["broken"] = broken.status
+
+    run_app(scenario, backend, offload_bytes=64 * 1024, tokenize_processes=1)
+    in_process = BuiltinTokenizer().apply_chat_template(big["messages"], None)
+    assert backend.requests[0].prompt_token_ids == tuple(in_process)
+    assert seen["workers"] == 1
+    assert seen["bad"] == (400, "prompt")
+    assert seen["broken"] == 400
 
 
 def test_admin_port_serves_metrics_and_slow_heads_are_cut(tmp_path: Path) -> None:
