@@ -107,6 +107,11 @@ class KvPool:
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
 
+    def clear_counts(self) -> None:
+        """Every branch count back to 0 (their directory is gone: a new router starts from nothing)."""
+        if self._counts:
+            self.set_counts(dict.fromkeys(self._counts, 0))
+
     def count(self, page: PageHash) -> int:
         return self._counts.get(page, 0)
 

@@ -309,6 +309,12 @@ class NodeAgent:
     def push_counts(self, counts: dict[PageHash, int]) -> None:
         self.runner.set_counts(counts)
 
+    def router_subscribed(self) -> None:
+        """A router (re)subscribed: the counts a previous router pushed may describe branches it no longer
+        knows (a restarted router starts empty), so they are cleared; the router pushes all of its own
+        counts once it sees the subscription's first message."""
+        self.runner.clear_counts()
+
     def state(self) -> pb.NodeState:
         return messages.node_state(self.engine, self.generation.value, self.clock.now(), self.relaunching)
 

@@ -190,6 +190,9 @@ class EngineRunner:
     def set_counts(self, counts: Mapping[PageHash, int]) -> None:
         self.engine.set_counts(counts)
 
+    def clear_counts(self) -> None:
+        self.engine.pool.clear_counts()
+
     def drop_cached_kv(self) -> None:
         """Evict every page no request holds, GPU (written back) then host memory (a switch that strands KV)."""
         now, pool = self.clock.now(), self.engine.pool

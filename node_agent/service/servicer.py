@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from evolving_infra.node_agent.service.node import NodeAgent
 
 
+ROUTER_SUBSCRIBER = "router"
+"""The subscriber name the router's StreamEvents subscription uses (router.service.client)."""
+
+
 class _Aborted(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
@@ -180,6 +184,8 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 check_id(request.subscriber, "StreamEventsRequest.subscriber", MAX_SUBSCRIBER_CHARS)
             except ValueError as error:
                 await _abort(context, to_service_error(error), self.node.metrics, "StreamEvents")
+        if request.subscriber == ROUTER_SUBSCRIBER:
+            self.node.router_subscribed()
         hub = self.node.hub
         sub = hub.subscribe(request.subscriber or context.peer())
         self.node.metrics.subscribers.set(len(hub))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.core.pages import PageHash, chain_hashes
-from evolving_infra.core.types import NodeMode
+from evolving_infra.core.types import NodeMode, Tier
 from evolving_infra.node_agent.service import NodeAgent, NodeAgentSettings
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
@@ -130,3 +130,38 @@ def test_engine_cancel_keeps_the_pool_conserved(requests: list[tuple[int, int]],
     assert g.decode_running == g.decode_queued == 0
     assert g.pool.l1.in_use == 0 and g.pool.l1.pinned == 0
     assert g.pool.l1.free + g.pool.l1.cached == g.pool.l1.capacity
+
+
+async def counts_scenario() -> dict[str, Any]:
+    node = NodeAgent(node_settings("c", NodeMode.PREFILL))
+    await node.start()
+    out: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = rpc.NodeAgentStub(channel)
+            pages = chain("counted", 4)
+            await stub.SubmitPrefill(pb.SubmitPrefillRequest(request_id="w", branch_id="b", prompt_pages=pages,
+                                                             prompt_tokens=4 * PT + 1, t_acc=1.0))  # fmt: skip
+            await until(lambda: set(pages) <= node.engine.resident(Tier.HOST), "the prompt in host memory")
+
+            async def update():  # type: ignore[no-untyped-def]
+                yield pb.CountUpdate(sequence=1, pages=pages, counts=[3, 3, 2, 1])
+
+            await stub.PushCounts(update())
+            out["pushed"] = [node.engine.pool.count(p) for p in pages]
+            for name in ("test", "router"):
+                stream = stub.StreamEvents(pb.StreamEventsRequest(subscriber=name))
+                await stream.read()
+                out[name] = [node.engine.pool.count(p) for p in pages]
+                stream.cancel()
+            node.engine.check_invariants()
+    finally:
+        await node.close()
+    return out
+
+
+def test_a_new_router_subscription_clears_counts_a_previous_router_pushed() -> None:
+    out = asyncio.run(asyncio.wait_for(counts_scenario(), 60))
+    assert out["pushed"] == [3, 3, 2, 1]
+    assert out["test"] == [3, 3, 2, 1]  # other subscribers change nothing
+    assert out["router"] == [0, 0, 0, 0]
