@@ -106,13 +106,17 @@ def test_access_log_has_no_prompt_no_key_and_no_ids(tmp_path: Path, caplog: pyte
 
 
 def test_per_key_concurrency_limit(tmp_path: Path) -> None:
-    backend = FakeBackend(first_token_delay_s=0.5)
+    backend = FakeBackend(first_token_delay_s=2.0)
 
     async def scenario(client: TestClient) -> None:
         a = {"Authorization": f"Bearer {KEY_A}"}
         b = {"Authorization": f"Bearer {KEY_B}"}
+        limiter = client.server.app[STATE].limiter
         slow = [asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT, headers=a)) for _ in range(2)]
-        await asyncio.sleep(0.2)
+        for _ in range(1000):  # both held (bounded wait)
+            if limiter.inflight.get("alpha") == 2:
+                break
+            await asyncio.sleep(0.005)
         over = await client.post("/v1/chat/completions", json=CHAT, headers=a)
         assert over.status == 429
         assert (await over.json())["error"]["code"] == "rate_limit_exceeded"
