@@ -46,14 +46,14 @@ MAX_SETTINGS_BYTES = 1 << 20
 """Largest settings file read."""
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """Safe YAML without anchors and aliases: a settings file never needs them, and an alias bomb (a few
     bytes expanding to gigabytes once walked) is refused at its first alias, with its position."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in settings files", mark)
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here", mark)
         return super().compose_node(parent, index)
 
 
@@ -72,7 +72,7 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise SettingsError(str(path), [("file", f"not UTF-8 (byte {exc.start})")]) from None
     try:
-        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SettingsError(str(path), [("file", f"invalid YAML: {exc}")]) from exc
     except RecursionError:

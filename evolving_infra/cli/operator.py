@@ -29,6 +29,7 @@ from evolving_infra.operator.builders import BuildContext, build_children
 from evolving_infra.operator.images import FALLBACK_IMAGE
 from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile, validate_spec_semantics
 from evolving_infra.operator.spec import AgentServingClusterSpec
+from evolving_infra.settings import NoAliasLoader
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -70,9 +71,23 @@ def _crd(args: argparse.Namespace) -> int:
     return crdgen.main(argv)
 
 
+MAX_CR_FILE_BYTES = 4 * 1024 * 1024
+
+
 def _load_clusters(path: str) -> list[dict[str, Any]]:
+    """The AgentServingCluster objects in a YAML file: at most 4 MiB of UTF-8, safe YAML without aliases (an
+    alias bomb is refused at its first alias); every failure is a CliError (exit 2) naming the file and
+    position."""
     try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d is not None]
+        with Path(path).open("rb") as handle:
+            raw = handle.read(MAX_CR_FILE_BYTES + 1)
+        if len(raw) > MAX_CR_FILE_BYTES:
+            raise CliError(f"{path}: larger than {MAX_CR_FILE_BYTES} bytes", USAGE_ERROR)
+        docs = [d for d in yaml.load_all(raw.decode("utf-8"), Loader=NoAliasLoader) if d is not None]  # noqa: S506
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 (byte {exc.start})", USAGE_ERROR) from None
+    except RecursionError:
+        raise CliError(f"{path}: nested too deeply", USAGE_ERROR) from None
     except (OSError, yaml.YAMLError) as exc:
         raise CliError(f"{path}: {exc}", USAGE_ERROR) from exc
     clusters = [d for d in docs if isinstance(d, dict) and d.get("kind") == meta.KIND]
@@ -81,9 +96,16 @@ def _load_clusters(path: str) -> list[dict[str, Any]]:
     return clusters
 
 
+def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    md = obj.get("metadata")
+    return md if isinstance(md, dict) else {}
+
+
 def _problems(obj: dict[str, Any]) -> tuple[AgentServingClusterSpec | None, list[str]]:
     problems: list[str] = []
-    name = str((obj.get("metadata") or {}).get("name", ""))
+    if obj.get("metadata") is not None and not isinstance(obj.get("metadata"), dict):
+        problems.append(f"metadata must be a mapping, got {type(obj.get('metadata')).__name__}")
+    name = str(_metadata(obj).get("name", ""))
     if obj.get("apiVersion") != meta.API_VERSION:
         problems.append(f"apiVersion must be {meta.API_VERSION}, got {obj.get('apiVersion')!r}")
     if not meta.cluster_name_ok(name):
@@ -104,7 +126,7 @@ def _validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         for obj in _load_clusters(path):
-            name = (obj.get("metadata") or {}).get("name", "?")
+            name = _metadata(obj).get("name", "?")
             _, problems = _problems(obj)
             if problems:
                 failed = True
@@ -125,7 +147,7 @@ def _render(args: argparse.Namespace) -> int:
     spec, problems = _problems(obj)
     if spec is None or problems:
         raise CliError(f"{args.file}: " + "; ".join(problems), USAGE_ERROR)
-    md = obj.get("metadata") or {}
+    md = _metadata(obj)
     cluster = meta.ClusterRef(md["name"], md.get("namespace") or args.namespace, md.get("uid") or "00000000-0000-0000-0000-000000000000")
     ctx = BuildContext(cluster, spec, resolve_profile(spec, builtin_profile_table()), args.image)
     sys.stdout.write(yaml.safe_dump_all(build_children(ctx), sort_keys=False))
