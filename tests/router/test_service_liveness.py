@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,3 +157,33 @@ def test_router_serve_refuses_to_start_without_keys_or_credentials(tmp_path: Pat
     keys.write_text("short\n")
     done = subprocess.run(base + ["--api-key-file", str(keys), "--insecure"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"{keys}:1" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make test certificates")
+def test_the_router_reaches_a_node_over_mutual_tls_with_a_token(tmp_path: Path) -> None:
+    from tests.node_agent.test_service_auth import make_ca_and_cert
+
+    cert, key, ca = make_ca_and_cert(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    tls = ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-file", str(ca)]
+    proc, address = start_node("--cluster-token-file", str(token_file), *tls)
+    port = address.rsplit(":", 1)[1]
+    try:
+        both = load_node_credentials(token_file, cert, key, ca, False)
+        tls_only = load_node_credentials(None, cert, key, ca, False)
+
+        async def act_up(seen: list[tuple[str, float]], loop: asyncio.AbstractEventLoop) -> None:
+            assert await until(lambda: any(k == "up" for k, _ in seen), 20)
+
+        async def act_wait(seen: list[tuple[str, float]], loop: asyncio.AbstractEventLoop) -> None:
+            await asyncio.sleep(2.0)
+
+        with_both = asyncio.run(asyncio.wait_for(watch(f"localhost:{port}", both, act_up), 30))
+        without_token = asyncio.run(asyncio.wait_for(watch(f"localhost:{port}", tls_only, act_wait), 30))
+        plaintext = asyncio.run(asyncio.wait_for(watch(address, None, act_wait), 30))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert [k for k, _ in with_both][:1] == ["up"]
+    assert without_token == [] and plaintext == []
