@@ -22,7 +22,6 @@ async def main(offload: int) -> None:
         stop = False
         async def poll():
             while not stop:
-                t = time.perf_counter()
                 async with s.get(server.url + "/healthz") as r:
                     await r.read()
                 lat.append(time.perf_counter())

@@ -23,8 +23,6 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from evolving_infra.core.types import NodeId
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
