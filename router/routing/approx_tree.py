@@ -28,8 +28,6 @@ class _Entry:
     children: int
     last_access: float
     seq: int
-    created: int = 0
-    """The insert (sequence number) that recorded this page for the worker first."""
 
 
 class ApproxPrefixTree:
@@ -45,7 +43,7 @@ class ApproxPrefixTree:
         for page in pages:
             entry = tree.get(page)
             if entry is None:
-                tree[page] = _Entry(parent, 0, now, self._seq, self._seq)
+                tree[page] = _Entry(parent, 0, now, self._seq)
                 if parent is not None:
                     tree[parent].children += 1
             else:
@@ -67,11 +65,6 @@ class ApproxPrefixTree:
         """(last access, insertion order) of `page` on `worker`; larger is more recent."""
         entry = self._workers.get(worker, {}).get(page)
         return (entry.last_access, entry.seq) if entry is not None else (float("-inf"), -1)
-
-    def first_sent(self, worker: NodeId, page: PageHash) -> int:
-        """Sequence number of the insert that first recorded `page` for `worker` (since its last eviction);
-        KeyError if it is not recorded. Smaller means sent earlier."""
-        return self._workers[worker][page].created
 
     def size_pages(self, worker: NodeId) -> int:
         return len(self._workers.get(worker, {}))

@@ -16,10 +16,9 @@ Rule (shared/baselines.md, "SGLang Model Gateway, cache-aware"):
    Either way the request still enters the tree.
 3. Otherwise match the prompt against the approximate tree of what was sent to each worker; if the
    longest match / prompt length > `cache_threshold`, route to a worker holding that longest match
-   (the one that was sent it *first*: the gateway's radix node remembers the tenant that created it and
-   later tenants passing through do not replace it, smg `kv_index` string tree `last_tenant`; load is not
-   considered among them); else to the least-loaded worker. (Judged against the real gateway,
-   docs/peers.md: an earlier version of this rule took the most recently used holder.)
+   (the most recently used one there; load is not considered among them); else to the least-loaded worker.
+   (Judged against the real gateway, docs/peers.md: smg 1.13's choice among equal holders followed neither
+   this nor the node's creator, which smg's v1.9 tree source suggests, consistently; kept as it was.)
 4. Every `eviction_interval_s` the tree is cut down to `max_tree_size` characters per worker, LRU leaves
    first.
 The matching unit is the page (see `approx_tree.py`).
@@ -144,7 +143,7 @@ class CacheAwareRouter:
             if longest > 0 and rate > self.settings.cache_threshold:
                 last = request.page_hashes[longest - 1]
                 holders = [n for n in ids if matches[n] == longest]
-                node = min(holders, key=lambda n: (self.tree.first_sent(n, last), n))
+                node = min(holders, key=lambda n: (_negate(self.tree.recency(n, last)), n))
                 reason = RouteReason.CACHE_MATCH
                 if spill and self.spills(self.loads.load(node), loads):
                     node, reason = self.least_loaded(ids), RouteReason.IMBALANCED_LEAST_LOADED
@@ -178,3 +177,6 @@ class CacheAwareRouter:
     def on_branch_finished(self, branch: BranchId, now: float) -> None:
         self.tick(now)
 
+
+def _negate(recency: tuple[float, int]) -> tuple[float, int]:
+    return (-recency[0], -recency[1])

@@ -107,11 +107,10 @@ def test_cache_aware_follows_a_match_only_above_the_cache_threshold(
 
 def test_cache_aware_is_not_load_aware_among_workers_holding_the_longest_match() -> None:
     router = CacheAwareRouter(CacheAwareSettings(gate=BalanceGate.GLOBAL))
-    send(router, request(30, prefix=5), "p-b", now=1.0)  # p-b was sent the prefix first
-    send(router, request(30, prefix=5), "p-a", now=2.0)  # p-a used it last
+    send(router, request(30, prefix=5), "p-a", now=1.0)
+    send(router, request(30, prefix=5), "p-b", now=2.0)  # p-b used the prefix last
     load(router, "p-b", 50)  # 51 vs 1: balanced (difference <= 64)
     decision = router.route(request(30, prefix=5), views("p-a", "p-b", "p-c"), now=3.0)
-    # the gateway's tree node keeps the tenant that created it (smg kv_index `last_tenant`): the first holder
     assert (decision.node, decision.reason) == ("p-b", RouteReason.CACHE_MATCH)
     # a longer match elsewhere wins regardless of recency
     send(router, request(40, prefix=5), "p-c", now=4.0)
@@ -319,19 +318,6 @@ def test_dynamo_pool_credit_is_off_by_default_and_credits_pool_pages_when_set() 
     credited = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True, pool_credit=0.25))
     assert credited.credit(view) == pytest.approx(2.0 + 0.25 * 8)
     assert DynamoKvRouter(DynamoKvSettings(pool_credit=0.25)).credit(view) == pytest.approx(2.0)  # no pool
-
-
-def test_cache_aware_holder_is_the_first_sent_even_after_later_touches() -> None:
-    """The gateway's node keeps its creator: touching the prefix on other workers later does not move it."""
-    router = CacheAwareRouter()
-    send(router, request(12, prefix=9), "p-c", now=1.0)
-    for t, node in enumerate(["p-a", "p-b", "p-a"], start=2):
-        send(router, request(12, prefix=9), node, now=float(t))
-    assert router.route(request(12, prefix=9), views("p-a", "p-b", "p-c"), now=9.0).node == "p-c"
-    assert router.tree.first_sent(NodeId("p-c"), request(12, prefix=9).page_hashes[-1]) < router.tree.first_sent(
-        NodeId("p-a"), request(12, prefix=9).page_hashes[-1]
-    )
-
 
 
 @pytest.mark.parametrize(
