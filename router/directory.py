@@ -35,6 +35,7 @@ are small integers reused lowest-first after `drop_node`.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, repeat
@@ -84,6 +85,11 @@ class _Run:
         self.times = times
 
 
+def _drain(calls: Iterable[object]) -> None:
+    """Run a C-level map of calls for their effect."""
+    deque(calls, maxlen=0)
+
+
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint [start, end) position ranges within a run."""
 
@@ -114,13 +120,14 @@ class KvDirectory:
     Node ids get a bit index on their first `KvStored` (or `add_node`); `drop_node` frees it.
     """
 
-    __slots__ = ("_slots", "_run", "_holding", "_tier_bits", "stats")
+    __slots__ = ("_slots", "_run", "_holding", "_tier_bits", "_index_ids", "stats")
 
     def __init__(self) -> None:
         self._slots = _NodeSlots()
         self._run: dict[PageHash, _Run] = {}
         self._holding: dict[int, set[_Run]] = {}  # holder bit 3i + t -> the runs it holds
         self._tier_bits = [0, 0, 0]  # GPU, host and either bits of every index ever allocated
+        self._index_ids: tuple[dict[NodeId, int], tuple[NodeId | None, ...]] | None = None  # for lookups
         self.stats = DirectoryStats()
 
     # ----------------------------------------------------------------------------------------- nodes
@@ -139,6 +146,7 @@ class KvDirectory:
             for t in range(3):
                 self._tier_bits[t] |= 1 << (3 * idx + t)
         slots.index[node] = idx
+        self._index_ids = None
         return idx
 
     def drop_node(self, node: NodeId) -> int:
@@ -150,6 +158,7 @@ class KvDirectory:
         del self._slots.index[node]
         self._slots.ids[idx] = None
         heapq.heappush(self._slots.free, idx)
+        self._index_ids = None
         return dropped
 
     def nodes(self) -> tuple[NodeId, ...]:
@@ -203,7 +212,13 @@ class KvDirectory:
         pages = list(pages)
         found = list(map(runs.get, pages))
         touched: dict[_Run, Ranges] = {}
-        if len(set(pages)) == len(pages):  # the usual chain: stretches of existing runs and of new pages
+        n = len(pages)
+        if found[0] is None and found.count(None) == n and len(set(pages)) == n:  # all new: one fresh run
+            fresh = _Run(pages, prev, add, {bit: time})
+            runs.update(zip(pages, repeat(fresh)))
+            self._holding.setdefault(bit, set()).add(fresh)
+            return
+        if len(set(pages)) == n:  # the usual chain: stretches of existing runs and of new pages
             at = 0
             for run, group in groupby(found, key=id):
                 n = len(list(group))
@@ -222,8 +237,9 @@ class KvDirectory:
                             stats.parent_mismatches += 1
                         touched.setdefault(existing, []).append((o, o + n))
                     else:  # scattered pages of one run: page by page
+                        where = dict(zip(rp, range(len(rp))))
                         for k, page in enumerate(chunk):
-                            pos = rp.index(page)
+                            pos = where[page]
                             before = rp[pos - 1] if pos else existing.parent
                             if before != (prev if k == 0 else chunk[k - 1]):
                                 stats.parent_mismatches += 1
@@ -333,8 +349,12 @@ class KvDirectory:
                 touched.setdefault(run, []).append((o, o + n))
                 held += n
                 continue
-            positions = [rp.index(page) for page in chunk]
-            touched.setdefault(run, []).extend((p, p + 1) for p in positions)
+            if n > 4:  # e.g. evicted last page first: one position map instead of a scan per page
+                where = dict(zip(rp, range(len(rp))))
+                positions = sorted(set(map(where.__getitem__, chunk)))
+            else:
+                positions = sorted({rp.index(page) for page in chunk})
+            touched.setdefault(run, []).extend(_ranges(positions))
             held += n
         if not distinct:
             if not count_repeats:
@@ -360,8 +380,7 @@ class KvDirectory:
             elif delta < 0:
                 holding[bit].discard(run)
                 if not run.mask:
-                    for page in pages:
-                        del runs[page]
+                    _drain(map(runs.__delitem__, pages))
             return
         segments: list[tuple[int, int, bool]] = []
         at = 0
@@ -388,8 +407,7 @@ class KvDirectory:
                 runs.update(zip(piece.pages, repeat(piece)))
                 self._register(piece)
             else:
-                for page in piece.pages:
-                    del runs[page]
+                _drain(map(runs.__delitem__, piece.pages))
 
     def _clear_index(self, idx: int, t: int) -> int:
         bit = 3 * idx + t
@@ -481,15 +499,10 @@ class KvDirectory:
             if not stretches or stretches[-1][1] != run.mask:
                 stretches.append((p, run.mask))
             p += k
-        return match_from_stretches(
-            n,
-            stretches,
-            p,
-            {node: 3 * i for node, i in self._slots.index.items()},
-            tuple(self._slots.ids),
-            self._tier_bits[1],
-            self._tier_bits[2],
-        )
+        if self._index_ids is None:  # shared by the matches until a node joins or leaves (they never change it)
+            self._index_ids = ({node: 3 * i for node, i in self._slots.index.items()}, tuple(self._slots.ids))
+        index, ids = self._index_ids
+        return match_from_stretches(n, stretches, p, index, ids, self._tier_bits[1], self._tier_bits[2])
 
 
 def _common(a: list[PageHash], i: int, b: list[PageHash], j: int, k: int) -> int:

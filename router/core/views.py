@@ -103,6 +103,15 @@ class TrackViews(PrefillViewSet):
             self._columns = PrefixColumns(gpu=gpu, own=np.maximum(gpu, either), cluster=cluster, fetch=fetch)
         return self._columns
 
+    def states(self) -> list[tuple[object, ...]]:
+        now, models, out = self._now, self._models, []
+        for track in self._tracks:
+            unreported, in_flight = track.sent_views()
+            at = track.report_time
+            out.append((track.report_running, track.report_queue, unreported, in_flight,
+                        None if at is None else max(0.0, now - at), models.get(track.id)))  # fmt: skip
+        return out
+
     def state(self, i: int) -> PrefillNodeState:
         track = self._tracks[i]
         unreported, in_flight = track.sent_views()

@@ -255,6 +255,10 @@ class PrefillViewSet(Sequence[PrefillNodeView], abc.ABC):
     def state(self, i: int) -> PrefillNodeState:
         """The queue state of the i-th node."""
 
+    def states(self) -> Sequence[tuple[object, ...]]:
+        """`tuple(self.state(i))` for every node, in order (implementations may build them faster)."""
+        return [tuple(self.state(i)) for i in range(len(self))]
+
     def index_of(self, node: NodeId) -> int:
         return self.nodes.index(node)
 

@@ -323,10 +323,10 @@ class TtftRouter(RouterHooks):
         rows: list[tuple[float, ...]] = []
         linear: list[int] = []
         exact: list[TtftEstimate] = []
-        entry, state_of, max_age = self.backlogs.entry, nodes.state, s.state_max_age_s
+        entry, max_age = self.backlogs.entry, s.state_max_age_s
         reported, record = StateSource.REPORTED, StateSource.ROUTER_RECORD
-        for i, node in enumerate(ids):
-            running, queue, unreported, in_flight, age, model = state_of(i)
+        for i, (node, state) in enumerate(zip(ids, nodes.states(), strict=True)):
+            running, queue, unreported, in_flight, age, model = state
             if model is None:
                 _model(nodes.view(i))
             if age is not None and age <= max_age:  # `state_source` and `_state_parts`, inlined

@@ -19,6 +19,7 @@ from evolving_infra.core.kv_events import KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier, Work
 from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.prefix_match import bits_of
 from evolving_infra.router.routing import (
     CoefficientPrefillModel,
     PrefillNodeView,
@@ -182,3 +183,11 @@ def test_prefix_columns_equal_the_per_node_lookups(
         assert either[k] == match.either.get(node, 0)
         assert reach[k] == match.reachable_for(node)
         assert fetch[k] == match.fetch_plan(node).fetch_pages
+
+
+@given(st.integers(0, 2**330), st.lists(st.booleans(), min_size=1, max_size=110))
+def test_bits_of_lists_the_set_bits_of_known_nodes_lowest_first(mask: int, known: list[bool]) -> None:
+    ids = tuple(NodeId(f"n{i}") if k else None for i, k in enumerate(known))
+    want = [(b, ids[b // 3]) for b in range(mask.bit_length()) if mask >> b & 1 and b // 3 < len(ids)
+            and ids[b // 3] is not None]  # fmt: skip
+    assert bits_of(mask, ids) == want
