@@ -82,12 +82,11 @@ class Offloader:
                 initargs=(tokenizer, tokenize),
             )  # fmt: skip
 
-    async def warm(self) -> None:
-        """Start the workers now rather than on the first large body."""
+    def warm(self) -> None:
+        """Start the workers now (in the background) rather than on the first large body."""
         if self.pool is not None:
-            loop = asyncio.get_running_loop()
-            workers = self.pool._max_workers  # noqa: SLF001 - one no-op per worker
-            await asyncio.gather(*(loop.run_in_executor(self.pool, int) for _ in range(workers)))
+            for _ in range(self.pool._max_workers):  # noqa: SLF001 - one no-op per worker
+                self.pool.submit(int)
 
     async def run(self, endpoint: Endpoint, raw: bytes) -> Outcome:
         """The parsed request and its prompt ids (or the tokenization error); raises the parse error."""

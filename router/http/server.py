@@ -369,7 +369,7 @@ async def start_server(
     app = create_app(settings, backend, tokenizer=tokenizer)
     offloader = app[STATE].offloader
     if offloader is not None:
-        await offloader.warm()  # workers start now, not on the first large body
+        offloader.warm()  # workers start now, not on the first large body
     runner, port = await _serve(
         app, settings.host, settings.port, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s,
         keepalive_timeout=settings.header_read_timeout_s,
