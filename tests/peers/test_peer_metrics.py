@@ -170,3 +170,49 @@ def test_local_report_peers_section(tmp_path) -> None:  # type: ignore[no-untype
     assert "## Ours vs the real peers" in text and "| ttft_mean_s | 1.000 | 2.000 (+100%) |" in text
     assert "| g.json | 10 | 90.0% | tie 1 |" in text
     assert peers_markdown([]) == [] and collect_peer_reports(tmp_path / "none") == []
+
+
+FAKE_DRIVER = r'''
+import json, sys
+args = [a for a in sys.argv[1:] if a != "-I"]
+job = json.load(open(args[1]))
+rows = [json.loads(line) for line in open(job["trace"]) if line.strip()]
+turns = {}
+requests = []
+for row in rows:
+    turn = turns.get(row["session_id"], 0)
+    turns[row["session_id"]] = turn + 1
+    requests.append({"uuid": row["request_id"], "session_id": row["session_id"], "turn_index": turn,
+                     "arrival_time_ms": float(row["timestamp"]), "ttft_ms": 100.0, "e2e_latency_ms": 500.0,
+                     "input_length": row["input_length"], "output_length": row["output_length"],
+                     "reused_input_tokens": 0, "terminal_status": "completed"})
+json.dump({"summary": {"num_requests": len(rows)}, "requests": requests, "wall_s": 0.01,
+           "dynamo_version": "fake"}, open(args[2], "w"))
+'''
+
+
+def test_judge_end_to_end_with_a_stand_in_for_dynamo(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The orchestration (export, job, subprocess, matching by branch and turn, comparison) with a stand-in
+    interpreter that answers like the driver: every request 0.1 s TTFT and 0.5 s E2E, nothing reused."""
+    import stat
+    import sys
+
+    from evolving_infra.peers.judge import REFERENCE, OurSide, judge_dynamo
+    from evolving_infra.traces.loader import trace_from_records
+    from evolving_infra.workloads import generate
+
+    script = tmp_path / "fake_driver.py"
+    script.write_text(FAKE_DRIVER)
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    trace = trace_from_records(generate("putnam", 1, 0))
+    report = judge_dynamo(trace, profile="glm-5.2-4xgb300-tp4", split="1P1D", sides=[OurSide.DYNAMO_KV],
+                          python=exe, timeout_s=120)  # fmt: skip
+    assert report["matched_requests"] == len(trace.requests) and report["unmatched_requests"] == 0
+    ref = report["metrics"][REFERENCE]
+    assert ref["ttft_mean_s"] == pytest.approx(0.1) and ref["e2e_mean_s"] == pytest.approx(0.5)
+    assert ref["prefix_reuse"] == 0.0 and report["metrics"]["dynamo-kv"]["prefix_reuse"] > 0.5
+    reuse = next(r for r in report["comparison"] if r["figure"] == "prefix_reuse")
+    assert reuse["differences"]["dynamo-kv"] is None and reuse["flagged"] == ["dynamo-kv"]  # reference is 0
+    assert report["details"][REFERENCE]["version"] == "fake"
