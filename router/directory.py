@@ -220,32 +220,28 @@ class KvDirectory:
             return
         if len(set(pages)) == n:  # the usual chain: stretches of existing runs and of new pages
             at = 0
-            for run, group in groupby(found, key=id):
-                n = len(list(group))
-                chunk = pages[at : at + n]
-                existing = found[at]
-                if existing is None:
+            while at < n:
+                existing = runs.get(pages[at])
+                if existing is None:  # new pages up to the next page held somewhere
+                    end = at + 1
+                    while end < n and pages[end] not in runs:
+                        end += 1
+                    chunk = pages[at:end]
                     fresh = _Run(chunk, prev, add, {bit: time})
                     runs.update(zip(chunk, repeat(fresh)))
-                    self._register(fresh)
-                else:
-                    rp = existing.pages
-                    o = 0 if rp[0] == chunk[0] else rp.index(chunk[0])
-                    if rp[o : o + n] == chunk:
-                        before = rp[o - 1] if o else existing.parent
-                        if before != prev:
-                            stats.parent_mismatches += 1
-                        touched.setdefault(existing, []).append((o, o + n))
-                    else:  # scattered pages of one run: page by page
-                        where = dict(zip(rp, range(len(rp))))
-                        for k, page in enumerate(chunk):
-                            pos = where[page]
-                            before = rp[pos - 1] if pos else existing.parent
-                            if before != (prev if k == 0 else chunk[k - 1]):
-                                stats.parent_mismatches += 1
-                            touched.setdefault(existing, []).append((pos, pos + 1))
-                prev = chunk[-1]
-                at += n
+                    self._holding.setdefault(bit, set()).add(fresh)
+                    prev, at = chunk[-1], end
+                    continue
+                rp = existing.pages
+                o = 0 if rp[0] == pages[at] else rp.index(pages[at])
+                k = min(len(rp) - o, n - at)
+                if rp[o : o + k] != pages[at : at + k]:
+                    k = _common(rp, o, pages, at, k)  # the chain leaves the run here (it may come back)
+                before = rp[o - 1] if o else existing.parent
+                if before != prev:
+                    stats.parent_mismatches += 1
+                touched.setdefault(existing, []).append((o, o + k))
+                prev, at = pages[at + k - 1], at + k
         else:  # a page repeats in the chain: page by page
             fresh_run: _Run | None = None
             for page in pages:
