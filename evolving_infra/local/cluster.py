@@ -67,6 +67,8 @@ class ClusterSpec:
     stop_grace_s: float = 10.0
     plugins: tuple[str, ...] = ()
     """Policy modules the router loads first (dotted names or .py paths): a plugin's planner or routing."""
+    planner_settings: Mapping[str, Any] = field(default_factory=dict)
+    """More settings of the planner (its declared fields; times in it are wall seconds)."""
     routing_settings: Mapping[str, Any] = field(default_factory=dict)
     """Settings of the prefill routing policy (its declared fields)."""
     node_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -153,6 +155,7 @@ class LocalCluster:
         planner_settings: dict[str, Any] = {}
         if s.planner == "ours":
             planner_settings["cooldown_s"] = s.cooldown_s / s.speed_up
+        planner_settings.update(s.planner_settings)
         return {
             "host": "127.0.0.1", "port": 0, "metrics_port": 0, "nodes": dict(self.node_addresses),
             "planner": s.planner, "planner_settings": planner_settings, "window_s": s.window_s / s.speed_up,

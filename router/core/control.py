@@ -167,6 +167,8 @@ class ControlRecord:
     kind: RecordKind
     node: NodeId | None = None
     detail: str = ""
+    reason: str = ""
+    """Why (a decision's reason); not part of `key`: its figures differ between drivers."""
 
     def key(self) -> tuple[str, str | None, str]:
         """The record without its time (what two drivers must agree on, in order)."""
@@ -175,13 +177,14 @@ class ControlRecord:
 
 def record_json(record: ControlRecord) -> dict[str, object]:
     """A control record as plain JSON data."""
-    return {"at": record.at, "kind": record.kind.value, "node": record.node, "detail": record.detail}
+    return {"at": record.at, "kind": record.kind.value, "node": record.node, "detail": record.detail,
+            "reason": record.reason}
 
 
 def record_from_json(data: Mapping[str, object]) -> ControlRecord:
     node = data.get("node")
     return ControlRecord(float(data["at"]), RecordKind(data["kind"]), NodeId(str(node)) if node else None,  # type: ignore[arg-type]
-                         str(data.get("detail", "")))
+                         str(data.get("detail", "")), str(data.get("reason", "")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +259,7 @@ class ControlCore:
             self._warmup_end = now + s.warmup_s
             if fitting and s.fit_interval_s is not None and now + s.fit_interval_s < self._warmup_end:
                 self._next_fit = now + s.fit_interval_s
-            self._record(now, RecordKind.WARMUP_STARTED, detail=f"{s.warmup_s:g}s")
+            self._record(now, RecordKind.WARMUP_STARTED, reason=f"collocated warmup of {s.warmup_s:g} s")
             return []
         for track in self.core.nodes.values():
             self._initial_models(track, warmup=False)
@@ -373,9 +376,9 @@ class ControlCore:
         fitters = {n: t.fitter for n, t in self.core.nodes.items() if t.fitter is not None}
         if self.models.origin is ModelOrigin.FITTED and fitters:
             models, messages, fallback = self.models.freeze(fitters)
-            for node, model in models.items():
-                self.core.router_models[node] = model
-                self.core.planner_models[node] = model
+            for node, (router_model, planner_model) in models.items():
+                self.core.router_models[node] = router_model
+                self.core.planner_models[node] = planner_model
             out.append(ModelsFrozen(now, tuple(messages), fallback))
         else:
             for track in self.core.nodes.values():
@@ -433,7 +436,7 @@ class ControlCore:
     def decided(self, decision: PlannerDecision, now: float) -> list[ControlEffect]:
         """A decision (the planner's, or one made outside it, e.g. by a test) as its switch orders."""
         change = self.core.split_change(decision)
-        self._record(now, RecordKind.DECISION, detail=_describe(decision, change))
+        self._record(now, RecordKind.DECISION, detail=_describe(decision, change), reason=_why(decision))
         out: list[ControlEffect] = [PlannerDecided(now, decision, change)]
         if change is None or not change.switches:
             return out
@@ -443,8 +446,8 @@ class ControlCore:
             out.append(self._order(SwitchOrder(switch.node, switch.phase, switch.mode, generation, relaunch), now))
         return out
 
-    def _record(self, at: float, kind: RecordKind, node: NodeId | None = None, detail: str = "") -> None:
-        self.log.append(ControlRecord(at, kind, node, detail))
+    def _record(self, at: float, kind: RecordKind, node: NodeId | None = None, detail: str = "", reason: str = "") -> None:
+        self.log.append(ControlRecord(at, kind, node, detail, reason))
 
 
 def _describe(decision: PlannerDecision, change: SplitChange | None) -> str:
@@ -452,3 +455,10 @@ def _describe(decision: PlannerDecision, change: SplitChange | None) -> str:
         p, d = change.split
         return f"{decision.outcome.value} {p}P{d}D {decision.mode.value}"
     return decision.outcome.value
+
+
+def _why(decision: PlannerDecision) -> str:
+    """The decision's reason, with each window slice's use where the planner reports it."""
+    slices = getattr(decision.diagnostics, "slices", ())
+    uses = " ".join(f"[{s.start:g},{s.end:g}):{s.use.value}/{s.requests}" for s in slices)
+    return (decision.reason + (f"; slices {uses}" if uses else ""))[:1000]

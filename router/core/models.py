@@ -127,15 +127,18 @@ class ModelBook:
     def provisional(self, fitter: ModelFitter | None) -> object:
         return self.shape.provisional(fitter)
 
-    def freeze(self, fitters: dict[NodeId, ModelFitter]) -> tuple[dict[NodeId, object], list[str], bool]:
-        """End of warmup: (model per node, messages, whether the profile's models stayed instead)."""
+    def freeze(
+        self, fitters: dict[NodeId, ModelFitter]
+    ) -> tuple[dict[NodeId, tuple[object, object]], list[str], bool]:
+        """End of warmup: ((router model, planner model) per node, messages, whether the profile's models stayed
+        instead of fits)."""
         try:
             fitted, messages = freeze_all(fitters)
         except WarmupTooShort as error:
-            model = self.shape.planner_model()
-            return {n: model for n in fitters}, [f"{error}; keeping the profile's models"], True
+            pair = (self.shape.router_model(), self.shape.planner_model())
+            return {n: pair for n in fitters}, [f"{error}; keeping the profile's models"], True
         self.fitted = fitted
-        return dict(fitted), messages, False
+        return {n: (m, m) for n, m in fitted.items()}, messages, False
 
     def refreshed(self, node: NodeId, previous: object | None, usage: UsageCounts | None) -> tuple[object, object]:
         """(router model, planner model) for the next window: the frozen fit remeasured, else the profile's."""

@@ -63,6 +63,8 @@ _RETRYABLE = {
     grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ALREADY_EXISTS,
 }  # fmt: skip
+_CLIENT_FAULT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+"""Node answers that blame the request itself (400); every other non-retryable answer is a 5xx with a retry hint."""
 _RENAMES = 3
 """Fresh wire ids an attempt tries when its prefill node already holds the one sent."""
 
@@ -355,7 +357,10 @@ class LiveRouter:
         too_large = metadata.get("evolving-reject-reason") == "REJECT_REASON_TOO_LARGE"
         if code in _RETRYABLE and not too_large:
             return _Retry(f"node {node}: {code.name}: {error.details()}")
-        return InvalidRequest(f"node {node} refused the request: {error.details()}")
+        if too_large or code in _CLIENT_FAULT:
+            return InvalidRequest(f"node {node} refused the request: {error.details()}")
+        # INTERNAL, UNKNOWN, DATA_LOSS, a credentials mismatch...: the cluster's fault, never the client's
+        return NodeUnavailable(f"node {node} failed the request: {code.name}: {error.details()}", retry_after_s=1.0)
 
     def _stand_in(self, request: CompletionRequest, start: int, count: int) -> tuple[int, ...]:
         """Token ids for an engine that produces none (the emulated one): a hash of prompt and position."""

@@ -2,7 +2,7 @@
 
 | series | type | labels | meaning |
 | --- | --- | --- | --- |
-| `evolving_router_split_nodes` | gauge | phase | nodes serving prefill / decode |
+| `evolving_router_split_nodes` | gauge | phase | nodes serving prefill / decode / both (collocated warmup) |
 | `evolving_router_phase_switches_total` | counter | to_phase, outcome | switches applied (completed / failed) |
 | `evolving_router_phase_switch_duration_seconds` | histogram | | decision to serving the new phase |
 | `evolving_router_queued_requests` | gauge | node, phase | requests queued at the node (its last report) |

@@ -230,3 +230,17 @@ def test_the_crd_names_exactly_the_declared_built_in_policies() -> None:
     assert [n.value for n in PlannerName] == builtin(PLANNERS)
     assert [n.value for n in PrefillPolicyName] == builtin(PREFILL_ROUTING)
     assert [n.value for n in DecodePolicyName] == builtin(DECODE_BINDING)
+
+
+def test_an_unknown_planner_or_routing_policy_in_a_cr_is_refused_naming_it(nine_nodes: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+
+    from evolving_infra.operator.spec import AgentServingClusterSpec
+
+    for path, bad in ((("planner", "policy"), "magic"), (("routing", "prefillPolicy"), "fastest")):
+        spec = copy.deepcopy(nine_nodes["spec"])
+        spec[path[0]][path[1]] = bad
+        with pytest.raises(ValidationError) as info:
+            AgentServingClusterSpec.model_validate(spec)
+        assert any(tuple(e["loc"][:2]) == path for e in info.value.errors()), info.value
+        assert bad in str(info.value)

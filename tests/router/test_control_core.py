@@ -1,0 +1,183 @@
+"""The control core (router/core/control.py), the one orchestration of a cluster for both drivers: the collocated
+warmup and its end, planner ticks, switch orders with bounded increasing generations, the cooldown measured from
+a switch's end, node loss, and the planner's decode work measured from finished requests (no oracle)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolving_infra.core.kv_events import KvStored
+from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
+from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.router.core import CoreSettings, NodeTrack, PoolSnapshot, RouterCore
+from evolving_infra.router.core.control import (
+    MAX_GENERATION, ControlCore, ControlPhase, ControlSettings, ModelsFrozen, NodeLost, PlannerDecided,
+    RecordKind, RequestFinished, SwitchCompleted, SwitchOrder, Tick,
+)  # fmt: skip
+from evolving_infra.router.core.models import ModelBook, ModelOrigin
+from evolving_infra.router.planner import (
+    Outcome, PlannerDecision, PlannerObservation, SwitchMode, WindowConfig,
+)  # fmt: skip
+from evolving_infra.router.routing import make_decode_binder, make_prefill_router
+from evolving_infra.sim.models import shape_of
+
+from tests.router.test_core_flow import PT, request
+
+SHAPE = shape_of(load_profile("deepseek-v4-flash-4xh200-tp4"))
+INITIAL = {NodeId("n0"): Phase.PREFILL, NodeId("n1"): Phase.DECODE, NodeId("n2"): Phase.DECODE}
+
+
+@dataclass
+class ScriptedPlanner:
+    """Returns the queued decisions in turn (HOLD when none is left); keeps every observation."""
+
+    interval_s: float = 10.0
+    decisions: list[PlannerDecision] = field(default_factory=list)
+    seen: list[PlannerObservation] = field(default_factory=list)
+
+    def decide(self, observation: PlannerObservation, now: float) -> PlannerDecision:
+        self.seen.append(observation)
+        if self.decisions:
+            return self.decisions.pop(0)
+        return PlannerDecision(None, SwitchMode.IN_PLACE, Outcome.HOLD, "hold", None)  # type: ignore[arg-type]
+
+
+def cluster(warmup_s: float = 0.0, origin: ModelOrigin = ModelOrigin.PROFILE, collocated: bool = False,
+            planner: ScriptedPlanner | None = None) -> tuple[ControlCore, ScriptedPlanner]:  # fmt: skip
+    tracks = {}
+    for node, phase in INITIAL.items():
+        mode = NodeMode.COLLOCATED if collocated else NodeMode.of(phase)
+        tracks[node] = NodeTrack(node, None if collocated else phase, mode=mode, pool=PoolSnapshot(PT, l1_free=10_000))
+    core = RouterCore(tracks, router=make_prefill_router("round-robin"),
+                      binder=make_decode_binder("fewest-requests", random.Random(0)), settings=CoreSettings())  # fmt: skip
+    planner = planner or ScriptedPlanner()
+    settings = ControlSettings(INITIAL, warmup_s=warmup_s, fit_interval_s=20.0, window=WindowConfig(40.0, 4))
+    return ControlCore(core, planner, settings, ModelBook(SHAPE, origin)), planner  # type: ignore[arg-type]
+
+
+def switch(target: dict[str, Phase], mode: SwitchMode = SwitchMode.IN_PLACE, relaunch_s: float = 0.0) -> PlannerDecision:
+    return PlannerDecision(target, mode, Outcome.SWITCH, "test", None, relaunch_s)  # type: ignore[arg-type]
+
+
+def test_the_collocated_warmup_refits_then_orders_the_initial_split_and_starts_planning() -> None:
+    control, planner = cluster(warmup_s=50.0, origin=ModelOrigin.FITTED, collocated=True)
+    assert control.start(0.0) == [] and control.phase is ControlPhase.WARMUP
+    assert all(t.fitter is not None for t in control.core.nodes.values())
+    assert control.next_tick_at == 20.0  # a provisional refit
+    provisional = dict(control.core.router_models)
+    assert control.tick(20.0) == [] and control.next_tick_at == 40.0
+    assert all(control.core.router_models[n] is not m for n, m in provisional.items())  # refreshed: new objects
+    control.tick(40.0)
+    assert control.next_tick_at == 50.0  # the warmup's end (no refit at or after it)
+    effects = control.tick(50.0)
+    frozen = [e for e in effects if isinstance(e, ModelsFrozen)]
+    assert len(frozen) == 1 and frozen[0].fallback  # no iterations seen: the profile's models stay, said so
+    orders = [e for e in effects if isinstance(e, SwitchOrder)]
+    assert {(o.node, o.phase) for o in orders} == set(INITIAL.items()) and all(o.initial for o in orders)
+    assert len({o.generation for o in orders}) == 1
+    assert control.phase is ControlPhase.SERVING and all(t.fitter is None for t in control.core.nodes.values())
+    assert all(not t.accepts(Phase.DECODE) for n, t in control.core.nodes.items() if INITIAL[n] is Phase.PREFILL)
+    for o in orders:
+        control.handle(SwitchCompleted(o.node, o.phase, 50.5))
+    assert control.core.last_switch_end is None  # the initial placement starts no cooldown
+    assert control.next_tick_at == 60.0 and not planner.seen
+    effects = control.tick(60.0)
+    assert [type(e) for e in effects] == [PlannerDecided] and len(planner.seen) == 1
+    kinds = [r.kind for r in control.log]
+    assert kinds[:2] == [RecordKind.WARMUP_STARTED, RecordKind.WARMUP_ENDED] and kinds[-1] is RecordKind.DECISION
+
+
+def test_a_planner_switch_is_ordered_with_a_fresh_generation_and_its_end_starts_the_cooldown() -> None:
+    planner = ScriptedPlanner(decisions=[switch({"n0": Phase.PREFILL, "n1": Phase.PREFILL, "n2": Phase.DECODE})])
+    control, _ = cluster(planner=planner)
+    control.start(0.0)
+    control.generation_seen(NodeId("n1"), 41)
+    effects = control.tick(10.0)
+    (order,) = [e for e in effects if isinstance(e, SwitchOrder)]
+    assert (order.node, order.phase, order.generation, order.initial) == ("n1", Phase.PREFILL, 42, False)
+    assert control.core.nodes[NodeId("n1")].draining
+    assert control.core.last_switch_end is None  # not at the decision
+    control.handle(SwitchCompleted(NodeId("n1"), Phase.PREFILL, 13.5))
+    assert control.core.last_switch_end == 13.5 and control.core.split_now() == (2, 1)
+    assert control.next_tick_at == 20.0
+
+
+def test_a_relaunch_order_carries_its_downtime_and_a_failed_switch_keeps_the_old_phase() -> None:
+    planner = ScriptedPlanner(decisions=[switch({"n0": Phase.PREFILL, "n1": Phase.PREFILL, "n2": Phase.DECODE},
+                                                SwitchMode.RELAUNCH, 30.0)])  # fmt: skip
+    control, _ = cluster(planner=planner)
+    control.start(0.0)
+    (order,) = [e for e in control.tick(10.0) if isinstance(e, SwitchOrder)]
+    assert (order.mode, order.relaunch_s) == (SwitchMode.RELAUNCH, 30.0)
+    control.switch_failed(order.node, 11.0, "refused")
+    track = control.core.nodes[order.node]
+    assert track.target is None and track.accepts(Phase.DECODE) and control.core.last_switch_end is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=8))
+def test_generations_increase_and_stay_bounded_whatever_nodes_report(reported: list[int]) -> None:
+    control, _ = cluster()
+    control.start(0.0)
+    for g in reported:
+        control.generation_seen(NodeId("n0"), g)
+    before = control.generation
+    assert before <= MAX_GENERATION and before == max([g for g in reported if g <= MAX_GENERATION], default=0)
+    if before < MAX_GENERATION:
+        (order,) = [e for e in control.decided(switch({"n0": Phase.DECODE, "n1": Phase.PREFILL, "n2": Phase.DECODE}), 1.0)
+                    if isinstance(e, SwitchOrder) and e.node == "n0"]  # fmt: skip
+        assert before < order.generation <= MAX_GENERATION
+    else:
+        with pytest.raises(OverflowError):
+            control.decided(switch({"n0": Phase.DECODE, "n1": Phase.PREFILL, "n2": Phase.DECODE}), 1.0)
+
+
+def test_ticks_never_go_back_in_time_and_events_are_typed() -> None:
+    control, _ = cluster()
+    control.start(0.0)
+    control.handle(Tick(10.0))
+    with pytest.raises(ValueError, match="before the last tick"):
+        control.handle(Tick(5.0))
+    with pytest.raises(TypeError, match="not a control event"):
+        control.handle("tick")  # type: ignore[arg-type]
+
+
+def test_a_lost_node_serves_nothing_and_its_kv_and_counts_are_dropped() -> None:
+    control, _ = cluster()
+    control.start(0.0)
+    core = control.core
+    req = request(core, "a", "b1", 3)
+    core.absorb([KvStored(NodeId("n1"), Tier.HOST, None, req.prompt_pages, 0.0)])
+    assert core.directory.held_count(NodeId("n1"), Tier.HOST) == 3
+    effects = control.handle(NodeLost(NodeId("n1"), 1.0, "stream broke"))
+    assert core.directory.held_count(NodeId("n1"), Tier.HOST) == 0
+    assert core.nodes[NodeId("n1")].phase is None and control.log[-1].kind is RecordKind.NODE_LOST
+    assert all(p.node != "n1" or all(v == 0 for v in p.counts.values()) for p in effects)  # type: ignore[union-attr]
+
+
+def test_no_planner_input_reads_a_requests_declared_output_length() -> None:
+    """Requests declare 100,000 output tokens (a max_tokens, or a trace's future output) but finish after 300:
+    the planner's w̄ holds only the measured 300 (it would hold 100,000 if planning read the declared length)."""
+    control, planner = cluster()
+    control.start(0.0)
+    core = control.core
+    for i in range(4):
+        req = request(core, f"r{i}", f"b{i}", 2, name=f"x{i}")
+        assert req.route.output_tokens == 10  # the test helper's declared output...
+        object.__setattr__(req.route, "output_tokens", 100_000)  # ...made absurd
+        routed = core.route(req, 1.0 + i)
+        assert routed is not None
+        core.prefill_sent(req)
+        core.prefill_started(routed.node, req, 0, 0, 1.0 + i)
+        control.handle(RequestFinished(300, 120.0, 2.0 + i))
+    control.tick(10.0)
+    slices = [s for s in planner.seen[-1].slices if s.requests]
+    assert sum(s.requests for s in slices) == 4 and sum(s.finished for s in slices) == 4
+    assert sum(s.sum_t_out for s in slices) == 4 * 300
+    assert sum(s.sum_decode_iterations for s in slices) == 4 * 120.0
+    merged = slices[0]
+    assert merged.mean_work is not None and merged.mean_work.t_out == 300
