@@ -117,7 +117,7 @@ PRESETS: dict[PresetName, Preset] = {
     p.name: p
     for p in (
         Preset(PresetName.SHIFT, "decode-heavy then prefill-heavy agents on 4 nodes; the planner re-splits",
-               "shift", {}, agents=4, closed_loop=False, speed_up=4.0, duration_s=95.0),
+               "shift", {}, agents=4, closed_loop=False, speed_up=4.0, duration_s=95.0, warmup_s=20.0),
         Preset(PresetName.TINY, "4 small Putnam-like agents on 3 nodes (1P2D), a few seconds",
                "putnam", {**_PUTNAM_SMALL, "system_prefix_tokens": 256, "problem_tokens": 128, "steps": 3,
                           "output_tokens": 64, "observation_tokens": 64, "pause_s": 2.0},
