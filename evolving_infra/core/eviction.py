@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from evolving_infra.core.pages import PageHash
+from evolving_infra.core.plugins import PolicyKind, PolicyRegistry, PolicySpec
 
 
 class EvictionPolicyName(enum.Enum):
@@ -83,11 +84,27 @@ class LruEviction(_KeyedPolicy):
         return (page.last_access,)
 
 
+@dataclass(frozen=True)
+class _NoSettings:
+    """An eviction order without settings."""
+
+
+EVICTION: PolicyRegistry[HostEvictionPolicy] = PolicyRegistry(PolicyKind.EVICTION, [
+    PolicySpec(PolicyKind.EVICTION, EvictionPolicyName.BRANCH_COUNT.value,
+               "ours (E.2): unreferenced pages first (count = 0), then least recently used", _NoSettings,
+               lambda s, rng: BranchCountEviction(), frozenset(), __name__),
+    PolicySpec(PolicyKind.EVICTION, EvictionPolicyName.LRU.value, "least recently used (HiCache)", _NoSettings,
+               lambda s, rng: LruEviction(), frozenset(), __name__),
+])  # fmt: skip
+"""The host eviction orders, declared like every other policy (the engine's L2 keeps an index per built-in
+order, so the configurations select among these two)."""
+
+
 def eviction_policy(name: EvictionPolicyName | str) -> HostEvictionPolicy:
-    """The policy registered under `name` (`branch-count` or `lru`)."""
+    """The policy declared under `name` (`branch-count` or `lru`)."""
     try:
         resolved = EvictionPolicyName(name)
     except ValueError:
         choices = ", ".join(p.value for p in EvictionPolicyName)
         raise ValueError(f"unknown eviction policy {name!r}; choose one of: {choices}") from None
-    return BranchCountEviction() if resolved is EvictionPolicyName.BRANCH_COUNT else LruEviction()
+    return EVICTION.build(resolved)
