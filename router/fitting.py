@@ -280,7 +280,10 @@ class ModelFitter:
             self.min_samples_per_coefficient * len(DECODE_NAMES), self.holdout_fraction, (split_seed, 1),
         )  # fmt: skip
         p_coef = None if prefill.values is None else PrefillCoefficients(*prefill.values)
-        d_coef = None if decode.values is None else DecodeCoefficients(*decode.values, self.k, self.experts, self.t_fwd)
+        d_coef: DecodeCoefficients | None = None
+        if decode.values is not None:
+            d0, d1, d2 = decode.values  # one value per DECODE_NAMES
+            d_coef = DecodeCoefficients(d0, d1, d2, self.k, self.experts, self.t_fwd)
         if prefill.status is PhaseStatus.FITTED and decode.status is PhaseStatus.FITTED:
             status = FitStatus.OK
         else:

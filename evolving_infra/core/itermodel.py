@@ -113,7 +113,8 @@ def phi(batch: float, k: int, experts: int, t_fwd: float) -> float:
     """Expected fraction of routed experts that `t_fwd * batch` tokens select (appendix B.3)."""
     if batch <= 0:
         return 0.0
-    return 1.0 - (1.0 - k / experts) ** (t_fwd * batch)
+    missed: float = (1.0 - k / experts) ** (t_fwd * batch)  # float ** float is typed Any (complex if negative)
+    return 1.0 - missed
 
 
 def decode_features(coef: DecodeCoefficients, batch: float) -> tuple[float, float, float]:

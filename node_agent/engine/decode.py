@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import BranchId, NodeId, Tier
+from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DecodeFinished
@@ -46,7 +46,7 @@ _EPS = 1e-9
 class DecodeJob:
     """Mutable state of one decode request on this node."""
 
-    rid: str
+    rid: RequestId
     branch: BranchId
     pages: tuple[PageHash, ...]  # prompt pages, then generated pages
     prompt_pages: int
@@ -166,11 +166,11 @@ class DecodeScheduler:
             heapq.heappush(self._due, (self._iteration + job.next_event(0, self.pt), job.seq, job))
 
     # --- iterations ----------------------------------------------------------------------------------
-    def apply(self, end: float, report_tokens: bool = True) -> tuple[dict[str, int], list[DecodeFinished]]:
+    def apply(self, end: float, report_tokens: bool = True) -> tuple[dict[RequestId, int], list[DecodeFinished]]:
         """One decode iteration ending at `end`: tokens per running request (only if `report_tokens`), and
         those that finished."""
         self._iteration = now = self._iteration + 1
-        tokens: dict[str, int] = {}
+        tokens: dict[RequestId, int] = {}
         if report_tokens:
             for job in self.running():
                 i = now - job.start

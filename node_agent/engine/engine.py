@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from evolving_infra.core.eviction import HostEvictionPolicy
 from evolving_infra.core.itermodel import IterationRecord, decode_iteration_time, prefill_iteration_time
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
+from evolving_infra.core.types import NodeId, NodeMode, Phase, RequestId, Tier
 from evolving_infra.node_agent.engine.decode import DecodeScheduler
 from evolving_infra.node_agent.engine.errors import (
     DuplicateRequest,
@@ -52,6 +52,7 @@ from evolving_infra.node_agent.engine.outputs import (
     FetchStarted,
     IterationKind,
     PrefillFinished,
+    PrefillStarted,
     StepOutput,
     SwitchBegun,
     SwitchReport,
@@ -126,7 +127,7 @@ class EngineCore:
         self._busy_until = -math.inf
         self._last_kind = IterationKind.IDLE
         self._known: set[str] = set()
-        self._gauges: tuple[tuple[object, ...], EngineGauges | None] = ((), None)
+        self._gauges: tuple[tuple[object, ...], EngineGauges] | None = None
         self._decode_times: dict[int, float] = {}
         self.report_detail = report_detail
 
@@ -174,9 +175,10 @@ class EngineCore:
         decode_running = len(self._decode.jobs) - decode_queued
         pool = self.pool.gauges()
         key = (self.mode, self.switch_state, pool, queued, waiting, running, decode_queued, decode_running)
-        if key != self._gauges[0]:  # gauges are immutable: the last ones are handed out again if unchanged
-            self._gauges = (key, EngineGauges(*key))
-        return self._gauges[1]
+        last = self._gauges
+        if last is None or key != last[0]:  # gauges are immutable: the last ones are handed out again if unchanged
+            last = self._gauges = (key, EngineGauges(*key))
+        return last[1]
 
     # --- inputs --------------------------------------------------------------------------------------
     def submit_prefill(self, req: PrefillRequest, now: float) -> Effects:
@@ -258,10 +260,10 @@ class EngineCore:
         decode.admit(now)
         fetches = prefill.admit(now, self._switch.local_decode_ok()) if prefill.jobs else ()
         kind = self._choose()
-        started: tuple = ()
+        started: tuple[PrefillStarted, ...] = ()
         finished: list[PrefillFinished] = []
         decodes_done: list[DecodeFinished] = []
-        tokens: dict[str, int] = {}
+        tokens: dict[RequestId, int] = {}
         record: IterationRecord | None = None
         duration = stall = 0.0
         if kind is IterationKind.PREFILL:

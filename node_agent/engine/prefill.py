@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from evolving_infra.core.itermodel import PrefillItem
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.core.types import NodeId, RequestId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
@@ -78,7 +78,7 @@ class PrefillJob:
     started_at: float | None = None
 
     @property
-    def rid(self) -> str:
+    def rid(self) -> RequestId:
         return self.req.request
 
     def parent(self, i: int) -> PageHash | None:
@@ -157,7 +157,7 @@ class PrefillScheduler:
             if job.stage is PrefillStage.WAIT_GPU and gpu_open:
                 outcome = self._admit_gpu(job, now, local_ok)
                 gpu_open = outcome is not Admission.NO_ROOM
-                if job.stage is PrefillStage.LOADING and job.ready_at <= now:
+                if job.stage is PrefillStage.LOADING and job.ready_at <= now:  # type: ignore[comparison-overlap]  # set by _admit_gpu
                     self._finish_load(job)
         return fetches
 

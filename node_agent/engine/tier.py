@@ -28,7 +28,7 @@ Boundary: bookkeeping of one tier; what moves between tiers, eviction order and 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, KeysView
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
@@ -98,11 +98,11 @@ class TierPool(TierRuns):
     def resident(self) -> frozenset[PageHash]:
         return frozenset(self._parent)
 
-    def resident_set(self) -> Iterable[PageHash]:
+    def resident_set(self) -> KeysView[PageHash]:
         """A live, read-only view of the resident pages (supports `in` and set operations; do not keep)."""
         return self._parent.keys()
 
-    def writing_set(self) -> Iterable[PageHash]:
+    def writing_set(self) -> KeysView[PageHash]:
         """A live, read-only view of the pages being written (supports `in` and set operations)."""
         return self._writing.keys()
 

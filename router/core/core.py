@@ -180,7 +180,7 @@ class RouterCore:
         node = self.nodes[decision.node]
         view = views.view_of(node.id)
         if req.prefill_node in self.nodes:  # drivers release a request before routing it again, but to be sure:
-            self.nodes[req.prefill_node].rerouting(req.id)  # type: ignore[index]
+            self.nodes[req.prefill_node].rerouting(req.id)
         req.prefill_node = node.id
         req.routed_cached = decision.cached_tokens
         req.routed_restore = max(0, decision.cached_tokens - view.own_gpu_pages * req.route.page_tokens)

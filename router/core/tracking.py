@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Work
 from evolving_infra.router.core.effects import FetchPlanRun
 from evolving_infra.router.fitting import ModelFitter, UsageCounts
 from evolving_infra.router.routing import QueuedPrefill, RouteRequest, RunningPrefill
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsKeysAndGetItem
 
 
 def serves(mode: NodeMode, phase: Phase) -> bool:
@@ -73,6 +77,11 @@ class RoutedRequest:
         return QueuedPrefill(self.route.id, work, min(self.routed_restore, cached))
 
 
+_T = TypeVar("_T")
+_SentViews = tuple[int | None, tuple[QueuedPrefill, ...], frozenset[str] | None, tuple[QueuedPrefill, ...]]
+"""`NodeTrack._sent_views`: (sent version, in flight, report ids, unreported)."""
+
+
 class SentRequests(dict[str, RoutedRequest]):
     """`NodeTrack.sent`: a dict that counts its changes in `version` (every call that may change it counts),
     so what is built from it can be reused until it changes (`NodeTrack.sent_views`)."""
@@ -91,13 +100,17 @@ class SentRequests(dict[str, RoutedRequest]):
         self.version += 1
         super().__delitem__(key)
 
-    def __ior__(self, other: object) -> SentRequests:  # type: ignore[override]
+    def __ior__(self, other: SupportsKeysAndGetItem[str, RoutedRequest]) -> Self:  # type: ignore[override,misc]  # mapping form only
         self.version += 1
-        return super().__ior__(other)  # type: ignore[operator,return-value]
+        return super().__ior__(other)
 
-    def pop(self, key: str, *default: object) -> RoutedRequest:  # type: ignore[override]
+    @overload
+    def pop(self, key: str, /) -> RoutedRequest: ...
+    @overload
+    def pop(self, key: str, default: RoutedRequest | _T, /) -> RoutedRequest | _T: ...
+    def pop(self, key: str, /, *default: Any) -> Any:
         self.version += 1
-        return super().pop(key, *default)  # type: ignore[arg-type]
+        return super().pop(key, *default)
 
     def popitem(self) -> tuple[str, RoutedRequest]:
         self.version += 1
@@ -107,11 +120,11 @@ class SentRequests(dict[str, RoutedRequest]):
         self.version += 1
         super().clear()
 
-    def update(self, *args: object, **kwargs: RoutedRequest) -> None:  # type: ignore[override]
+    def update(self, *args: Any, **kwargs: RoutedRequest) -> None:
         self.version += 1
-        super().update(*args, **kwargs)  # type: ignore[arg-type]
+        super().update(*args, **kwargs)
 
-    def setdefault(self, key: str, default: RoutedRequest) -> RoutedRequest:  # type: ignore[override]
+    def setdefault(self, key: str, default: RoutedRequest) -> RoutedRequest:
         self.version += 1
         return super().setdefault(key, default)
 
@@ -165,7 +178,7 @@ class NodeTrack:
     """Requests bound at routing that wait for their KV reservation here (the SGLang baseline's pre-allocation)."""
     fitter: ModelFitter | None = None
     usage: UsageCounts = field(default_factory=UsageCounts)
-    _sent_views: tuple[object, ...] = field(default=(), init=False, repr=False)
+    _sent_views: _SentViews | None = field(default=None, init=False, repr=False)
     """(sent version, in flight, report ids, unreported) of the last `sent_views`."""
 
     def __post_init__(self) -> None:
@@ -216,12 +229,12 @@ class NodeTrack:
         sent, ids = self.sent, self.report_ids
         version = getattr(sent, "version", None)  # a plain dict put here by hand is never reused
         cache = self._sent_views
-        if version is None or not cache or cache[0] != version:
+        if version is None or cache is None or cache[0] != version:
             cache = (version, tuple(r.queued_view() for r in sent.values()), None, ())
         if cache[2] is not ids:
             cache = (version, cache[1], ids, tuple(q for q, rid in zip(cache[1], sent, strict=True) if rid not in ids))
         self._sent_views = cache
-        return cache[3], cache[1]  # type: ignore[return-value]
+        return cache[3], cache[1]
 
     def rerouting(self, rid: str) -> None:
         """Request `rid` is being routed again: if it is still in `sent`, its routed work changes there."""

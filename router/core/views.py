@@ -22,7 +22,7 @@ from evolving_infra.core.types import NodeId
 from evolving_infra.router.planner import NodeLoad
 from evolving_infra.router.prefix_match import PrefixMatch
 from evolving_infra.router.routing import DecodeNodeView, PageRun, PrefillNodeView, PrefillNodeModel
-from evolving_infra.router.routing.inputs import PrefillNodeState, PrefillViewSet, PrefixColumns
+from evolving_infra.router.routing.inputs import PrefillNodeState, PrefillStateRow, PrefillViewSet, PrefixColumns
 from evolving_infra.router.routing.decode import kv_tokens_needed
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
 
@@ -103,12 +103,13 @@ class TrackViews(PrefillViewSet):
             self._columns = PrefixColumns(gpu=gpu, own=np.maximum(gpu, either), cluster=cluster, fetch=fetch)
         return self._columns
 
-    def states(self) -> list[tuple[object, ...]]:
-        now, models, out = self._now, self._models, []
+    def states(self) -> list[PrefillStateRow]:
+        now, models = self._now, self._models
+        out: list[PrefillStateRow] = []
         for track in self._tracks:
             unreported, in_flight = track.sent_views()
             at = track.report_time
-            out.append((track.report_running, track.report_queue, unreported, in_flight,
+            out.append((track.report_running, track.report_queue, unreported, in_flight,  # type: ignore[arg-type]  # router models are opaque here
                         None if at is None else max(0.0, now - at), models.get(track.id)))  # fmt: skip
         return out
 

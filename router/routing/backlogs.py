@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,8 @@ below 1e-12 relative; the bound leaves a wide margin and is checked by tests."""
 
 JobsOf = Callable[[object, tuple[Sequence[object], ...]], list[ReplayJob]]
 """(kind, parts) -> the replay jobs of the whole backlog, in order."""
-JobOf = Callable[[object], ReplayJob]
-"""An item of the last part -> its one replay job."""
+JobOf = Callable[[Any], ReplayJob]
+"""An item of the last part (a policy's queue entry, opaque here) -> its one replay job."""
 
 
 def linear_coefficients(model: PrefillNodeModel) -> PrefillCoefficients | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, overload
+from typing import NamedTuple, cast, overload
 
 import numpy as np
 
@@ -229,6 +229,13 @@ class PrefillNodeState(NamedTuple):
     model: PrefillNodeModel | None
 
 
+PrefillStateRow = tuple[
+    tuple[RunningPrefill, ...], tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...],
+    float | None, PrefillNodeModel | None,
+]
+"""`PrefillNodeState` as a plain tuple (`PrefillViewSet.states`)."""
+
+
 class PrefillViewSet(Sequence[PrefillNodeView], abc.ABC):
     """The views of every candidate prefill node for one request, built only when read.
 
@@ -255,9 +262,9 @@ class PrefillViewSet(Sequence[PrefillNodeView], abc.ABC):
     def state(self, i: int) -> PrefillNodeState:
         """The queue state of the i-th node."""
 
-    def states(self) -> Sequence[tuple[object, ...]]:
+    def states(self) -> Sequence[PrefillStateRow]:
         """`tuple(self.state(i))` for every node, in order (implementations may build them faster)."""
-        return [tuple(self.state(i)) for i in range(len(self))]
+        return [cast(PrefillStateRow, tuple(self.state(i))) for i in range(len(self))]
 
     def index_of(self, node: NodeId) -> int:
         return self.nodes.index(node)
