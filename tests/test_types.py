@@ -77,14 +77,6 @@ NOT_YET_CLEAN = frozenset(
         "evolving_infra.sim.metrics",
         "evolving_infra.sim.phases",
         "evolving_infra.sim.run",
-        "evolving_infra.traces.claude_code",
-        "evolving_infra.traces.miniswe",
-        "evolving_infra.traces.openai_log",
-        "evolving_infra.workloads.cc",
-        "evolving_infra.workloads.generate",
-        "evolving_infra.workloads.osworld",
-        "evolving_infra.workloads.putnam",
-        "evolving_infra.workloads.shape",
     }
 )
 

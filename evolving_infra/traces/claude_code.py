@@ -274,7 +274,7 @@ def _emit(builder: TraceBuilder, agent: str, branch: str, ids: list[str], k: int
         report.missing_timestamps += 1
     prefix = _prefix_name(call.model, role)
     shared = prefix if prefix in prefixes else None
-    common = {"agent": agent, "branch": branch, "prompt": call.prompt, "output": call.output, "after": after,
+    common: dict[str, Any] = {"agent": agent, "branch": branch, "prompt": call.prompt, "output": call.output, "after": after,
               "delay_s": delay, "extra": {"claude_code_line": call.line}}  # fmt: skip
     if k == 0:
         builder.request(ids[k], shared=shared, keep=prefixes.get(prefix, 0), **common)

@@ -70,6 +70,11 @@ class Trajectory:
     skipped: int
 
 
+def _dict_or_empty(value: object) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -84,8 +89,8 @@ def _text(content: object) -> str:
 
 def _usage(message: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(usage, response) of an assistant message of either format."""
-    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
-    response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+    extra = _dict_or_empty(message.get("extra"))
+    response = _dict_or_empty(extra.get("response"))
     for holder in (response, message, extra):
         usage = holder.get("usage")
         if isinstance(usage, dict):
@@ -106,7 +111,7 @@ def _call(message: dict[str, Any], path: str, line: int) -> Call | None:
             raise LogFormatError(path, line, f"usage {key} must be a non-negative integer, got {value!r}")
     if prompt is None or output is None:
         return None
-    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    extra = _dict_or_empty(message.get("extra"))
     time_s = None
     for value in (response.get("created"), extra.get("timestamp"), message.get("created_at"), message.get("created")):
         time_s = parse_time(value)
@@ -198,9 +203,9 @@ def convert_trajectories(
     for t in used:
         estimate = int(t.calls[0].prompt * t.system_share)
         if t.system and estimate > 0:
-            prefix = f"mini-swe-agent:system:{short_hash(t.system)}"
-            builder.prefix(prefix, estimate)
-            prefix_of[t.agent] = prefix
+            new_prefix = f"mini-swe-agent:system:{short_hash(t.system)}"
+            builder.prefix(new_prefix, estimate)
+            prefix_of[t.agent] = new_prefix
         else:
             prefix_of[t.agent] = None
     report.estimated_prefix_tokens = sum(builder.prefix_tokens(p) for p in set(prefix_of.values()) if p)

@@ -70,6 +70,11 @@ class LogRow:
     end_s: float | None
 
 
+def _dict_or_empty(value: object) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _text(content: object) -> str:
     if isinstance(content, str):
         return content
@@ -111,6 +116,7 @@ def _row(obj: object, path: str, line: int) -> LogRow | None:
     for key, value in (("prompt_tokens", prompt), ("completion_tokens", output), ("reasoning_tokens", reasoning)):
         if not _nonneg(value if key != "reasoning_tokens" or value is not None else 0):
             raise LogFormatError(path, line, f"usage.{key} must be a non-negative integer, got {value!r}")
+    assert isinstance(prompt, int) and isinstance(output, int)  # checked just above
     items: list[str] = []
     chars: list[int] = []
     tools = request.get("tools")
@@ -126,7 +132,7 @@ def _row(obj: object, path: str, line: int) -> LogRow | None:
     answer = None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
         answer = _canonical(choices[0]["message"])
-    meta = request.get("metadata") if isinstance(request.get("metadata"), dict) else {}
+    meta = _dict_or_empty(request.get("metadata"))
     session = next((v for v in (obj.get("session_id"), meta.get("session_id"), request.get("user"))
                     if isinstance(v, str) and v), None)  # fmt: skip
     times: dict[str, float | None] = {}
@@ -182,9 +188,9 @@ def convert_log(
     for r, chain in zip(rows, chains, strict=True):
         total = sum(r.chars)
         if r.system_items and total:
-            prefix = "openai-log:" + chain[r.system_items - 1].hex()[:10]
-            builder.prefix(prefix, max(1, r.prompt * sum(r.chars[: r.system_items]) // total))
-            prefix_of.append(prefix)
+            new_prefix = "openai-log:" + chain[r.system_items - 1].hex()[:10]
+            builder.prefix(new_prefix, max(1, r.prompt * sum(r.chars[: r.system_items]) // total))
+            prefix_of.append(new_prefix)
         else:
             prefix_of.append(None)
     report.estimated_prefix_tokens = sum(builder.prefix_tokens(p) for p in set(prefix_of) if p)
@@ -206,6 +212,7 @@ def convert_log(
         if agent not in branches_of:
             branches_of[agent] = 0
             builder.agent(agent, workload, (r.start_s if r.start_s is not None else origin) - origin)
+        waits: int | None
         if base is not None and agent_of[base] == agent:
             branch = branch_of[base]
             if tail[branch] != base:
@@ -221,8 +228,8 @@ def convert_log(
         delay = _delay(r, rows[waits]) if waits is not None else 0.0
         if waits is not None and delay is None:
             report.missing_timestamps += 1
-        common = {"agent": agent, "branch": branch, "prompt": r.prompt, "output": r.output, "after": after,
-                  "delay_s": delay or 0.0, "extra": {"openai_log_line": r.line}}  # fmt: skip
+        common: dict[str, Any] = {"agent": agent, "branch": branch, "prompt": r.prompt, "output": r.output,
+                                  "after": after, "delay_s": delay or 0.0, "extra": {"openai_log_line": r.line}}  # fmt: skip
         if base is not None:
             b = rows[base]
             if run == len(b.items) + 1:

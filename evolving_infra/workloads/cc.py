@@ -171,7 +171,7 @@ class _CCAgent:
         sizes = fit(int(start.get("keep", 0)), p.first_prompt_tokens.sample_int(rng), p.output_tokens.sample_int(rng),
                     p.max_context_tokens)  # fmt: skip
         assert sizes is not None
-        b.request(main, after=[], delay_s=0.0, new=sizes[0], output=sizes[1], **start)  # type: ignore[arg-type]
+        b.request(main, after=[], delay_s=0.0, new=sizes[0], output=sizes[1], **start)
         steps = max(1, p.main_steps.sample_int(rng))
         done = 1
         while done < steps:
@@ -235,7 +235,7 @@ class _CCAgent:
                         p.output_tokens.sample_int(rng), p.max_context_tokens)  # fmt: skip
             assert sizes is not None
             b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), new=sizes[0],
-                      output=sizes[1], **start)  # type: ignore[arg-type]  # fmt: skip
+                      output=sizes[1], **start)  # fmt: skip
             for _ in range(max(1, p.subagent_steps.sample_int(rng)) - 1):
                 if not self.step(sub, p.tool_result_tokens.sample_int(rng), p.tool_pause_s.sample(rng)):
                     break

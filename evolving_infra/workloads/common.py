@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from evolving_infra.workloads.params import param
 
@@ -44,7 +45,7 @@ def check_nonnegative(name: str, value: int) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def shared_start(prefix: str, tokens: int) -> dict[str, object]:
+def shared_start(prefix: str, tokens: int) -> dict[str, Any]:
     """Keyword arguments that start a request from `tokens` tokens of `prefix`, or from nothing when 0."""
     return {"shared": prefix, "keep": tokens} if tokens > 0 else {}
 

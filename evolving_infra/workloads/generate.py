@@ -35,7 +35,7 @@ class Kind:
     """A workload kind: its parameter type and a one-line description."""
 
     name: str
-    params_type: type
+    params_type: type[Any]
     summary: str
 
 

@@ -109,7 +109,7 @@ class _OSWorldAgent:
         assert sizes is not None, "the system prompt is below half of the context bound"
         new, out = sizes
         shot = min(shot, new)
-        self.b.request(br, after=after, delay_s=delay_s, new=new, output=out, **start)  # type: ignore[arg-type]
+        self.b.request(br, after=after, delay_s=delay_s, new=new, output=out, **start)
         br.marks.append((keep + new - shot, shot))
 
     def step(self, br: BranchState, text: int, pause: float, after: list[str] | None = None) -> bool:

@@ -73,7 +73,7 @@ def putnam_agent(
     sizes = fit(int(start.get("keep", 0)), p.problem_tokens.sample_int(rng), p.output_tokens.sample_int(rng),
                 p.max_context_tokens)  # fmt: skip
     assert sizes is not None
-    r = b.request(main, after=[], delay_s=0.0, new=sizes[0], output=sizes[1], **start)  # type: ignore[arg-type]
+    r = b.request(main, after=[], delay_s=0.0, new=sizes[0], output=sizes[1], **start)
     for _ in range(steps - 1):
         new, out, pause = p.observation_tokens.sample_int(rng), p.output_tokens.sample_int(rng), p.pause_s.sample(rng)
         if main.context + new + out > p.max_context_tokens:

@@ -95,8 +95,8 @@ def shapes(records: Iterable[Mapping[str, object]]) -> dict[str, Shape]:
             rid, branch = str(rec["id"]), str(rec["branch"])
             spec = rec["input"]
             assert isinstance(spec, Mapping)
-            keep = int(spec.get("keep", 0))  # type: ignore[call-overload]
-            new, output = int(spec["new"]), int(rec["output_tokens"])  # type: ignore[call-overload]
+            keep = int(spec.get("keep", 0))
+            new, output = int(spec["new"]), int(rec["output_tokens"])  # type: ignore[call-overload]  # record values are typed object
             base, shared = spec.get("base"), spec.get("shared")
             prompt = keep + new
             if base is not None:
