@@ -282,7 +282,7 @@ class PageKvDirectory:
             mask ^= low
 
 
-def _first(values: list, sentinel: object) -> int:  # type: ignore[type-arg]
+def _first(values: Sequence[object], sentinel: object) -> int:
     """Index of the first `sentinel` in `values`, or `len(values)` if there is none."""
     try:
         return values.index(sentinel)

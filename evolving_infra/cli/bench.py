@@ -17,7 +17,7 @@ BENCH_MODULES: tuple[str, ...] = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     for name in BENCH_MODULES:

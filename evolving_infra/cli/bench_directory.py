@@ -259,7 +259,7 @@ def _handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("directory", help="KV directory: ingest rate, lookup latency, bytes per page")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--nodes", type=int, default=96, help="nodes (half prefill, half decode; default 96)")

@@ -40,7 +40,7 @@ from evolving_infra.router.fitting import ModelFitter
 NODE = NodeId("bench")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("engine", help="engine steps/s, model fitting time and held-out error")
     parser.add_argument("--profile", default="glm-5.2-4xgb300-tp4", help="hardware profile (name or file)")
     parser.add_argument("--batch", type=int, default=64, help="running decode requests (default 64)")

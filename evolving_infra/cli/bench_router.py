@@ -50,7 +50,7 @@ PT = 64
 PROFILE = "deepseek-v4-flash-4xh200-tp4"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("router", help="routing decisions per second and latency (96 prefill nodes), HTTP overhead")
     p.add_argument("--prefill-nodes", type=int, default=96)
     p.add_argument("--prefixes", type=int, default=32, help="shared system prompts in the directory")

@@ -27,7 +27,7 @@ from evolving_infra.sim.run import simulate, workload_trace
 from evolving_infra.sim.systems import build_config
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("sim", help="simulator speed: simulated requests and events per wall-clock second")
     parser.add_argument("--workload", default="cc", choices=["cc", "putnam", "osworld"], help="default cc")
     parser.add_argument("--system", default="evolving", help="system preset (default evolving)")

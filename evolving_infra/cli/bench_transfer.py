@@ -275,7 +275,7 @@ def _print_table(data: dict) -> None:
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("transfer", help="KV transfer bytes/s: Mooncake TCP and gRPC vs memory copy")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--mib", type=int, default=64, help="MiB of KV pages per read (default 64)")

@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`evolving-infra evaluate ...`: comparisons with the real peers (the matrix runs via scripts/evaluate.py)."""
     from evolving_infra.cli import peers
 

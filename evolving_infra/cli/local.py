@@ -41,7 +41,7 @@ from evolving_infra.traces import TraceError, load_trace
 from evolving_infra.traces.records import Trace
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("local", help="run node agents and a router locally and replay an agent workload through it",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)  # fmt: skip
     p.add_argument("trace", nargs="?", type=Path, default=None, metavar="TRACE", help="trace file (.jsonl / .jsonl.gz)")

@@ -74,7 +74,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("node-agent", help="run a node agent (emulated engine, gRPC API, metrics)")
     actions = parser.add_subparsers(dest="node_agent_command", metavar="ACTION", required=True)
     serve = actions.add_parser("serve", help="serve one node until SIGTERM/SIGINT (then drain and exit 0)")

@@ -32,7 +32,7 @@ from evolving_infra.operator.spec import AgentServingClusterSpec
 from evolving_infra.settings import NoAliasLoader
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("operator", help="the Kubernetes operator: CRD, validation of cluster files, rendering")
     actions = parser.add_subparsers(dest="operator_command", metavar="ACTION", required=True)
 

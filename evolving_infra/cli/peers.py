@@ -22,7 +22,7 @@ WORKLOADS = ("cc", "putnam", "osworld", "mixed", "shift")
 PROFILE = {"putnam": "glm-5.2-4xgb300-tp4", "cc": "glm-5.2-4xgb300-tp4", "osworld": "kimi-k2.6-4xgb300-tp4"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "peers",
         help="our simulator vs Dynamo's own replay on one workload (needs scripts/peers/setup-dynamo.sh)",

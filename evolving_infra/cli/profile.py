@@ -20,7 +20,7 @@ from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import ProfileError, builtin_profiles, load_profile, profile_to_data
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("profile", help="hardware profiles: coefficients and capacities of a node type")
     actions = parser.add_subparsers(dest="profile_command", metavar="ACTION", required=True)
 

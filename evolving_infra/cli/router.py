@@ -48,7 +48,7 @@ def _scalar(annotation: Any) -> Any:
     return annotation
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("router", help="run the live router (OpenAI-compatible HTTP, routing core, planner)")
     actions = parser.add_subparsers(dest="router_command", metavar="ACTION", required=True)
     serve = actions.add_parser("serve", help="serve until SIGTERM/SIGINT (then shut down gracefully)")

@@ -45,7 +45,7 @@ def _values(enum: Any) -> list[str]:
     return [m.value for m in enum]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="simulate a cluster in virtual time on a trace or a synthetic workload",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace file (.jsonl / .jsonl.gz); or use --workload")

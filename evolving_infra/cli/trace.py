@@ -29,7 +29,7 @@ from evolving_infra.traces.records import Trace
 from evolving_infra.traces.stats import Counts, TraceStats, ideal_hit_tokens_from_pages, trace_stats
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("trace", help="validate, summarize and import agent traces")
     actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
 
@@ -241,7 +241,7 @@ def _import_mooncake(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_export(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _register_export(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     exports = actions.add_parser("export", help="convert a trace into another format")
     formats = exports.add_subparsers(dest="export_format", metavar="FORMAT", required=True)
     epilog = "assumptions:\n" + "\n".join(

@@ -43,7 +43,7 @@ _IMPORTERS: dict[ImportKind, tuple[Callable[..., AgentImportReport], tuple[str, 
 }  # fmt: skip
 
 
-def register_agent_imports(formats: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_agent_imports(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add one `trace import KIND` parser per agent-log format."""
     for kind, (_, assumptions, help_text, src_help) in _IMPORTERS.items():
         epilog = "assumptions:\n" + "\n".join(
@@ -99,7 +99,7 @@ def _load(path: str) -> Trace:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}", USAGE_ERROR) from None
 
 
-def register_transforms(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_transforms(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `trace scale`, `trace merge` and `trace slice`."""
     scale = actions.add_parser("scale", help="replicate every agent with fresh content (named prefixes stay shared)")
     scale.add_argument("input", help="trace file")

@@ -15,7 +15,7 @@ from evolving_infra.workloads.params import format_value, with_overrides
 from evolving_infra.workloads.shape import format_shape
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("workload", help="generate synthetic agent workloads as traces")
     actions = parser.add_subparsers(dest="workload_command", metavar="ACTION", required=True)
 
