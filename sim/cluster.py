@@ -84,7 +84,7 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
     mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
     core = RouterCore(
-        nodes,  # type: ignore[arg-type]
+        nodes,
         router=_router(cfg, streams),
         binder=DECODE_BINDING.build(cfg.decode_routing, cfg.decode_settings, streams.seeded("decode-binder")),
         settings=CoreSettings(

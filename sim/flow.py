@@ -19,7 +19,15 @@ from __future__ import annotations
 import math
 
 from evolving_infra.core.types import BranchId, Phase, RequestId
-from evolving_infra.node_agent.engine import DecodeRequest, FetchRun, FetchStarted, PrefillRequest
+from evolving_infra.node_agent.engine import (
+    DecodeFinished,
+    DecodeRequest,
+    FetchRun,
+    FetchStarted,
+    PrefillFinished,
+    PrefillRequest,
+    PrefillStarted,
+)
 from evolving_infra.router.core.control import RequestFinished
 from evolving_infra.router.routing import RouteRequest
 from evolving_infra.sim.config import DecodeReservation
@@ -67,14 +75,14 @@ def issue(state: ClusterState, effect: IssueRequest, now: float) -> list[Command
     route = RouteRequest(
         id=RequestId(spec.id),
         branch=BranchId(spec.branch),
-        page_hashes=pages,  # type: ignore[arg-type]
+        page_hashes=pages,
         prompt_tokens=spec.prompt_tokens,
         output_tokens=spec.output_tokens,
         t_acc=state.profile.decode.t_acc,
         page_tokens=pt,
         parent_branch=BranchId(state.parents[spec.branch]) if spec.branch in state.parents else None,
     )
-    req = SimRequest(route=route, prompt_pages=pages, version=version, spec=spec, generated=generated,  # type: ignore[arg-type]
+    req = SimRequest(route=route, prompt_pages=pages, version=version, spec=spec, generated=generated,
                      issued=effect.at, since=effect.since)
     state.requests[spec.id] = req
     state.stats.issued += 1
@@ -111,7 +119,7 @@ def route_request(state: ClusterState, req: SimRequest, now: float) -> list[Comm
             if req.decode_node is None:
                 return out
         if req.reserved == 0:
-            target = state.nodes[req.decode_node]  # type: ignore[index]
+            target = state.nodes[req.decode_node]
             target.prealloc.append(req)
             req.stage = Stage.WAIT_RESERVATION
             return grant_reservations(state, target, now)
@@ -232,7 +240,7 @@ def retry_waiting(state: ClusterState, now: float) -> list[Command]:
 
 
 # -- prefill progress -------------------------------------------------------------------------------------
-def on_prefill_started(state: ClusterState, node: SimNode, started, now: float) -> list[Command]:  # type: ignore[no-untyped-def]
+def on_prefill_started(state: ClusterState, node: SimNode, started: PrefillStarted, now: float) -> list[Command]:
     req = state.requests.get(started.request)
     if req is None:
         return []
@@ -244,7 +252,7 @@ def on_prefill_started(state: ClusterState, node: SimNode, started, now: float) 
     return bind(state, req, now)
 
 
-def on_prefill_finished(state: ClusterState, node: SimNode, finished, now: float) -> list[Command]:  # type: ignore[no-untyped-def]
+def on_prefill_finished(state: ClusterState, node: SimNode, finished: PrefillFinished, now: float) -> list[Command]:
     req = state.requests.get(finished.request)
     apply_counts(state, state.core.prefill_finished(node.id, finished.request, req, now))
     if req is None:
@@ -296,7 +304,7 @@ def on_transfer_done(state: ClusterState, event: Event) -> list[Command]:
 
 
 # -- completion -------------------------------------------------------------------------------------------
-def on_decode_finished(state: ClusterState, node: SimNode, done, now: float) -> list[Command]:  # type: ignore[no-untyped-def]
+def on_decode_finished(state: ClusterState, node: SimNode, done: DecodeFinished, now: float) -> list[Command]:
     req = state.requests.pop(done.request, None)
     if req is None:
         return []

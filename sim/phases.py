@@ -114,7 +114,7 @@ def begin_in_place(
     absorb(state, node.id, begun.events)
     out: list[Command] = []
     for item in begun.handed_back:
-        req = state.requests.get(str(item.request))  # type: ignore[attr-defined]
+        req = state.requests.get(str(item.request))
         if req is None:
             continue
         if isinstance(item, PrefillRequest):

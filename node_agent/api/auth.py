@@ -195,7 +195,7 @@ def server_credentials(credentials: ClusterCredentials) -> grpc.ServerCredential
 
 
 # --- client side (blocking channels: peer reads) --------------------------------------------------------
-class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
+class _CallDetails(grpc.ClientCallDetails):
     def __init__(self, base: grpc.ClientCallDetails, metadata: Sequence[tuple[str, str]]) -> None:
         self.method = base.method
         self.timeout = base.timeout

@@ -172,7 +172,7 @@ class MetricsServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]  # aiohttp keeps an asyncio.Server here
         bound = sockets[0].getsockname()[1] if sockets else port
         shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
         self.address = f"{shown}:{bound}"

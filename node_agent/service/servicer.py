@@ -148,7 +148,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     ) -> AsyncIterator[pb.PageChunk]:
         executor = self.node.executor
         thread_context = _ThreadContext()
-        stream = self.pages.ReadPages(request, thread_context)  # type: ignore[arg-type]
+        stream = self.pages.ReadPages(request, thread_context)
         pending: Future[pb.PageChunk | None] | None = None
         try:
             while True:
@@ -171,7 +171,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     async def GetTransferEndpoint(  # noqa: N802
         self, request: pb.GetTransferEndpointRequest, context: grpc.aio.ServicerContext
     ) -> pb.TransferEndpoint:
-        return self.pages.GetTransferEndpoint(request, _ThreadContext())  # type: ignore[arg-type]
+        return self.pages.GetTransferEndpoint(request, _ThreadContext())
 
     # --- events --------------------------------------------------------------------------------------
     async def StreamEvents(  # noqa: N802

@@ -90,10 +90,10 @@ class GrpcTransport:
                         self.arena.commit(page, piece.checksum if self.verify else None, source=source)
                         index, filled = index + 1, 0
         except grpc.RpcError as error:
-            code = error.code()  # type: ignore[attr-defined]
+            code = error.code()
             if code == grpc.StatusCode.NOT_FOUND:
                 raise PagesMissing(peer, [p for p in wanted if p in pending]) from error
-            details = error.details()  # type: ignore[attr-defined]
+            details = error.details()
             raise TransferFailed(f"ReadPages from {peer} failed: {code.name}: {details}") from error
         if index != len(wanted):
             raise TransferFailed(f"{source} ended the stream after {index} of {len(wanted)} page(s)")

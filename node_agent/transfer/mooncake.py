@@ -44,7 +44,7 @@ IBVERBS_HINT = "install the system library libibverbs1 (Debian/Ubuntu: apt-get i
 def _engine_class() -> Any:
     """The Mooncake `TransferEngine` class, or TransportUnavailable saying what to install."""
     try:
-        from mooncake.engine import TransferEngine  # type: ignore[import-not-found]
+        from mooncake.engine import TransferEngine
     except ModuleNotFoundError as error:
         if error.name and error.name.startswith("mooncake"):
             raise TransportUnavailable(f"the Mooncake transfer engine is not installed ({INSTALL_HINT})") from error
@@ -117,8 +117,8 @@ class MooncakeTransport:
                 pb.GetTransferEndpointRequest(pages=pages), timeout=self.timeout
             )
         except grpc.RpcError as error:
-            code = error.code()  # type: ignore[attr-defined]
-            details = error.details()  # type: ignore[attr-defined]
+            code = error.code()
+            details = error.details()
             raise TransferFailed(f"GetTransferEndpoint of {peer} failed: {code.name}: {details}") from error
 
     def read_pages(self, peer: str, pages: Sequence[PageHash]) -> TransferResult:

@@ -163,7 +163,7 @@ class LiveRouter:
         self.push(self.core.end_branch(scoped, self.now()))
         return FinishOutcome.FINISHED
 
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:  # type: ignore[override]
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:
         flight = self._admit(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (request.timeout_s or self.settings.request_timeout_s)

@@ -269,7 +269,7 @@ class NodeClient:
         it = call.__aiter__()
         loop = asyncio.get_running_loop()
         while True:
-            pending = loop.create_task(it.__anext__())  # type: ignore[arg-type]
+            pending = loop.create_task(it.__anext__())
             try:
                 while True:
                     done, _ = await asyncio.wait({pending}, timeout=self.liveness_s)
