@@ -8,7 +8,7 @@ of two errors that say what happens next:
 Calls run the blocking stubs in a worker thread (the deadlines are enforced by gRPC on the wall clock),
 one channel per address, reused.
 
-Boundary: transport and conversion; what to switch and when is decided in `switching`.
+Boundary: transport and conversion; what to switch and when is decided in `switch_plan`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kopf handlers of the AgentServingCluster: thin wrappers that call `reconcile` and `switcher`.
+"""kopf handlers of the AgentServingCluster: thin wrappers that call `reconcile` and `switch_run`.
 
 - create, resume, spec update, and every `resync_seconds` (timer): `reconcile` (children, status, and
   placing collocated node agents: a failed placement raises `kopf.TemporaryError` with the protocol's
@@ -27,7 +27,7 @@ from kubernetes.client import Configuration
 from evolving_infra.operator import meta
 from evolving_infra.operator.reconcile import Runtime, reconcile
 from evolving_infra.operator.settings import OperatorSettings
-from evolving_infra.operator.switcher import Result, run_switch
+from evolving_infra.operator.switch_run import Result, run_switch
 
 RESOURCE = (meta.GROUP, meta.VERSION, meta.PLURAL)
 TARGET_FIELD = "status.targetSplit"

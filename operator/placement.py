@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from evolving_infra.core.types import Phase, SwitchMode
-from evolving_infra.operator import switching
+from evolving_infra.operator import switch_plan
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, SwitchResult
 from evolving_infra.operator.spec import InitialSplit
 from evolving_infra.operator.status import NodeState, NodeStatus, TargetSplit, format_split
-from evolving_infra.operator.switching import Move
+from evolving_infra.operator.switch_plan import Move
 
 if TYPE_CHECKING:
     from evolving_infra.operator.reconcile import Runtime
@@ -145,9 +145,9 @@ async def place(rt: Runtime, body: Mapping[str, Any], nodes: Sequence[NodeStatus
     for move, result in zip(placement.moves, results, strict=True):
         if isinstance(result, AgentError):
             state = NodeState.UNREACHABLE if isinstance(result, AgentUnavailable) else NodeState.SERVING
-            out = switching.mark(out, [move.node], state)
+            out = switch_plan.mark(out, [move.node], state)
             failures.append((move, result))
             continue
-        out = switching.apply_move(out, move)
+        out = switch_plan.apply_move(out, move)
         rt.events(body, "Normal", PHASE_SWITCHED, _message(move, result))
     return PlaceResult(out, placement, tuple(failures))

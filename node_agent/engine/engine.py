@@ -60,7 +60,7 @@ from evolving_infra.node_agent.engine.outputs import (
 )
 from evolving_infra.node_agent.engine.prefill import PrefillScheduler, PrefillStage
 from evolving_infra.node_agent.engine.requests import DecodeRequest, PrefillRequest, pages_needed, validate_pages
-from evolving_infra.node_agent.engine.switch import PhaseSwitch, serves
+from evolving_infra.node_agent.engine.phase_switch import PhaseSwitch, serves
 from evolving_infra.node_agent.profile import HardwareProfile
 
 _TIME_EPS = 1e-9

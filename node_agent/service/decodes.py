@@ -29,7 +29,7 @@ from evolving_infra.node_agent.engine import (
     WrongPhase,
 )
 from evolving_infra.node_agent.engine.requests import pages_needed, validate_pages
-from evolving_infra.node_agent.engine.switch import serves
+from evolving_infra.node_agent.engine.phase_switch import serves
 from evolving_infra.node_agent.transfer.arena import KvArena
 
 

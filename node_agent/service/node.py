@@ -64,7 +64,7 @@ from evolving_infra.node_agent.service.metrics import MetricsServer, NodeMetrics
 from evolving_infra.node_agent.service.mover import KvMover
 from evolving_infra.node_agent.service.runner import EngineRunner, NodeClock
 from evolving_infra.node_agent.service.settings import NodeAgentSettings, resolve_memory
-from evolving_infra.node_agent.service.switching import Generation, SwitchAction, decide_switch
+from evolving_infra.node_agent.service.switch_generations import Generation, SwitchAction, decide_switch
 from evolving_infra.node_agent.transfer import KvArena, Transport, TransportKind, make_transport
 from evolving_infra.node_agent.transfer.channels import CHANNEL_OPTIONS, PeerChannels
 from evolving_infra.proto.convert import SwitchHow

@@ -34,7 +34,7 @@ from evolving_infra.node_agent.api.convert import decode_request_from_proto, pre
 from evolving_infra.node_agent.api.limits import MAX_GENERATION
 from evolving_infra.node_agent.service import NodeAgent, NodeAgentSettings
 from evolving_infra.node_agent.service.mover import PeerPolicy, UnknownPeer
-from evolving_infra.node_agent.service.switching import MAX_GENERATION_STEP, Generation, SwitchAction, decide_switch
+from evolving_infra.node_agent.service.switch_generations import MAX_GENERATION_STEP, Generation, SwitchAction, decide_switch
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 

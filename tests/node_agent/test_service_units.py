@@ -28,7 +28,7 @@ from evolving_infra.node_agent.service.settings import (
     load_settings,
     resolve_memory,
 )
-from evolving_infra.node_agent.service.switching import Generation, SwitchAction, decide_switch
+from evolving_infra.node_agent.service.switch_generations import Generation, SwitchAction, decide_switch
 from evolving_infra.node_agent.transfer import KvArena, TransportKind, emulated_checksum
 from evolving_infra.router.directory import KvDirectory
 

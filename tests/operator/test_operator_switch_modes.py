@@ -12,7 +12,7 @@ import pytest
 
 from evolving_infra.core.types import NodeMode, Phase, SwitchMode
 from evolving_infra.node_agent.service import NodeAgent, NodeAgentSettings
-from evolving_infra.operator import switching
+from evolving_infra.operator import switch_plan
 from evolving_infra.operator.agents import AgentRejected, AgentUnavailable, GrpcNodeAgentClient, SwitchResult
 from evolving_infra.operator.placement import call_moves
 from evolving_infra.operator.status import NodeState, NodeStatus, TargetSplit
@@ -30,10 +30,10 @@ def _nodes() -> list[NodeStatus]:
 def test_planned_moves_carry_the_targets_mode_and_downtime_and_rollbacks_switch_in_place(mode: SwitchMode, downtime: float) -> None:
     target = TargetSplit(prefill=1, decode=2, split="1P2D", switch_generation=2, moving=["n0"], mode=mode,
                          relaunch_seconds=downtime)  # fmt: skip
-    plan = switching.plan_switch(_nodes(), target)
+    plan = switch_plan.plan_switch(_nodes(), target)
     assert [(m.node, m.target, m.mode, m.relaunch_s) for m in plan.moves] == [("n0", Phase.DECODE, mode, downtime)]
-    switched = switching.apply_move(_nodes(), plan.moves[0])
-    assert all(m.mode is SwitchMode.IN_PLACE and m.relaunch_s == 0 for m in switching.plan_rollback(switched, 2))
+    switched = switch_plan.apply_move(_nodes(), plan.moves[0])
+    assert all(m.mode is SwitchMode.IN_PLACE and m.relaunch_s == 0 for m in switch_plan.plan_rollback(switched, 2))
 
 
 class RecordingAgents:
@@ -49,8 +49,8 @@ def test_call_moves_passes_the_mode_only_when_it_is_not_in_place() -> None:
     agents = RecordingAgents()
     rt: Any = SimpleNamespace(agents=agents, settings=SimpleNamespace(agent_concurrency=4))
     moves = [
-        switching.Move("a", "h:1", Phase.PREFILL, Phase.DECODE, 3),
-        switching.Move("b", "h:2", Phase.PREFILL, Phase.DECODE, 3, SwitchMode.RELAUNCH, 7.5),
+        switch_plan.Move("a", "h:1", Phase.PREFILL, Phase.DECODE, 3),
+        switch_plan.Move("b", "h:2", Phase.PREFILL, Phase.DECODE, 3, SwitchMode.RELAUNCH, 7.5),
     ]
     asyncio.run(call_moves(rt, moves))
     assert agents.calls == [

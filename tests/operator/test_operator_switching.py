@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from evolving_infra.core.types import NodeMode, Phase
 from evolving_infra.node_agent.engine.outputs import SwitchState
-from evolving_infra.operator import conditions, nodes, switching
+from evolving_infra.operator import conditions, nodes, switch_plan
 from evolving_infra.operator.agents import AgentState, AgentUnavailable
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.settings import OperatorSettings
@@ -44,9 +44,9 @@ def _target(prefill: int, total: int, generation: int, moving: list[str] | None 
     )  # fmt: skip
 
 
-def _apply(tracked: list[NodeStatus], moves: tuple[switching.Move, ...]) -> list[NodeStatus]:
+def _apply(tracked: list[NodeStatus], moves: tuple[switch_plan.Move, ...]) -> list[NodeStatus]:
     for move in moves:
-        tracked = switching.apply_move(tracked, move)
+        tracked = switch_plan.apply_move(tracked, move)
     return tracked
 
 
@@ -54,12 +54,12 @@ def _apply(tracked: list[NodeStatus], moves: tuple[switching.Move, ...]) -> list
 def test_a_plan_reaches_the_target_with_the_fewest_moves(cluster: tuple[list[NodeStatus], int], data: st.DataObject) -> None:
     tracked, g = cluster
     prefill = data.draw(st.integers(0, len(tracked)))
-    plan = switching.plan_switch(tracked, _target(prefill, len(tracked), g))
+    plan = switch_plan.plan_switch(tracked, _target(prefill, len(tracked), g))
     assert not plan.problems and not plan.stale
     before, _ = nodes.count(tracked)
     assert len(plan.moves) == abs(prefill - before)
     assert len({m.node for m in plan.moves}) == len(plan.moves)
-    assert all(m.generation == g and m.target is switching.flip(m.source) for m in plan.moves)
+    assert all(m.generation == g and m.target is switch_plan.flip(m.source) for m in plan.moves)
     assert nodes.count(_apply(tracked, plan.moves))[0] == prefill
     chosen = {m.node for m in plan.moves}
     if any(n.state is NodeState.UNREACHABLE for n in tracked if n.name in chosen):
@@ -73,22 +73,22 @@ def test_a_retry_makes_only_the_moves_still_missing(cluster: tuple[list[NodeStat
     tracked, g = cluster
     prefill = data.draw(st.integers(0, len(tracked)))
     target = _target(prefill, len(tracked), g)
-    first = switching.plan_switch(tracked, target)
+    first = switch_plan.plan_switch(tracked, target)
     done = data.draw(st.lists(st.sampled_from(first.moves), unique=True)) if first.moves else []
-    second = switching.plan_switch(_apply(tracked, tuple(done)), target)
+    second = switch_plan.plan_switch(_apply(tracked, tuple(done)), target)
     assert set(second.moves) == set(first.moves) - set(done)
     assert set(second.switched) == {m.node for m in done}
-    assert switching.plan_switch(_apply(tracked, first.moves), target).done
+    assert switch_plan.plan_switch(_apply(tracked, first.moves), target).done
 
 
 @given(clusters(), st.data())
 def test_a_moving_list_is_followed_or_refused(cluster: tuple[list[NodeStatus], int], data: st.DataObject) -> None:
     tracked, g = cluster
     moving = data.draw(st.lists(st.sampled_from([n.name for n in tracked]), unique=True, min_size=1))  # empty: operator picks
-    flipped = _apply(tracked, tuple(switching.Move(n.name, n.address, n.phase, switching.flip(n.phase), g) for n in tracked if n.name in moving))
+    flipped = _apply(tracked, tuple(switch_plan.Move(n.name, n.address, n.phase, switch_plan.flip(n.phase), g) for n in tracked if n.name in moving))
     reached = nodes.count(flipped)[0]
     prefill = data.draw(st.integers(0, len(tracked)))
-    plan = switching.plan_switch(tracked, _target(prefill, len(tracked), g, moving))
+    plan = switch_plan.plan_switch(tracked, _target(prefill, len(tracked), g, moving))
     if prefill == reached:
         assert {m.node for m in plan.moves} == set(moving) and not plan.problems
     else:
@@ -99,25 +99,25 @@ def test_a_moving_list_is_followed_or_refused(cluster: tuple[list[NodeStatus], i
 def test_a_rollback_restores_every_switched_node_and_makes_the_target_stale(cluster: tuple[list[NodeStatus], int], data: st.DataObject) -> None:
     tracked, g = cluster
     target = _target(data.draw(st.integers(0, len(tracked))), len(tracked), g)
-    plan = switching.plan_switch(tracked, target)
+    plan = switch_plan.plan_switch(tracked, target)
     done = data.draw(st.lists(st.sampled_from(plan.moves), unique=True)) if plan.moves else []
-    back = switching.plan_rollback(_apply(tracked, tuple(done)), g)
+    back = switch_plan.plan_rollback(_apply(tracked, tuple(done)), g)
     assert {m.node for m in back} == {m.node for m in done}
     assert all(m.generation == g + 1 for m in back)
     restored = _apply(_apply(tracked, tuple(done)), back)
     assert [n.phase for n in restored] == [n.phase for n in tracked]
-    again = switching.plan_switch(restored, target)
+    again = switch_plan.plan_switch(restored, target)
     assert again.stale == bool(done) and (not again.moves if done else True)
 
 
 def test_a_target_older_than_a_node_moves_nothing() -> None:
     tracked = [NodeStatus(name="a", phase=Phase.PREFILL, state=NodeState.SERVING, switch_generation=7)]
-    plan = switching.plan_switch(tracked, _target(0, 1, 6))
+    plan = switch_plan.plan_switch(tracked, _target(0, 1, 6))
     assert plan.stale and not plan.moves and "older than node(s) a" in plan.problems[0]
-    assert "tracks 1" in switching.plan_switch(tracked, _target(1, 2, 8)).problems[0]
+    assert "tracks 1" in switch_plan.plan_switch(tracked, _target(1, 2, 8)).problems[0]
     fresh = [NodeStatus(name="a", phase=Phase.PREFILL, state=NodeState.SERVING)]
-    assert switching.plan_switch(fresh, _target(0, 1, 0)).stale  # generation 0 would be ambiguous on retry
-    assert switching.plan_switch(fresh, _target(0, 1, 1)).moves[0].node == "a"
+    assert switch_plan.plan_switch(fresh, _target(0, 1, 0)).stale  # generation 0 would be ambiguous on retry
+    assert switch_plan.plan_switch(fresh, _target(0, 1, 1)).moves[0].node == "a"
 
 
 def test_unknown_nodes_fill_the_initial_split_and_agents_win() -> None:

@@ -2,7 +2,7 @@
 
 One attempt (`run_switch`), under the cluster's lock:
 1. read the object afresh; nothing to do without a target, or when the tracked nodes already match it;
-2. plan the moves (`switching.plan_switch`); a stale target (older generation than some node's) moves
+2. plan the moves (`switch_plan.plan_switch`); a stale target (older generation than some node's) moves
    nothing; a target that cannot be reached counts as a failed attempt;
 3. mark the moving nodes `switching`, set `Adapting` (status write), then call every moving node's
    `SwitchPhase(target, generation)` at once (bounded concurrency, each with its deadline);
@@ -13,7 +13,7 @@ after the last attempt, or at once when an agent refuses the request, the nodes 
 switched back with generation + 1 (`SwitchRolledBack` events), and `Adapting` False / `Degraded` True
 say why. An unreachable agent is never fatal: the node is marked `unreachable` and the attempt fails.
 
-Boundary: calls agents and the API; the decisions are in `switching`.
+Boundary: calls agents and the API; the decisions are in `switch_plan`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evolving_infra.operator import conditions, summary, switching
+from evolving_infra.operator import conditions, summary, switch_plan
 from evolving_infra.operator.agents import AgentError, AgentRejected, AgentUnavailable, SwitchResult
 from evolving_infra.operator.conditions import Want
 from evolving_infra.operator.placement import call_moves
 from evolving_infra.operator.reconcile import Runtime, fetch, observe_nodes, parse, parse_status, write_status
 from evolving_infra.operator.status import AgentServingClusterStatus, ConditionType, NodeState, NodeStatus
-from evolving_infra.operator.switching import Move
+from evolving_infra.operator.switch_plan import Move
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,10 @@ class _Attempt:
         for move, result in zip(moves, await call_moves(self.rt, moves), strict=True):
             if isinstance(result, AgentError):
                 state = NodeState.UNREACHABLE if isinstance(result, AgentUnavailable) else NodeState.SERVING
-                self.nodes = switching.mark(self.nodes, [move.node], state)
+                self.nodes = switch_plan.mark(self.nodes, [move.node], state)
                 failures.append((move, result))
                 continue
-            self.nodes = switching.apply_move(self.nodes, move)
+            self.nodes = switch_plan.apply_move(self.nodes, move)
             self.rt.events(self.body, event_type, reason, _event_message(move, result))
         return failures
 
@@ -107,7 +107,7 @@ async def run_switch(rt: Runtime, namespace: str, name: str, attempt: int) -> Sw
         tracked = status.nodes
         if not tracked:
             tracked = await observe_nodes(rt, parsed.cluster, parsed.spec, None, None)
-        plan = switching.plan_switch(tracked, target)
+        plan = switch_plan.plan_switch(tracked, target)
         run = _Attempt(rt, body, status, list(tracked))
         if plan.stale:
             log.warning("%s/%s: %s", namespace, name, "; ".join(plan.problems))
@@ -119,7 +119,7 @@ async def run_switch(rt: Runtime, namespace: str, name: str, attempt: int) -> Sw
         messages: list[str] = []
         if plan.moves and not plan.problems:
             moving = ", ".join(_fmt_move(m) for m in plan.moves)
-            run.nodes = switching.mark(run.nodes, [m.node for m in plan.moves], NodeState.SWITCHING)
+            run.nodes = switch_plan.mark(run.nodes, [m.node for m in plan.moves], NodeState.SWITCHING)
             await run.write(Want.true(ConditionType.ADAPTING, summary.SWITCHING, f"to {target.split}: {moving}"))
             failed = await run.run(plan.moves, "PhaseSwitched", "Normal")
             errors = [err for _, err in failed]
@@ -146,7 +146,7 @@ async def run_switch(rt: Runtime, namespace: str, name: str, attempt: int) -> Sw
 
 
 async def _roll_back(run: _Attempt, split: str, generation: int, failures: Sequence[str]) -> SwitchOutcome:
-    back = switching.plan_rollback(run.nodes, generation)
+    back = switch_plan.plan_rollback(run.nodes, generation)
     undone = await run.run(back, "SwitchRolledBack", "Warning") if back else []
     parts = [f"switch to {split} failed: {'; '.join(failures)}"]
     failed_back = {move.node for move, _ in undone}
