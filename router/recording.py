@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from evolving_infra.core.pages import PageHash, chain_hashes, token_page_hashes
+from evolving_infra.core.types import NodeId
 from evolving_infra.router.fitting import FittedNodeModel
 
 RECORDER_NOTES = (
@@ -342,7 +343,7 @@ class TraceRecorder:
 MODELS_KIND = "evolving-infra-node-models"
 
 
-def models_document(fitted: Mapping[str, FittedNodeModel], *, profile: str) -> dict[str, Any]:
+def models_document(fitted: Mapping[NodeId, FittedNodeModel], *, profile: str) -> dict[str, Any]:
     """The fitted node models as JSON data (`simulate --models-from` reads it): per node the prefill
     coefficients (eq. 1), the decode coefficients and MoE shape (eq. 2), and the measured t̄_n and f_n; a phase
     the warmup could not fit is null. Empty `nodes` when the router used the profile's models."""

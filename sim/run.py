@@ -90,7 +90,7 @@ def simulate(
     for node in state.nodes.values():
         close_span(state, node, now)
     ideal_arr = ideal_hit_tokens(trace, state.profile.page_tokens)
-    ideal = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+    ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
     window = _window(cfg, state.records, end)
     stats = _stats(state, now, kernel.processed, result.reason.value)
     metrics = compute_run_metrics(

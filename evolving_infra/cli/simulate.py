@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     paths = result.write(args.out) if args.out else {}
     if args.out:
         ideal_arr = ideal_hit_tokens(trace, load_profile(cfg.profile).page_tokens)
-        ideal = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+        ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
         window = (result.metrics.window_start, result.metrics.window_end)
         paths.update(write_plots(result.records, result.splits, ideal, window, cfg.nodes, args.out))
     if args.json:

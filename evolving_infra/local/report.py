@@ -28,7 +28,7 @@ from evolving_infra.traces.stats import ideal_hit_tokens
 
 def run_metrics(result: LocalRunResult, trace: Trace) -> tuple[RunMetrics, dict[str, int]]:
     ideal_all = ideal_hit_tokens(trace)
-    ideal = {r.id: int(ideal_all[r.index]) for r in trace.requests}
+    ideal: dict[str, int] = {r.id: int(ideal_all[r.index]) for r in trace.requests}
     records = result.replay.records
     end = max([r.finish for r in records] + [result.replay.emulated_s, 1e-9])
     metrics = compute_run_metrics(

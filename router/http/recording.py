@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
+from evolving_infra.core.types import NodeId
 from evolving_infra.router.http.backend import (
     BranchRef,
     CompletionRequest,
@@ -77,7 +78,7 @@ class RecordingBackend:
 
 def write_recording(
     trace_path: Path | None, recorder: TraceRecorder | None, models_path: Path | None,
-    fitted: Mapping[str, FittedNodeModel], profile: str,
+    fitted: Mapping[NodeId, FittedNodeModel], profile: str,
 ) -> None:  # fmt: skip
     """Write the recorded trace and the fitted models where asked (a failure is logged, never raised: this
     runs during shutdown)."""

@@ -59,7 +59,8 @@ async def resolve_endpoints(settings: RouterSettings, credentials: NodeCredentia
     host, _, port = settings.nodes_dns.rpartition(":")
     infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     out = []
-    for address in sorted({f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}" for i in infos}):
+    hosts = {str(i[4][0]) for i in infos}  # an IPv4 or IPv6 address (SOCK_STREAM answers)
+    for address in sorted({f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts}):
         async with open_channel(address, credentials) as channel:
             metadata = credentials.metadata() if credentials is not None else ()
             state = await rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=settings.rpc_timeout_s, metadata=metadata)
