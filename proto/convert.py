@@ -48,7 +48,7 @@ def reverse_enum(table: Mapping[E, int], value: int, field: str, enum_name: str)
 
 
 # --- enums ----------------------------------------------------------------------------------------
-def phase_to_proto(phase: Phase) -> int:
+def phase_to_proto(phase: Phase) -> pb.Phase:
     return _PHASE[phase]
 
 
@@ -56,7 +56,7 @@ def phase_from_proto(value: int, field: str = "phase") -> Phase:
     return reverse_enum(_PHASE, value, field, "Phase")
 
 
-def mode_to_proto(mode: NodeMode) -> int:
+def mode_to_proto(mode: NodeMode) -> pb.NodeMode:
     return _MODE[mode]
 
 
@@ -64,7 +64,7 @@ def mode_from_proto(value: int, field: str = "mode") -> NodeMode:
     return reverse_enum(_MODE, value, field, "NodeMode")
 
 
-def tier_to_proto(tier: Tier | None) -> int:
+def tier_to_proto(tier: Tier | None) -> pb.Tier:
     """TIER_UNSPECIFIED stands for None (every tier), used by KvCleared only."""
     return pb.TIER_UNSPECIFIED if tier is None else _TIER[tier]
 

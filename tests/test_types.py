@@ -28,9 +28,6 @@ NOT_YET_CLEAN = frozenset(
         # Modules with mypy errors still to fix (issue #10). Shrink this list; never grow it.
         "evolving_infra.cli.bench_router",
         "evolving_infra.local.agents",
-        "evolving_infra.node_agent.api.convert",
-        "evolving_infra.node_agent.api.pages_service",
-        "evolving_infra.node_agent.service.messages",
         "evolving_infra.node_agent.service.servicer",
         "evolving_infra.node_agent.transfer.content",
         "evolving_infra.operator.children",
@@ -41,7 +38,6 @@ NOT_YET_CLEAN = frozenset(
         "evolving_infra.operator.schema",
         "evolving_infra.operator.status",
         "evolving_infra.peers.dynamo_driver",
-        "evolving_infra.proto.convert",
         "evolving_infra.router.http.offload",
         "evolving_infra.router.service.reports",
         "evolving_infra.sim.cluster",

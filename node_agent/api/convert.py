@@ -51,7 +51,7 @@ _TRANSPORT = {TransportKind.MOONCAKE_TCP: pb.TRANSPORT_KIND_MOONCAKE_TCP, Transp
 
 
 # --- enums ----------------------------------------------------------------------------------------
-def switch_state_to_proto(state: SwitchState) -> int:
+def switch_state_to_proto(state: SwitchState) -> pb.SwitchState:
     return _SWITCH[state]
 
 
@@ -59,7 +59,7 @@ def switch_state_from_proto(value: int, field: str = "switch_state") -> SwitchSt
     return reverse_enum(_SWITCH, value, field, "SwitchState")
 
 
-def transport_kind_to_proto(kind: TransportKind) -> int:
+def transport_kind_to_proto(kind: TransportKind) -> pb.TransportKind:
     return _TRANSPORT[kind]
 
 
