@@ -191,7 +191,7 @@ async def apply_children(
                 result.unchanged.append(label)
                 continue
             answer = await api.apply(desired)
-            kept = set(drift(desired, answer)) & set(fields)
+            kept: set[str] | frozenset[str] = set(drift(desired, answer)) & set(fields)
             if kept:
                 learned[key] = learned.get(key, frozenset()) | kept
                 log.warning("%s: the API server normalises %s; not treated as drift", label, ", ".join(sorted(kept)))

@@ -79,7 +79,7 @@ def build_network_policy(
 ) -> dict[str, Any]:
     """Ingress to the node agents: gRPC from the router and the operator (from its real namespace), KV transfer
     from peers, and the metrics port from `metrics_namespace` (Prometheus) when one is given."""
-    policy = {
+    policy: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": child_metadata(cluster, Component.NODE_AGENT, "node-agent"),

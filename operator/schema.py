@@ -78,7 +78,7 @@ def _convert(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
                 out["pattern"] = pattern
             return _ordered(out)
         raise SchemaError(f"{path or '<root>'}: cannot express anyOf with types {sorted(map(str, types))} structurally")
-    out: Schema = {}
+    out = {}
     for key, value in node.items():
         if key in _DROPPED:
             continue

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, StringConstraints
+from pydantic.json_schema import JsonDict
 
 from evolving_infra.core.types import Phase
 from evolving_infra.operator.rules import KubeModel
@@ -160,7 +161,7 @@ class FittedModel(KubeModel):
     decode: DecodeFit | None = Field(default=None, description="Decode model, once fitted.")
 
 
-def _map_list(key: str) -> dict[str, object]:
+def _map_list(key: str) -> JsonDict:
     return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
 
 

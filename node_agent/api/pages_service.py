@@ -14,7 +14,7 @@ Boundary: serving bytes of the local arena; no engine state.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import grpc
 
@@ -51,7 +51,7 @@ class PagesServicer(rpc.NodeAgentServicer):
 
     def ReadPages(  # noqa: N802
         self, request: pb.ReadPagesRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.PageChunk]:
+    ) -> Generator[pb.PageChunk, None, None]:
         pages = [PageHash(p) for p in request.pages]
         if len(pages) > MAX_PAGES_PER_READ:
             context.abort(
