@@ -82,7 +82,7 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         nodes[nid] = SimNode(id=nid, phase=None if collocated else phase, engine=make_engine(nid, mode),
                              span_phase=None if collocated else phase)
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
-    mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
+    replay_mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
     core = RouterCore(
         nodes,
         router=_router(cfg, streams),
@@ -113,7 +113,7 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         core=core,
         control=control,
         planner=planner,
-        replayer=AgentReplayer(trace, mode),
+        replayer=AgentReplayer(trace, replay_mode),
         content=content,
         trace=trace,
         parents=parents,

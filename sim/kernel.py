@@ -220,7 +220,7 @@ class Kernel:
         for command in commands:
             kind = type(command)
             if kind is Event or isinstance(command, Event):
-                self._push(command)
+                self._push(command)  # type: ignore[arg-type]  # `kind is Event` is the fast path of the isinstance
             elif isinstance(command, Cancel):
                 self.cancel(command.token)
             elif isinstance(command, StopRun):

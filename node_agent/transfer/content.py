@@ -21,7 +21,7 @@ BytesLike = bytes | bytearray | memoryview | np.ndarray
 
 def page_checksum(data: BytesLike) -> int:
     """xxh3-64 of a page's bytes (any contiguous buffer)."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data)  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
 
 
 def emulated_page(page: PageHash, page_bytes: int) -> np.ndarray:

@@ -85,7 +85,7 @@ class Offloader:
     def warm(self) -> None:
         """Start the workers now (in the background) rather than on the first large body."""
         if self.pool is not None:
-            for _ in range(self.pool._max_workers):  # noqa: SLF001 - one no-op per worker
+            for _ in range(self.pool._max_workers):  # type: ignore[attr-defined]  # noqa: SLF001 - one no-op per worker
                 self.pool.submit(int)
 
     async def run(self, endpoint: Endpoint, raw: bytes) -> Outcome:

@@ -28,6 +28,7 @@ Boundary: translating reports into core calls; the core decides.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from evolving_infra.core.types import NodeId, NodeMode, Phase, RequestId
@@ -172,5 +173,5 @@ class NodeReports:
             router.clients[node].push_counts(counts)
 
 
-def _counts(effects: list[object]) -> list[PushCounts]:
+def _counts(effects: Sequence[object]) -> list[PushCounts]:
     return [e for e in effects if isinstance(e, PushCounts)]
