@@ -67,7 +67,7 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
     streams = RandomStreams(cfg.seed)
     if content is None or content.page_tokens != profile.page_tokens:
         content = ContentModel(trace, profile.page_tokens)
-    parents = {
+    parents: dict[str, str] = {
         r.branch: trace.request(r.base).branch for r in trace.requests if r.relation is Relation.FORK and r.base
     }
     collocated = cfg.collocated_warmup and cfg.warmup_s > 0

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class PlanError(ValueError):
@@ -62,7 +62,7 @@ class BranchEndLike(Protocol):
 
 class TraceLike(Protocol):
     @property
-    def agents(self) -> Mapping[str, AgentLike] | Sequence[AgentLike]: ...
+    def agents(self) -> Mapping[Any, AgentLike] | Sequence[AgentLike]: ...  # keys unused (ids or AgentIds)
     @property
     def requests(self) -> Sequence[RequestLike]: ...
     @property
