@@ -26,7 +26,6 @@ STRICT = ("evolving_infra.core", "evolving_infra.router.core", "evolving_infra.n
 NOT_YET_CLEAN = frozenset(
     {
         # Modules with mypy errors still to fix (issue #10). Shrink this list; never grow it.
-        "evolving_infra.cli.bench_router",
         "evolving_infra.operator.handlers",
         "evolving_infra.operator.kube",
         "evolving_infra.peers.dynamo_driver",

@@ -102,15 +102,16 @@ def build_core(prefill_nodes: int, prefixes: int, branches: int, rng: random.Ran
     core.absorb(events)
     for branch, path in contexts:
         core.admit(BranchId(branch), path)
-    n = 0
+    sent = 0
     for node in prefill:  # realistic queues: requests sent through the core, a running prefill and a report
         queued = []
         for _ in range(rng.randint(0, 8)):
             branch, path = rng.choice(contexts)
-            req = _request(core, f"q{n}", branch, path, rng)
-            n += 1
+            req = _request(core, f"q{sent}", branch, path, rng)
+            sent += 1
             core.route(req, 0.0)
             core.prefill_sent(req)
+            assert req.prefill_node is not None  # routed just above
             if req.prefill_node != node:  # keep each node's queue its own: move the request where we want it
                 core.nodes[req.prefill_node].sent.pop(req.id, None)
                 req.prefill_node = node
@@ -179,7 +180,9 @@ async def bench_http(count: int) -> dict[str, Any]:
                 if i >= 20:
                     http.append(time.perf_counter() - started)
         for i in range(count + 20):
-            request = CompletionRequest(RequestId(f"d{i}"), "evolving-emulated", tuple(prompt), BranchRef(f"d{i}"), max_tokens=16)
+            request = CompletionRequest(
+                RequestId(f"d{i}"), "evolving-emulated", tuple(prompt), BranchRef(BranchId(f"d{i}")), max_tokens=16
+            )
             started = time.perf_counter()
             async for _ in backend.complete(request):
                 pass
@@ -233,7 +236,7 @@ def _switch(args: argparse.Namespace) -> int:
         result = run_switch_bench(args.idle, args.loaded)
     except StartError as exc:
         raise CliError(f"the local cluster did not start: {exc}", 1) from exc
-    figures = {
+    figures: dict[str, Any] = {
         "idle": result.summary(False), "loaded": result.summary(True),
         "requests_done": result.requests_done, "requests_failed": result.requests_failed,
         "samples": [dict(s.__dict__, after_drain_s=s.after_drain_s) for s in result.samples],
