@@ -247,7 +247,8 @@ class KubeApi:
                 pass
             raise KubeError(int(exc.status or 0), reason, message[:2000], request) from None
         if response.status >= 400:
-            raise KubeError(response.status, str(response.reason), response.data.decode(errors="replace")[:2000], request)
+            body = response.data.decode(errors="replace")  # type: ignore[attr-defined]  # bytes: read() loaded it
+            raise KubeError(response.status, str(response.reason), body[:2000], request)
         return json.loads(response.data or b"{}")
 
     async def _request(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:

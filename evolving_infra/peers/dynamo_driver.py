@@ -40,7 +40,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="evolving-infra-dynamo-") as tmp:
         npz = Path(tmp) / "timing.npz"
-        np.savez(npz, **{k: np.asarray(v, dtype=np.float64) for k, v in job["timing"].items()})
+        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in job["timing"].items()}
+        np.savez(npz, **arrays)  # type: ignore[arg-type]  # timing array names, none is `allow_pickle`
         kwargs: dict[str, Any] = {
             "replay_mode": "offline",
             "router_mode": job.get("router_mode", "kv_router"),
