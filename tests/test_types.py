@@ -26,8 +26,12 @@ STRICT = ("evolving_infra.core", "evolving_infra.router.core", "evolving_infra.n
 NOT_YET_CLEAN = frozenset(
     {
         # Modules with mypy errors still to fix (issue #10). Shrink this list; never grow it.
+        # kopf's handler protocols want every keyword argument spelled out (or a `**kwargs`-only signature).
         "evolving_infra.operator.handlers",
+        # `RoutedRequest.id` is typed str, not RequestId.
         "evolving_infra.router.service.reports",
+        # `NodeTrack` (prealloc, bound, sent) holds `RoutedRequest`s; the simulator's nodes hold its subclass
+        # `SimRequest`: needs `NodeTrack` generic over its request type.
         "evolving_infra.sim.flow",
         "evolving_infra.sim.phases",
     }
