@@ -17,6 +17,7 @@ Boundary: the request path; iterations are driven by `stepping`, switches and th
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from evolving_infra.core.types import BranchId, Phase, RequestId
 from evolving_infra.node_agent.engine import (
@@ -202,7 +203,7 @@ def grant_reservations(state: ClusterState, node: SimNode, now: float) -> list[C
     """SGLang pre-allocation: reserve decode KV for waiting requests in order while the node has room."""
     out: list[Command] = []
     while node.prealloc:
-        req = node.prealloc[0]
+        req = cast(SimRequest, node.prealloc[0])  # a simulator node's records are SimRequests
         need = decode_need(req)
         if kv_room_tokens(node) < need:
             state.stats.reservation_waits += 1

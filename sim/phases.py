@@ -23,7 +23,10 @@ path is `flow`.
 
 from __future__ import annotations
 
-from evolving_infra.core.types import NodeMode, Phase, Tier
+from collections.abc import Iterable
+from typing import cast
+
+from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
 from evolving_infra.node_agent.engine import DecodeRequest, PrefillRequest
 from evolving_infra.router.core import PushCounts
 from evolving_infra.router.core.control import (
@@ -39,6 +42,12 @@ from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, a
 from evolving_infra.sim.views import capacity_tokens
 
 CONTROL = "control-tick"
+
+
+def _sim_requests(records: Iterable[object]) -> list[SimRequest]:
+    """A copy of a simulator node's request records (`NodeTrack` types them as `RoutedRequest`s; here they are
+    always `SimRequest`s)."""
+    return cast("list[SimRequest]", list(records))
 
 
 def _done(state: ClusterState) -> bool:
@@ -121,7 +130,7 @@ def begin_in_place(
             out += reroute(state, req, now)
         elif isinstance(item, DecodeRequest):
             out += rebind_decode(state, req, now)
-    for req in list(node.prealloc):  # waiting for a reservation on a node that leaves decode
+    for req in _sim_requests(node.prealloc):  # waiting for a reservation on a node that leaves decode
         flow.unbind(state, req)
         out += reroute(state, req, now)
     if begun.completed is not None:
@@ -171,10 +180,10 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
     for req in lost:
         if state.requests.get(req.id) is req:
             out += reroute(state, req, now, lost_kv=True)
-    for req in list(node.prealloc):  # not yet at a prefill node: route afresh
+    for req in _sim_requests(node.prealloc):  # not yet at a prefill node: route afresh
         flow.unbind(state, req)
         out += reroute(state, req, now)
-    for req in list(node.bound.values()):  # bind another decode node; the prefill (if running) stays
+    for req in _sim_requests(node.bound.values()):  # bind another decode node; the prefill (if running) stays
         flow.unbind(state, req)
         if req.prefill_done:
             req.attempt += 1
@@ -187,7 +196,7 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
     return [*out, ready]
 
 
-def on_relaunched(state: ClusterState, node_id: str, phase: Phase, event: Event) -> list[Command]:
+def on_relaunched(state: ClusterState, node_id: NodeId, phase: Phase, event: Event) -> list[Command]:
     node = state.nodes[node_id]
     now = event.time
     assert state.make_engine is not None

@@ -152,7 +152,7 @@ class ClusterState:
     parked: deque[SimRequest] = field(default_factory=deque)
     """Requests with no node accepting prefill right now (retried when a switch or relaunch completes)."""
     programs: dict[str, Any] = field(default_factory=dict)
-    held: dict[str, list[Any]] = field(default_factory=dict)
+    held: dict[str, list[SimRequest]] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
     switches: list[SwitchRecord] = field(default_factory=list)
     splits: list[SplitRecord] = field(default_factory=list)

@@ -30,10 +30,6 @@ NOT_YET_CLEAN = frozenset(
         "evolving_infra.operator.handlers",
         # `RoutedRequest.id` is typed str, not RequestId.
         "evolving_infra.router.service.reports",
-        # `NodeTrack` (prealloc, bound, sent) holds `RoutedRequest`s; the simulator's nodes hold its subclass
-        # `SimRequest`: needs `NodeTrack` generic over its request type.
-        "evolving_infra.sim.flow",
-        "evolving_infra.sim.phases",
     }
 )
 
