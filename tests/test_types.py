@@ -28,8 +28,6 @@ NOT_YET_CLEAN = frozenset(
         # Modules with mypy errors still to fix (issue #10). Shrink this list; never grow it.
         # kopf's handler protocols want every keyword argument spelled out (or a `**kwargs`-only signature).
         "evolving_infra.operator.handlers",
-        # `RoutedRequest.id` is typed str, not RequestId.
-        "evolving_infra.router.service.reports",
     }
 )
 

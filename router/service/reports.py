@@ -128,7 +128,7 @@ class NodeReports:
 
         def request(wire: str) -> RequestId:
             flight = attempts.get(wire)
-            return flight.req.id if flight is not None else RequestId(wire)
+            return flight.req.route.id if flight is not None else RequestId(wire)  # `req.id` is str(route.id)
 
         running = tuple(RunningPrefill(request(w), left, context) for w, left, context in queue.running)
         track.record_report(self.router.now(), running, tuple(request(w) for w in queue.queued))
