@@ -128,7 +128,7 @@ def route_request(state: ClusterState, req: SimRequest, now: float) -> list[Comm
 
 
 def submit_prefill(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
-    node = state.nodes[req.prefill_node]  # type: ignore[index]
+    node = state.nodes[req.prefill_node]  # type: ignore[index]  # a request is submitted after routing sets it
     assert node.engine is not None
     local = state.collocated
     pr = PrefillRequest(
@@ -210,7 +210,7 @@ def grant_reservations(state: ClusterState, node: SimNode, now: float) -> list[C
             break
         node.prealloc.popleft()
         state.core.reserve(req)
-        if not state.nodes[req.prefill_node].accepts(Phase.PREFILL):  # type: ignore[index]
+        if not state.nodes[req.prefill_node].accepts(Phase.PREFILL):  # type: ignore[index]  # waiting requests were routed first
             # its prefill node stopped taking prefills (relaunch or switch) while it waited: route it again;
             # the decode binding and reservation stay
             state.stats.rerouted += 1
@@ -297,7 +297,7 @@ def on_transfer_done(state: ClusterState, event: Event) -> list[Command]:
         generated_pages=req.generated,
     )
     state.core.decode_handover(req)
-    effects = target.engine.submit_decode(dr, now)  # type: ignore[union-attr]
+    effects = target.engine.submit_decode(dr, now)  # type: ignore[union-attr]  # it accepts decode: it has an engine
     absorb(state, target.id, effects.events)
     req.stage = Stage.DECODE
     apply_counts(state, state.core.decode_submitted(req, now))

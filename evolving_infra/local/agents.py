@@ -286,8 +286,8 @@ class AgentClients:
             raise _Failed("the stream ended without a usage chunk")
         details = used.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens", 0)) if isinstance(details, dict) else 0
-        output = int(used.get("completion_tokens", 0))  # type: ignore[call-overload]
-        prompt_tokens = int(used.get("prompt_tokens", prompt))  # type: ignore[call-overload]
+        output = int(used.get("completion_tokens", 0))  # type: ignore[call-overload]  # usage values are JSON, typed object
+        prompt_tokens = int(used.get("prompt_tokens", prompt))  # type: ignore[call-overload]  # usage values are JSON, typed object
         first = finish if first is None else first
         serving = used.get("evolving")
         serving = serving if isinstance(serving, dict) else {}

@@ -49,7 +49,7 @@ class PromptBuilder:
     def parent_branch(self, branch: str) -> str | None:
         """The branch `branch` was started from, judged by its first request (fork: its base's branch;
         sub-agent: the branch it waits on, else the agent's first branch); None for an agent's first branch."""
-        first = self.trace.branches[branch].requests[0]  # type: ignore[index]
+        first = self.trace.branches[branch].requests[0]  # type: ignore[index]  # str branch id into the BranchId-keyed map
         r = self.trace.request(first)
         if r.relation not in (Relation.FORK, Relation.SUB_AGENT):
             return None

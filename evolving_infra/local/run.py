@@ -101,7 +101,7 @@ def run_local(config: LocalRunConfig, trace: Trace, on_status: Callable[[RunStat
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = RunStatus(split=config.cluster.split)
     temp = None if config.workdir is not None else tempfile.TemporaryDirectory(prefix="evolving-local-")
-    workdir = config.workdir if config.workdir is not None else Path(temp.name)  # type: ignore[union-attr]
+    workdir = config.workdir if config.workdir is not None else Path(temp.name)  # type: ignore[union-attr]  # temp is set when workdir is None
     cluster = LocalCluster(config.cluster, workdir)
     started = time.monotonic()
     try:

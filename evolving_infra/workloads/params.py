@@ -37,7 +37,7 @@ def param(default: Any, source: str) -> Any:
 def describe(params: object, prefix: str = "") -> list[tuple[str, object, str]]:
     """`(path, value, source)` for every parameter, nested parameter objects flattened with dotted paths."""
     rows: list[tuple[str, object, str]] = []
-    for f in dataclasses.fields(params):  # type: ignore[arg-type]
+    for f in dataclasses.fields(params):  # type: ignore[arg-type]  # a parameter dataclass, typed object
         value = getattr(params, f.name)
         path = f"{prefix}{f.name}"
         source = str(f.metadata.get("source", ""))
@@ -119,7 +119,7 @@ def _apply(obj: T, tree: Mapping[str, Any], where: str) -> T:
         else:
             changes[name] = _apply(current, sub, f"{path}.")
     try:
-        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]  # a parameter dataclass, typed T
     except (TypeError, ValueError) as exc:
         shown = ", ".join(f"{where}{k}" for k in changes)
         raise OverrideError(f"setting {shown}: {exc}") from None
@@ -138,7 +138,7 @@ def _coerce(current: object, value: object, path: str) -> object:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return _build(LogNormal, {"mean": value, "sigma": current.sigma, "lo": current.lo, "hi": current.hi}, path)
         if isinstance(value, Mapping):
-            return _build(LogNormal, {**to_jsonable(current), **value}, path)  # type: ignore[dict-item]
+            return _build(LogNormal, {**to_jsonable(current), **value}, path)  # type: ignore[dict-item]  # to_jsonable of a LogNormal is a dict
         raise OverrideError(f"{path!r}: give a number (the mean) or an object with mean/sigma/lo/hi, got {value!r}")
     if isinstance(current, bool):
         if not isinstance(value, bool):

@@ -106,7 +106,7 @@ def shapes(records: Iterable[Mapping[str, object]]) -> dict[str, Shape]:
                 prefix_seen[str(shared)] = max(prefix_seen.get(str(shared), 0), keep)
             else:
                 reused = 0
-            after = [str(a) for a in rec.get("after") or []]  # type: ignore[attr-defined]
+            after = [str(a) for a in rec.get("after") or []]  # type: ignore[attr-defined]  # record values are typed object
             previous = last_in_branch.get(branch)
             if previous is None:
                 s.branches += 1
@@ -124,11 +124,11 @@ def shapes(records: Iterable[Mapping[str, object]]) -> dict[str, Shape]:
                     wait = Wait.TOOL
                 w = s.waits.setdefault(wait, [0, 0.0, 0.0])
                 w[0] += 1
-                w[1] += float(rec.get("delay_s") or 0.0)  # type: ignore[arg-type]
+                w[1] += float(rec.get("delay_s") or 0.0)  # type: ignore[arg-type]  # record values are typed object
                 w[2] += reused / prompt
             if after:
                 s.pauses += 1
-                s.pause_s += float(rec.get("delay_s") or 0.0)  # type: ignore[arg-type]
+                s.pause_s += float(rec.get("delay_s") or 0.0)  # type: ignore[arg-type]  # record values are typed object
             s.requests += 1
             s.new_tokens += new
             s.output_tokens += output

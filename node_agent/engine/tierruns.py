@@ -129,13 +129,13 @@ class TierRuns:
         if slots != "writing" and not self._writing.keys().isdisjoint(items):
             raise PoolInvariantError(f"{self.tier.value}: a page of the run is being written")
         if slots == "reserved":
-            held = self._reserved.get(owner, 0)  # type: ignore[arg-type]
+            held = self._reserved.get(owner, 0)  # type: ignore[arg-type]  # owner is set whenever slots are reserved
             if held < k:
                 raise PoolInvariantError(f"{self.tier.value}: {owner} stores {k} page(s) with {held} reserved slot(s)")
             if held > k:
-                self._reserved[owner] = held - k  # type: ignore[index]
+                self._reserved[owner] = held - k  # type: ignore[index]  # owner is set whenever slots are reserved
             else:
-                del self._reserved[owner]  # type: ignore[arg-type]
+                del self._reserved[owner]  # type: ignore[arg-type]  # owner is set whenever slots are reserved
             self._n_reserved -= k
         elif slots == "writing":
             writing = self._writing

@@ -39,7 +39,7 @@ class Subscription:
         if self.dropped:
             return False
         try:
-            self.queue.put_nowait(pb.NodeEvent(sequence=self.sequence + 1, **body))  # type: ignore[arg-type]
+            self.queue.put_nowait(pb.NodeEvent(sequence=self.sequence + 1, **body))  # type: ignore[arg-type]  # body holds one oneof field of NodeEvent
         except asyncio.QueueFull:
             self.dropped = True
             return False
@@ -63,7 +63,7 @@ class Subscription:
                 if self.dropped:
                     raise SubscriberDropped(f"subscriber {self.name!r} fell more than {self.queue.maxsize} events behind")
                 return
-            yield item  # type: ignore[misc]
+            yield item  # type: ignore[misc]  # the queue holds events and the _END marker
 
 
 class EventHub:

@@ -185,7 +185,7 @@ class NodeAgent:
         """Refuse new work (UNAVAILABLE), then wait up to `grace` seconds for accepted work to finish."""
         self.accepting = False
         if self._server is not None:
-            await self._server.not_serving()  # type: ignore[attr-defined]
+            await self._server.not_serving()  # type: ignore[attr-defined]  # a grpc.aio server, typed object
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self.runner.busy() or len(self.decodes):
@@ -205,7 +205,7 @@ class NodeAgent:
         if hasattr(self, "hub"):
             self.hub.close()
         if self._server is not None:
-            await self._server.stop(grace)  # type: ignore[attr-defined]
+            await self._server.stop(grace)  # type: ignore[attr-defined]  # a grpc.aio server, typed object
             self._server = None
         if hasattr(self, "runner"):
             await self.runner.stop()

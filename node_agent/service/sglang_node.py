@@ -80,7 +80,7 @@ class NodeAgentSglang:
         rid = RequestId(job.rid)
         sub = self.node.hub.subscribe(f"sglang:{job.rid}")
         try:
-            req = PrefillRequest(rid, BranchId(job.rid), pages, len(job.input_ids), t_acc=self.t_acc)  # type: ignore[arg-type]
+            req = PrefillRequest(rid, BranchId(job.rid), pages, len(job.input_ids), t_acc=self.t_acc)  # type: ignore[arg-type]  # SGLang page ids serve as page hashes
             self.node.submit_prefill(req, {})
             async for event in sub:
                 if event.HasField("prefill_finished") and event.prefill_finished.request_id == job.rid:
@@ -95,9 +95,9 @@ class NodeAgentSglang:
         address = f"{job.bootstrap.host}:{job.bootstrap.port}"
         if address not in self.node.settings.peers.values():
             raise RequestError(f"bootstrap address {address} is not one of this node's configured peers")
-        req = DecodeRequest(RequestId(job.rid), BranchId(job.rid), pages, len(job.input_ids),  # type: ignore[arg-type]
+        req = DecodeRequest(RequestId(job.rid), BranchId(job.rid), pages, len(job.input_ids),  # type: ignore[arg-type]  # SGLang page ids serve as page hashes
                             job.max_new_tokens, self.t_acc)  # fmt: skip
-        async for item in self.node.decode(req, [(address, pages)]):  # type: ignore[list-item]
+        async for item in self.node.decode(req, [(address, pages)]):  # type: ignore[list-item]  # SGLang page ids serve as page hashes
             if isinstance(item, Tokens) and job.stream:
                 yield Step(item.total)
             elif isinstance(item, Finished):

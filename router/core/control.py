@@ -183,7 +183,7 @@ def record_json(record: ControlRecord) -> dict[str, object]:
 
 def record_from_json(data: Mapping[str, object]) -> ControlRecord:
     node = data.get("node")
-    return ControlRecord(float(data["at"]), RecordKind(data["kind"]), NodeId(str(node)) if node else None,  # type: ignore[arg-type]
+    return ControlRecord(float(data["at"]), RecordKind(data["kind"]), NodeId(str(node)) if node else None,  # type: ignore[arg-type]  # JSON values, typed object
                          str(data.get("detail", "")), str(data.get("reason", "")))
 
 

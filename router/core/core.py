@@ -369,7 +369,7 @@ class RouterCore:
             nodes={n.id: NodeStatus(n.serving_phase(), n.target is not None, n.move_cost()) for n in nodes},
             last_switch_end=self.last_switch_end,
             slices=self.recorder.completed(now) if self.recorder is not None else (),
-            models=dict(self.planner_models),  # type: ignore[arg-type]
+            models=dict(self.planner_models),  # type: ignore[arg-type]  # planner models are opaque here
             load={
                 n.id: node_load(n, context_length=s.context_length_tokens, kv_capacity_tokens=s.kv_capacity_tokens)
                 for n in nodes

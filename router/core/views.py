@@ -89,7 +89,7 @@ class TrackViews(PrefillViewSet):
         if view is None:
             track = self._tracks[i]
             model = self._models.get(track.id)
-            view = prefill_view(track, self._match, self._now, shared_pool=self._shared, model=model)  # type: ignore[arg-type]
+            view = prefill_view(track, self._match, self._now, shared_pool=self._shared, model=model)  # type: ignore[arg-type]  # router models are opaque here
             self._views[i] = view
         return view
 
@@ -118,7 +118,7 @@ class TrackViews(PrefillViewSet):
         unreported, in_flight = track.sent_views()
         age = None if track.report_time is None else max(0.0, self._now - track.report_time)
         return PrefillNodeState(
-            track.report_running, track.report_queue, unreported, in_flight, age, self._models.get(track.id)  # type: ignore[arg-type]
+            track.report_running, track.report_queue, unreported, in_flight, age, self._models.get(track.id)  # type: ignore[arg-type]  # router models are opaque here
         )
 
 

@@ -182,8 +182,8 @@ def _state_parts(view: PrefillNodeView | PrefillNodeState, source: StateSource) 
 def _parts_jobs(source: object, parts: tuple[Sequence[object], ...]) -> list[ReplayJob]:
     if source is StateSource.REPORTED:
         running, queue, unreported = parts
-        return _jobs(StateSource.REPORTED, running, (*queue, *unreported))  # type: ignore[arg-type]
-    return _jobs(StateSource.ROUTER_RECORD, (), parts[0])  # type: ignore[arg-type]
+        return _jobs(StateSource.REPORTED, running, (*queue, *unreported))  # type: ignore[arg-type]  # parts are this policy's own state tuples
+    return _jobs(StateSource.ROUTER_RECORD, (), parts[0])  # type: ignore[arg-type]  # parts are this policy's own state tuples
 
 
 def backlog_jobs(view: PrefillNodeView, settings: TtftSettings) -> list[ReplayJob]:
@@ -330,9 +330,9 @@ class TtftRouter(RouterHooks):
             if model is None:
                 _model(nodes.view(i))
             if age is not None and age <= max_age:  # `state_source` and `_state_parts`, inlined
-                hit = entry(node, reported, model, (running, queue, unreported))  # type: ignore[arg-type]
+                hit = entry(node, reported, model, (running, queue, unreported))  # type: ignore[arg-type]  # entry compares models by identity; None is fine
             else:
-                hit = entry(node, record, model, (in_flight,))  # type: ignore[arg-type]
+                hit = entry(node, record, model, (in_flight,))  # type: ignore[arg-type]  # entry compares models by identity; None is fine
             if hit.row is None:
                 exact.append(estimate_ttft(request, nodes.view(i), s, hit.backlog))
             else:

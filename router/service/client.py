@@ -248,7 +248,7 @@ class NodeClient:
                     self.on_event(self.node, event)
             except _Silent as silent:
                 reason = str(silent)
-                call.cancel()  # type: ignore[union-attr]
+                call.cancel()  # type: ignore[union-attr]  # _Silent comes from _watched(call): call is set
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
             except Exception as error:  # noqa: BLE001 - a bad message must not end the subscription loop
@@ -297,7 +297,7 @@ class NodeClient:
             if item is _END:
                 return
             self._sequence += 1
-            yield counts_to_proto(item, self._sequence)  # type: ignore[arg-type]
+            yield counts_to_proto(item, self._sequence)  # type: ignore[arg-type]  # the queue holds counts and the _END marker
 
     async def _pushes(self) -> None:
         backoff = self.backoff_first_s
