@@ -81,7 +81,7 @@ def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
 
 
 def kopf_event_sink(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
-    kopf.event(dict(body), type=type, reason=reason, message=message)
+    kopf.event(dict(body), type=type, reason=reason, message=message)  # type: ignore[arg-type]  # kopf reads the metadata of any mapping
 
 
 def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRegistry:
@@ -94,7 +94,7 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
 
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
     @kopf.on.update(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
-    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry, backoff=ERROR_BACKOFF_SECONDS)  # type: ignore[arg-type]  # namespaced: kopf passes a str namespace
     async def reconcile_cluster(namespace: str, name: str, retry: int, logger: logging.Logger, **_: Any) -> None:
         outcome = await reconcile(rt, namespace, name, attempt=retry)
         if outcome is not None:
@@ -104,7 +104,7 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
                 raise kopf.TemporaryError(message, delay=outcome.retry_delay)
 
     @kopf.on.update(*RESOURCE, id="switch", field=TARGET_FIELD, registry=registry, backoff=ERROR_BACKOFF_SECONDS)
-    @kopf.on.resume(*RESOURCE, id="switch", registry=registry, backoff=ERROR_BACKOFF_SECONDS)
+    @kopf.on.resume(*RESOURCE, id="switch", registry=registry, backoff=ERROR_BACKOFF_SECONDS)  # type: ignore[arg-type]  # namespaced: kopf passes a str namespace
     async def apply_target_split(namespace: str, name: str, retry: int, logger: logging.Logger, **_: Any) -> None:
         started = time.perf_counter()
         outcome = await run_switch(rt, namespace, name, retry)
@@ -119,7 +119,7 @@ def build_registry(rt: Runtime, configuration: Configuration) -> kopf.OperatorRe
             raise kopf.PermanentError(outcome.message)
         logger.info("target split: %s (%s)", outcome.result.value, outcome.message)
 
-    @kopf.timer(*RESOURCE, id="resync", interval=rt.settings.resync_seconds, registry=registry, backoff=ERROR_BACKOFF_SECONDS)
+    @kopf.timer(*RESOURCE, id="resync", interval=rt.settings.resync_seconds, registry=registry, backoff=ERROR_BACKOFF_SECONDS)  # type: ignore[arg-type]  # namespaced: kopf passes a str namespace
     async def resync(namespace: str, name: str, **_: Any) -> None:
         await reconcile(rt, namespace, name)
 
