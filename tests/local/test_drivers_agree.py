@@ -65,19 +65,30 @@ def test_the_simulator_and_the_local_cluster_make_the_same_decisions(tmp_path: P
     simulated = simulate(cfg, trace, keep_state=True)
     assert simulated.state is not None
     sim_log = simulated.state.control.log
-    spec = ClusterSpec(nodes=4, prefill=2, speed_up=SPEED, profile=PROFILE, window_s=WINDOW, slices=SLICES,
-                       cooldown_s=COOLDOWN, warmup_s=WARMUP, fit_interval_s=FIT, planner_settings=PLANNER)  # fmt: skip
-    config = LocalRunConfig(cluster=spec, mode=ReplayMode.open_loop(), client=ClientSettings(speed_up=SPEED),
-                            workdir=tmp_path / "work")  # fmt: skip
-    live = run_local(config, trace)
-    live_log = live.control_log
-    assert live.replay.completed, live.replay.stopped_by
-    # the collocated warmup ran live, then the initial split (as in the simulator)
-    assert _placement(live_log) == _placement(sim_log)
-    assert live.splits[0].label == "4C" and live.splits[1].label == "2P2D"
     expected = _switches(sim_log)
     assert expected, "the shift must make the planner switch"
-    assert _switches(live_log) == expected, (live_log, sim_log)
+    spec = ClusterSpec(nodes=4, prefill=2, speed_up=SPEED, profile=PROFILE, window_s=WINDOW, slices=SLICES,
+                       cooldown_s=COOLDOWN, warmup_s=WARMUP, fit_interval_s=FIT, planner_settings=PLANNER)  # fmt: skip
+    attempts: list[list[ControlRecord]] = []
+    # The live cluster runs on the wall clock: a machine busy with other work stretches its run (the per-token
+    # path costs milliseconds of wall time), which can move a decision across a window. One fresh cluster may
+    # run again; both must fail to agree for the test to fail, and the message shows both logs.
+    for attempt in range(2):
+        config = LocalRunConfig(cluster=spec, mode=ReplayMode.open_loop(), client=ClientSettings(speed_up=SPEED),
+                                workdir=tmp_path / f"work{attempt}")  # fmt: skip
+        live = run_local(config, trace)
+        live_log = live.control_log
+        assert live.replay.completed, live.replay.stopped_by
+        # the collocated warmup ran live, then the initial split (as in the simulator)
+        assert _placement(live_log) == _placement(sim_log)
+        assert live.splits[0].label == "4C" and live.splits[1].label == "2P2D"
+        attempts.append(live_log)
+        if _switches(live_log) == expected:
+            break
+    assert _switches(attempts[-1]) == expected, (
+        f"simulated: {expected}; live attempts: {[_switches(a) for a in attempts]}; reasons: "
+        f"{[[r.reason for r in a if r.kind is RecordKind.DECISION] for a in attempts]}"
+    )
 
 
 def test_the_same_routing_view_gives_the_same_choice_live_and_simulated() -> None:
