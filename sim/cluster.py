@@ -112,7 +112,6 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         nodes=nodes,
         core=core,
         control=control,
-        planner=planner,
         replayer=AgentReplayer(trace, replay_mode),
         content=content,
         trace=trace,

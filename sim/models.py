@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.router.core.models import PROVISIONAL, ModelBook, ModelOrigin, ModelShape, WarmupTooShort, freeze_all
-from evolving_infra.router.fitting import UsageCounts
-from evolving_infra.router.planner import CoefficientNodeModel
-from evolving_infra.router.routing import CoefficientPrefillModel
 
 __all__ = [
-    "PROVISIONAL", "ModelBook", "ModelOrigin", "WarmupTooShort", "freeze_all", "model_book", "profile_planner_model",
-    "profile_router_model", "shape_of",
+    "PROVISIONAL", "ModelBook", "ModelOrigin", "WarmupTooShort", "freeze_all", "model_book", "shape_of",
 ]
 
 
@@ -35,10 +31,3 @@ def shape_of(profile: HardwareProfile) -> ModelShape:
 def model_book(profile: HardwareProfile, origin: ModelOrigin) -> ModelBook:
     return ModelBook(shape_of(profile), origin)
 
-
-def profile_router_model(profile: HardwareProfile, usage: UsageCounts | None = None) -> CoefficientPrefillModel:
-    return shape_of(profile).router_model(usage)
-
-
-def profile_planner_model(profile: HardwareProfile, usage: UsageCounts | None = None) -> CoefficientNodeModel:
-    return shape_of(profile).planner_model(usage)

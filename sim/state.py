@@ -137,7 +137,6 @@ class ClusterState:
     profile: Any
     nodes: dict[NodeId, SimNode]
     core: RouterCore
-    planner: Any
     replayer: Any
     content: Any
     trace: Any

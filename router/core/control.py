@@ -224,7 +224,6 @@ class ControlCore:
         self.generation = 0
         """The highest switch generation handed out or reported."""
         self.started_at: float | None = None
-        self.serving_since: float | None = None
         self._last_tick: float | None = None
         self._next_fit: float | None = None
         self._warmup_end: float | None = None
@@ -277,11 +276,11 @@ class ControlCore:
         if isinstance(event, Tick):
             return self.tick(event.now)
         if isinstance(event, SwitchCompleted):
-            return self.switch_completed(event.node, event.phase, event.now)
+            return [*self.switch_completed(event.node, event.phase, event.now)]
         if isinstance(event, NodeJoined):
-            return self.node_joined(event.node, event.phase, event.now)
+            return [*self.node_joined(event.node, event.phase, event.now)]
         if isinstance(event, NodeLost):
-            return self.node_lost(event.node, event.now, event.reason)
+            return [*self.node_lost(event.node, event.now, event.reason)]
         if isinstance(event, RequestFinished):
             self.request_finished(event.output_tokens, event.decode_iterations, event.now)
             return []
@@ -309,7 +308,7 @@ class ControlCore:
             out += self._plan(now)
         return out
 
-    def switch_completed(self, node: NodeId, phase: Phase, now: float) -> list[ControlEffect]:
+    def switch_completed(self, node: NodeId, phase: Phase, now: float) -> list[PushCounts]:
         """`node` serves `phase`: routing learns it; a planner switch's end starts the cooldown."""
         order = self._orders.pop(node, None)
         self.core.switch_completed(node, phase, now)
@@ -324,7 +323,7 @@ class ControlCore:
         self.core.nodes[node].target = None
         self._record(now, RecordKind.SWITCH_COMPLETED, node, f"failed: {reason}")
 
-    def node_joined(self, node: NodeId, phase: Phase | None, now: float) -> list[ControlEffect]:
+    def node_joined(self, node: NodeId, phase: Phase | None, now: float) -> list[PushCounts]:
         """A node serves `phase` (None: collocated) and joins routing (known or new)."""
         track = self.core.nodes.get(node)
         if track is None:
@@ -338,7 +337,7 @@ class ControlCore:
         self._record(now, RecordKind.NODE_JOINED, node, phase.value if phase is not None else "collocated")
         return list(self.core.take_counts())
 
-    def node_lost(self, node: NodeId, now: float, reason: str = "") -> list[ControlEffect]:
+    def node_lost(self, node: NodeId, now: float, reason: str = "") -> list[PushCounts]:
         """A node is gone: it serves nothing, its KV leaves the directory and its counts are released."""
         track = self.core.nodes[node]
         track.phase, track.target = None, None
@@ -400,7 +399,6 @@ class ControlCore:
 
     def _serve(self, now: float) -> list[ControlEffect]:
         """The planner's window starts now; its first tick one interval later."""
-        self.serving_since = now
         window = getattr(getattr(self.planner, "settings", None), "window", None)
         self.core.start_window(window if isinstance(window, WindowConfig) else self.settings.window, now)
         if self.planner is not None:

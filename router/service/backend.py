@@ -391,7 +391,7 @@ class LiveRouter:
 
     def switch_done(self, node: NodeId, phase: Phase) -> None:
         """`node` serves `phase` now: the control core learns it (a planner switch's end starts the cooldown)."""
-        self.push([e for e in self.control.switch_completed(node, phase, self.now()) if isinstance(e, PushCounts)])
+        self.push(self.control.switch_completed(node, phase, self.now()))
         self.refresh_gauges()
 
     def generation_seen(self, node: NodeId, generation: int) -> None:

@@ -28,11 +28,9 @@ Boundary: translating reports into core calls; the core decides.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from evolving_infra.core.types import NodeId, NodeMode, Phase, RequestId
-from evolving_infra.router.core import PushCounts
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import NodeTrack
 from evolving_infra.router.routing import RunningPrefill
@@ -105,13 +103,13 @@ class NodeReports:
         if mode is NodeMode.COLLOCATED:  # the collocated warmup: the node serves both phases
             if node not in self.joined:
                 self.joined.add(node)
-                router.push(_counts(router.control.node_joined(node, None, router.now())))
+                router.push(router.control.node_joined(node, None, router.now()))
             return
         phase = Phase(mode.value)
         draining = state.switch_state == pb.SWITCH_STATE_DRAINING
         if node not in self.joined:
             self.joined.add(node)
-            router.push(_counts(router.control.node_joined(node, phase, router.now())))
+            router.push(router.control.node_joined(node, phase, router.now()))
         elif track.target is not None and mode is track.target and not draining:
             router.switch_done(node, phase)
         elif track.target is None and phase is not track.phase:
@@ -158,7 +156,7 @@ class NodeReports:
         track.mode, track.pool = None, None
         self.joined.discard(node)
         router.progress_events.pop(node, None)
-        router.push(_counts(router.control.node_lost(node, router.now(), reason)))
+        router.push(router.control.node_lost(node, router.now(), reason))
         for flight in list(router.flights.values()):
             # a flight already streaming has its prompt KV on its decode node: its prefill node's loss is not its
             if node == flight.req.decode_node or (node == flight.req.prefill_node and not flight.tokens_sent):
@@ -171,7 +169,3 @@ class NodeReports:
         counts = router.core.branches.counts_for(node)
         if counts and router.push_enabled:
             router.clients[node].push_counts(counts)
-
-
-def _counts(effects: Sequence[object]) -> list[PushCounts]:
-    return [e for e in effects if isinstance(e, PushCounts)]
