@@ -89,7 +89,6 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
             apply_counts(state, [effect])
         elif isinstance(effect, ModelsFrozen):
             state.stats.fit_messages.extend(effect.messages)
-            state.disaggregated_at = now
         elif isinstance(effect, PlannerDecided):
             state.stats.planner_ticks += 1
             decision = effect.decision
