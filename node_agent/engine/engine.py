@@ -212,6 +212,16 @@ class EngineCore:
             return Effects(self.pool.drain_events(), (), applied=False)
         return self._effects(now)
 
+    def cancel_prefill(self, request: str, now: float) -> Effects:
+        """Drop a prefill, queued or running, whose client went away: its host and GPU pins, reserved slots
+        and unfinished fetch or load are released (pages it wrote stay cached), so the requests behind it
+        are admitted. `applied` is False when the node holds no such prefill (finished or handed back); a
+        fetch still in flight for it later completes with `applied` False."""
+        self._tick(now)
+        if not self._prefill.cancel(request, now):
+            return Effects(self.pool.drain_events(), (), applied=False)
+        return self._effects(now)
+
     def fetch_completed(self, request: str, now: float, failed: Iterable[PageHash] = ()) -> Effects:
         """Every fetch run of `request` has ended; the `failed` pages never arrived and are recomputed.
         `applied` is False if the engine no longer waits for it (the request was handed back, or its

@@ -342,6 +342,16 @@ class PrefillScheduler:
             finished.append((job, done))
         return finished
 
+    def cancel(self, rid: str, now: float) -> bool:
+        """Drop one prefill, queued or running (its client went away): its pins, reserved slots and
+        unfinished writes (a fetch or a load in flight) are released; pages it already wrote stay cached.
+        False when the node holds no such prefill (finished, handed back, never here)."""
+        job = self.jobs.pop(rid, None)
+        if job is None:
+            return False
+        self.pool.release(rid, now)
+        return True
+
     def hand_back(self, now: float) -> list[PrefillRequest]:
         """Drop every queued (not running) request, releasing its pins, slots and fetch; arrival order."""
         out: list[PrefillRequest] = []
