@@ -21,6 +21,8 @@ MAX_REQUEST_ID_CHARS = 256
 MAX_BRANCH_ID_CHARS = 1024
 """A branch id on the wire is the router's scoped id (tenant and branch, each up to 256 characters)."""
 MAX_SUBSCRIBER_CHARS = 256
+MAX_CANCEL_REASON_CHARS = 256
+"""A Cancel's reason is logged up to this many characters (the rest is dropped)."""
 MAX_PEER_ADDRESS_CHARS = 300
 MAX_TOKENS = 1 << 24
 """Most prompt or output tokens of one request (16.7 M; far above any model's context)."""

@@ -11,7 +11,7 @@ Series (all `evolving_node_*`; labels are small enums, never request or branch i
 - `phase_switches_total{source,target}`, `phase_switch_duration_seconds` and
   `phase_switch_drain_seconds` histograms (node clock), `phase_switch_handed_back_total`;
 - `mode{mode}` (1 for the current mode), `switch_state{state}`, `switch_generation`;
-- `requests_total{phase,outcome}` (accepted, rejected, finished, handed_back, failed),
+- `requests_total{phase,outcome}` (accepted, rejected, finished, handed_back, failed, cancelled),
   `decode_tokens_total`, `event_subscribers`, `event_subscribers_dropped_total`.
 
 The node clock is emulated time (wall clock times `speed_up`); with `speed_up` 1 it is wall seconds.

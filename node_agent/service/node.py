@@ -294,6 +294,28 @@ class NodeAgent:
             log.info("node %s: decode %s cancelled (its caller went away)", self.node, request)
         return cancelled
 
+    def cancel(self, request: str, reason: str = "") -> tuple[bool, bool]:
+        """The `Cancel` RPC: drop the request's prefill and its decode, whichever this node holds, queued or
+        running (their pages' slots are freed and the requests behind them admitted); each drop is counted
+        (`requests_total{outcome="cancelled"}`). Returns (prefill dropped, decode dropped); idempotent."""
+        self._check_accepting(work=False)
+        prefill = self.runner.cancel_prefill(request)
+        if prefill:
+            self._reused.pop(request, None)
+            self.metrics.request("prefill", "cancelled")
+            log.info("node %s: prefill %s cancelled (%s)", self.node, request, reason or "no reason given")
+        entry = self.decodes.get(request)
+        decode = False
+        if entry is not None and not entry.submitted:  # still pulling its prompt: `decode` ends it after the pull
+            entry.cancelled, entry.cancel_reason = True, f"cancelled by the router ({reason or 'no reason given'})"
+            decode = True
+            self.metrics.request("decode", "cancelled")
+        elif entry is not None:
+            decode = self.cancel_decode(request)
+            if decode:
+                entry.queue.put_nowait(Failed(grpc.StatusCode.CANCELLED, f"request {request} cancelled: {reason}"))
+        return prefill, decode
+
     async def _pull(self, request: str, runs: Sequence[tuple[str, tuple[PageHash, ...]]]) -> None:
         entry = self.decodes.get(request)
         loop = asyncio.get_running_loop()

@@ -177,6 +177,15 @@ class EngineRunner:
         self._effects(effects)
         return effects.applied
 
+    def cancel_prefill(self, request: str) -> bool:
+        """Drop a prefill whose client went away (queued or running); False if the engine no longer holds it.
+        A fetch in flight for it runs out (its pages' slots are already released) and is then ignored."""
+        effects = self.engine.cancel_prefill(request, self.clock.now())
+        if effects.applied:
+            self._addresses.pop(request, None)
+        self._effects(effects)
+        return effects.applied
+
     def begin_switch(self, target: Phase) -> SwitchBegun:
         begun = self.engine.begin_switch(target, self.clock.now())
         for req in begun.handed_back:

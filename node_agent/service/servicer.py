@@ -27,7 +27,14 @@ from evolving_infra.node_agent.api.convert import (
     phase_to_proto,
     prefill_request_from_proto,
 )
-from evolving_infra.node_agent.api.limits import MAX_COUNT_PAGES, MAX_SUBSCRIBER_CHARS, check_count, check_id
+from evolving_infra.node_agent.api.limits import (
+    MAX_CANCEL_REASON_CHARS,
+    MAX_COUNT_PAGES,
+    MAX_REQUEST_ID_CHARS,
+    MAX_SUBSCRIBER_CHARS,
+    check_count,
+    check_id,
+)
 from evolving_infra.node_agent.api.pages_service import PagesServicer
 from evolving_infra.node_agent.service.decodes import Accepted, Finished, Tokens
 from evolving_infra.node_agent.service.errors import ServiceError, to_service_error
@@ -141,6 +148,18 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 yield _progress(rid, item)
         except (ServiceError, ValueError) as error:
             await _abort(context, to_service_error(error), self.node.metrics, "SubmitDecode")
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:  # noqa: N802
+        try:
+            check_id(request.request_id, "CancelRequest.request_id", MAX_REQUEST_ID_CHARS)
+            reason = request.reason[:MAX_CANCEL_REASON_CHARS]
+            if reason and not (reason.isascii() and reason.isprintable()):
+                raise ValueError("CancelRequest.reason: must be printable ASCII (no control characters)")
+            prefill, decode = self.node.cancel(request.request_id, reason)
+        except Exception as error:
+            await _abort(context, to_service_error(error), self.node.metrics, "Cancel")
+            raise
+        return pb.CancelResponse(prefill_cancelled=prefill, decode_cancelled=decode)
 
     # --- pages ---------------------------------------------------------------------------------------
     async def ReadPages(  # noqa: N802

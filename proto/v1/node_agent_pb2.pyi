@@ -535,3 +535,19 @@ class PushCountsResponse(_message.Message):
     updates: int
     pages: int
     def __init__(self, updates: _Optional[int] = ..., pages: _Optional[int] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("prefill_cancelled", "decode_cancelled")
+    PREFILL_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    prefill_cancelled: bool
+    decode_cancelled: bool
+    def __init__(self, prefill_cancelled: _Optional[bool] = ..., decode_cancelled: _Optional[bool] = ...) -> None: ...

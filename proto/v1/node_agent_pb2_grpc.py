@@ -76,6 +76,11 @@ class NodeAgentStub:
                 request_serializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CountUpdate.SerializeToString,
                 response_deserializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.PushCountsResponse.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/evolving_infra.v1.NodeAgent/Cancel',
+                request_serializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelRequest.SerializeToString,
+                response_deserializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -141,6 +146,14 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cancel(self, request, context):
+        """Cancel a request on this node, queued or running, prefill or decode (a decode's own stream being
+        cancelled does the same for the decode).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +196,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.PushCounts,
                     request_deserializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CountUpdate.FromString,
                     response_serializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.PushCountsResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelRequest.FromString,
+                    response_serializer=evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +421,33 @@ class NodeAgent:
             '/evolving_infra.v1.NodeAgent/PushCounts',
             evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CountUpdate.SerializeToString,
             evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.PushCountsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/evolving_infra.v1.NodeAgent/Cancel',
+            evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelRequest.SerializeToString,
+            evolving__infra_dot_proto_dot_v1_dot_node__agent__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,

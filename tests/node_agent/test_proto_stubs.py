@@ -46,6 +46,7 @@ def test_service_has_the_node_agent_rpcs_with_their_stream_shapes() -> None:
         "GetTransferEndpoint": (False, False),
         "StreamEvents": (False, True),
         "PushCounts": (True, False),
+        "Cancel": (False, False),
     }
 
 

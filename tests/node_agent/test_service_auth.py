@@ -82,6 +82,7 @@ async def call(stub: rpc.NodeAgentStub, method: str, metadata: tuple[tuple[str, 
                 "GetState": pb.GetStateRequest(),
                 "SubmitPrefill": pb.SubmitPrefillRequest(),
                 "GetTransferEndpoint": pb.GetTransferEndpointRequest(),
+                "Cancel": pb.CancelRequest(request_id="absent"),
             }[method]
             await getattr(stub, method)(request, metadata=metadata, timeout=5)
     except grpc.aio.AioRpcError as error:
