@@ -16,6 +16,7 @@
 | `evolving_router_routing_decision_seconds` | histogram | | time to route one request (views + policy) |
 | `evolving_router_routing_state_total` | counter | source | routing decisions by the state they read for the chosen node: `reported` (its fresh report), `router-record` (report missing or stale), `unknown` (the policy does not say) |
 | `evolving_router_retries_total` | counter | reason | attempts re-routed before a first token |
+| `evolving_router_prefill_cancels_total` | counter | outcome | abandoned attempts' prefills the router cancelled on their node: `cancelled` (the node dropped it), `not_held` (already finished or handed back), `failed` (no answer) |
 | `evolving_router_node_up` | gauge | node | 1 while the node's event stream is open |
 | `evolving_router_planner_decisions_total` | counter | outcome | planner decisions |
 
@@ -69,6 +70,9 @@ class RouterServiceMetrics:
             ["source"], registry=r,
         )
         self.retries = Counter("evolving_router_retries_total", "Attempts re-routed before a first token.", ["reason"], registry=r)
+        self.prefill_cancels = Counter(
+            "evolving_router_prefill_cancels_total", "Abandoned prefills cancelled on their node.", ["outcome"], registry=r
+        )
         self.node_up = Gauge("evolving_router_node_up", "1 while the node's event stream is open.", ["node"], registry=r)
         self.decisions = Counter("evolving_router_planner_decisions_total", "Planner decisions.", ["outcome"], registry=r)
 
