@@ -13,7 +13,7 @@ API (kept small and stable; the fleet simulator imports it):
   its own value is one of the allowed values. `Requirements.parse("region=eu-west,hardware=gb300|h200")`
   reads the header/key form; `Requirements()` admits every partition.
 - `Binder(partitions, load_factor=1.25)`:
-  - `bind(user_key, requirements=Requirements(), branch_id=None, parent_branch_id=None) -> Binding`;
+  - `bind(user_key, requirements=Requirements(), branch_id=None, parent_branch_id=None, avoid=()) -> Binding`;
   - `finish_branch(branch_id)`, `release(user_key)`;
   - `add_partition(partition) -> list[Move]`, `remove_partition(name) -> list[Move]`;
   - `partition_of(user_key)`, `branch_partition(branch_id)`, `loads()`, `partitions`.
@@ -29,7 +29,9 @@ How a request is bound (in this order):
 4. Otherwise the user is hashed: eligible partitions (those meeting the requirements) are ranked by
    weighted rendezvous hashing (score `-weight / ln(u)`, `u` uniform in (0, 1) from
    `blake2b(user_key, partition_name)`), and the user goes to the first one in that order whose load is
-   below its cap. A new branch is then pinned to the user's partition.
+   below its cap. A new branch is then pinned to the user's partition. Partitions in `avoid` (the
+   gateway passes those that are down) are skipped when a user is hashed, unless none other is below its
+   cap; they never move a user already bound or an active branch.
 
 Load is the number of bound users. The cap of a partition `p` in the eligible set `E`, when a user is bound,
 is `ceil(c * (n_E + 1) * w_p / W_E)`, with `c = load_factor > 1`, `n_E` the users bound to partitions of `E`
@@ -50,9 +52,9 @@ I4 Minimal movement: adding a partition moves users only onto the new partition 
 I5 An active branch never changes partition: only `finish_branch` or the removal of its partition ends its
    pin (a removed partition's branches are lost and reported as moves with `branch_id` set).
 
-Left open, and chosen here: binding ignores partition health (a user whose partition is down is told to
-retry, not moved, so its KV stays useful when the partition returns); the gateway decides when users and
-branches are idle and calls `release` / `finish_branch`.
+Left open, and chosen here: a user already bound whose partition is down is told to retry, not moved, so
+its KV stays useful when the partition returns (only new users avoid a down partition); the gateway
+decides when users and branches are idle and calls `release` / `finish_branch`.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -253,6 +255,7 @@ class Binder:
         *,
         branch_id: str | None = None,
         parent_branch_id: str | None = None,
+        avoid: Collection[str] = (),
     ) -> Binding:
         """The partition for a request of `user_key` (and its branch), binding and pinning as needed."""
         if not user_key:
@@ -264,12 +267,12 @@ class Binder:
             if requirements.admits(self._partitions[parent]):
                 self._branches[branch_id] = parent
                 return Binding(parent, BindReason.PARENT_BRANCH)
-        binding = self._bind_user(user_key, requirements)
+        binding = self._bind_user(user_key, requirements, avoid)
         if branch_id is not None:
             self._branches[branch_id] = binding.partition
         return binding
 
-    def _bind_user(self, user_key: str, requirements: Requirements) -> Binding:
+    def _bind_user(self, user_key: str, requirements: Requirements, avoid: Collection[str] = ()) -> Binding:
         state = self._users.get(user_key)
         if state is not None:
             if requirements.admits(self._partitions[state.partition]):
@@ -278,11 +281,14 @@ class Binder:
         order = self.ranking(user_key, requirements)
         if not order:
             raise NoEligiblePartition(requirements)
-        for i, name in enumerate(order):
+        candidates = [name for name in order if name not in avoid] if avoid else order
+        if len(candidates) < len(order):
+            candidates += [name for name in order if name in avoid]  # only when every other one is full
+        for name in candidates:
             if self._load[name] < self.cap(name, requirements):
                 self._users[user_key] = _UserState(name, requirements)
                 self._load[name] += 1
-                return Binding(name, BindReason.FIRST_CHOICE if i == 0 else BindReason.OVERFLOW)
+                return Binding(name, BindReason.FIRST_CHOICE if name == order[0] else BindReason.OVERFLOW)
         raise AssertionError("the caps of the eligible partitions sum to more than their load")
 
     def release(self, user_key: str) -> None:

@@ -224,3 +224,21 @@ def test_a_user_whose_requirements_change_is_rebound() -> None:
     assert binder.bind("u", Requirements.parse("region=eu")).partition == "eu"
     assert binder.bind("u", Requirements.parse("region=us")).partition == "us"
     assert binder.loads() == {"eu": 0, "us": 1}
+
+
+@given(partition_sets(min_size=2), users_st, st.data())
+def test_new_users_avoid_down_partitions_within_the_bound(
+    partitions: list[Partition], users: list[str], data: st.DataObject
+) -> None:
+    down = data.draw(st.sets(st.sampled_from([p.name for p in partitions]), max_size=len(partitions) - 1))
+    binder = Binder(partitions)
+    for user in users:
+        caps = {p.name: binder.cap(p.name) for p in partitions}
+        got = binder.bind(user, avoid=down)
+        assert binder.loads()[got.partition] <= caps[got.partition]
+        if got.partition in down:  # only when every partition that is up was at its cap
+            assert all(binder.loads()[p.name] >= caps[p.name] for p in partitions if p.name not in down)
+    # A bound user stays put when its partition goes down: it is told to retry, not moved.
+    first = users[0]
+    home = binder.partition_of(first)
+    assert home is not None and binder.bind(first, avoid={home}).partition == home
