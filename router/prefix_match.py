@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.types import NodeId
 
 
@@ -24,19 +25,6 @@ from evolving_infra.core.types import NodeId
 def _host_bits(nodes: int) -> int:
     """The mask with the host-memory bit (3i + 1) of each of `nodes` node indexes set."""
     return sum(1 << (3 * i + 1) for i in range(nodes))
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRun:
-    """Prompt pages `[start, end)` that the node lacks, each held in host memory by every one of `peers`."""
-
-    start: int
-    end: int
-    peers: frozenset[NodeId]
-
-    @property
-    def pages(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +43,7 @@ class FetchPlan:
     @property
     def fetch_pages(self) -> int:
         """Pages to fetch from peers (the paper's x_n, in pages)."""
-        return sum(run.pages for run in self.runs)
+        return sum(run.count for run in self.runs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from evolving_infra.core.types import BranchId, Phase, RequestId
 from evolving_infra.node_agent.engine import (
     DecodeFinished,
     DecodeRequest,
-    FetchRun,
     FetchStarted,
     PrefillFinished,
     PrefillRequest,
@@ -107,7 +106,7 @@ def route_request(state: ClusterState, req: SimRequest, now: float) -> list[Comm
         return []
     node = state.nodes[routed.node]
     req.queued = now
-    req.fetch = tuple(FetchRun(r.peer, r.pages) for r in routed.fetch)
+    req.fetch = routed.fetch
     req.fetched = 0
     apply_counts(state, routed.counts)
     program = state.programs.get(req.spec.agent)

@@ -12,12 +12,13 @@ Boundary: pure functions; no gRPC calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId
 from evolving_infra.node_agent.engine.outputs import PrefillFinished, PrefillStarted, SwitchReport, SwitchState
-from evolving_infra.node_agent.engine.requests import DecodeRequest, FetchRun, PrefillRequest
+from evolving_infra.core.fetch import FetchRun
+from evolving_infra.node_agent.engine.requests import DecodeRequest, PrefillRequest
 from evolving_infra.node_agent.api.limits import MAX_PROMPT_PAGES, check_count, check_request_fields
 from evolving_infra.node_agent.engine.tier import TierGauges
 from evolving_infra.node_agent.transfer.base import TransportKind
@@ -138,8 +139,14 @@ def fetch_run_to_proto(run: FetchRun, peer_address: str = "") -> pb.FetchRun:
     return pb.FetchRun(peer=run.peer, pages=run.pages, peer_address=peer_address)
 
 
-def fetch_run_from_proto(message: pb.FetchRun) -> FetchRun:
-    return FetchRun(NodeId(message.peer), tuple(PageHash(p) for p in message.pages))
+def fetch_runs_from_proto(messages: Iterable[pb.FetchRun], prompt: tuple[PageHash, ...]) -> tuple[FetchRun, ...]:
+    """The runs of `messages`, bound to the request's `prompt` pages: a message's pages must be prompt pages in
+    prompt order; where they skip pages they become several runs."""
+    return tuple(
+        run
+        for message in messages
+        for run in FetchRun.runs_of(NodeId(message.peer), tuple(PageHash(p) for p in message.pages), prompt)
+    )
 
 
 def _generated(message: pb.SubmitPrefillRequest | pb.SubmitDecodeRequest) -> tuple[PageHash, ...] | None:
@@ -182,14 +189,15 @@ def prefill_request_from_proto(message: pb.SubmitPrefillRequest) -> PrefillReque
     """The engine's request, its ids, sizes and numbers bounded first (`limits`); the engine's own checks
     raise ValueError naming the request."""
     _check_bounds("SubmitPrefillRequest", message)
+    prompt = tuple(PageHash(p) for p in message.prompt_pages)
     return PrefillRequest(
         request=RequestId(message.request_id),
         branch=BranchId(message.branch_id),
-        prompt_pages=tuple(PageHash(p) for p in message.prompt_pages),
+        prompt_pages=prompt,
         prompt_tokens=message.prompt_tokens,
         output_tokens=message.output_tokens,
         t_acc=message.t_acc,
-        fetch=tuple(fetch_run_from_proto(run) for run in message.fetch),
+        fetch=fetch_runs_from_proto(message.fetch, prompt),
         generated_pages=_generated(message),
     )
 
@@ -225,4 +233,4 @@ def decode_request_from_proto(message: pb.SubmitDecodeRequest) -> tuple[DecodeRe
         t_acc=message.t_acc,
         generated_pages=_generated(message),
     )
-    return req, tuple(fetch_run_from_proto(run) for run in message.fetch)
+    return req, fetch_runs_from_proto(message.fetch, req.prompt_pages)

@@ -33,7 +33,8 @@ from evolving_infra.node_agent.engine.outputs import (
     SwitchReport,
     SwitchState,
 )
-from evolving_infra.node_agent.engine.requests import DecodeRequest, FetchRun, PrefillRequest
+from evolving_infra.core.fetch import FetchRun
+from evolving_infra.node_agent.engine.requests import DecodeRequest, PrefillRequest
 from evolving_infra.node_agent.engine.tier import TierGauges
 
 __all__ = [

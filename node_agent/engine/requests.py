@@ -13,20 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import BranchId, NodeId, RequestId
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRun:
-    """Pages to pull from one peer's host memory (a subset of the prompt's pages, in prompt order)."""
-
-    peer: NodeId
-    pages: tuple[PageHash, ...]
-
-    def __post_init__(self) -> None:
-        if not self.pages:
-            raise ValueError(f"fetch run from peer {self.peer!r} names no pages")
 
 
 def _check_common(request: RequestId, prompt_tokens: int, output_tokens: int, t_acc: float) -> None:
@@ -56,15 +45,14 @@ class PrefillRequest:
         _check_common(self.request, self.prompt_tokens, self.output_tokens, self.t_acc)
         if not self.fetch:
             return
-        prompt = set(self.prompt_pages)
-        seen: set[PageHash] = set()
-        for run in self.fetch:
-            for page in run.pages:
-                if page not in prompt:
-                    raise ValueError(f"request {self.request}: fetch page {page:#x} is not one of its prompt pages")
-                if page in seen:
-                    raise ValueError(f"request {self.request}: fetch page {page:#x} is planned twice")
-                seen.add(page)
+        covered = 0
+        for run in sorted(self.fetch, key=lambda r: r.start):
+            where = f"request {self.request}: fetch run [{run.start}, {run.end})"
+            if run.prompt is not self.prompt_pages and run.prompt != self.prompt_pages:
+                raise ValueError(f"{where} is not bound to this request's prompt pages")
+            if run.start < covered:
+                raise ValueError(f"{where} overlaps another run: a page is planned twice")
+            covered = run.end
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,10 @@ Boundary: pure decisions and bookkeeping with time passed in; no I/O, no clock. 
 effects (`effects.py`) for the driver to carry out.
 """
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.core.core import Bound, CoreSettings, ModelRefresh, RouterCore
 from evolving_infra.router.core.effects import (
     Effect,
-    FetchPlanRun,
     PushCounts,
     Routed,
     SendPrefill,
@@ -22,7 +22,7 @@ __all__ = [
     "Bound",
     "CoreSettings",
     "Effect",
-    "FetchPlanRun",
+    "FetchRun",
     "ModelRefresh",
     "NodeTrack",
     "PoolSnapshot",

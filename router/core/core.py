@@ -39,7 +39,8 @@ from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier
 from evolving_infra.router.branches import BranchTable
-from evolving_infra.router.core.effects import FetchPlanRun, PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
+from evolving_infra.core.fetch import FetchRun
+from evolving_infra.router.core.effects import PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
 from evolving_infra.router.core.views import decode_need, decode_view, node_load, prefill_views
 from evolving_infra.router.directory import KvDirectory
@@ -48,7 +49,7 @@ from evolving_infra.router.planner import (
     NodeStatus, Outcome, PlannerDecision, PlannerObservation, SliceRecorder, WindowConfig,
 )  # fmt: skip
 from evolving_infra.router.routing import (
-    DecodeBinder, DecodeBinding, FetchTiming, PageRun, PrefillPolicyName, PrefillRouter, RoutingDecision,
+    DecodeBinder, DecodeBinding, FetchTiming, PrefillPolicyName, PrefillRouter, RoutingDecision,
 )  # fmt: skip
 
 ModelRefresh = Callable[[NodeTrack, UsageCounts | None], tuple[object, object]]
@@ -192,18 +193,18 @@ class RouterCore:
         return Routed(node.id, decision, view, fetch, tuple(counts))
 
     def _fetch_plan(
-        self, req: RoutedRequest, decision: RoutingDecision, runs: tuple[PageRun, ...]
-    ) -> tuple[FetchPlanRun, ...]:
+        self, req: RoutedRequest, decision: RoutingDecision, runs: tuple[FetchRun, ...]
+    ) -> tuple[FetchRun, ...]:
         """What the prefill node pulls from peers: the policy's plan, or the pool's whole reachable prefix when
         the policy does not move KV itself but the host memory is a shared pool."""
         pages = req.prompt_pages
         if decision.fetch_timing is not FetchTiming.NONE and decision.fetch_from:
-            chosen: tuple[PageRun, ...] = decision.fetch_from
+            chosen: tuple[FetchRun, ...] = decision.fetch_from
         elif self._pool_fetches_prefix:
             chosen = runs
         else:
             return ()
-        return tuple(FetchPlanRun(min(r.peers), tuple(pages[r.first_page : r.first_page + r.pages])) for r in chosen)
+        return tuple(r.bound(pages) for r in chosen)
 
     def prefill_sent(self, req: RoutedRequest) -> SendPrefill:
         """The request is being sent to its prefill node: recorded there; the effect to carry out."""

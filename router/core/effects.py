@@ -17,18 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.router.planner import PlannerDecision, SwitchMode
 from evolving_infra.router.routing import PrefillNodeView, RoutingDecision
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPlanRun:
-    """Prompt pages a prefill node pulls from one peer's host memory, in prompt order."""
-
-    peer: NodeId
-    pages: tuple[PageHash, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +30,7 @@ class SendPrefill:
 
     node: NodeId
     request: str
-    fetch: tuple[FetchPlanRun, ...] = ()
+    fetch: tuple[FetchRun, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +60,7 @@ class Routed:
     node: NodeId
     decision: RoutingDecision
     view: PrefillNodeView
-    fetch: tuple[FetchPlanRun, ...] = ()
+    fetch: tuple[FetchRun, ...] = ()
     counts: tuple[PushCounts, ...] = ()
     """Count changes of the branch's placement on the node."""
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Work
-from evolving_infra.router.core.effects import FetchPlanRun
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.fitting import ModelFitter, UsageCounts
 from evolving_infra.router.routing import QueuedPrefill, RouteRequest, RunningPrefill
 
@@ -55,7 +55,7 @@ class RoutedRequest:
     prefill_done: bool = False
     reserved: int = 0
     """Decode KV tokens reserved on `decode_node` until the KV is submitted there."""
-    fetch_plan: tuple[FetchPlanRun, ...] = ()
+    fetch_plan: tuple[FetchRun, ...] = ()
     """What its prefill node pulls from peers (the last routing's plan)."""
 
     @property

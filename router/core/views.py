@@ -21,7 +21,7 @@ import numpy as np
 from evolving_infra.core.types import NodeId
 from evolving_infra.router.planner import NodeLoad
 from evolving_infra.router.prefix_match import PrefixMatch
-from evolving_infra.router.routing import DecodeNodeView, PageRun, PrefillNodeView, PrefillNodeModel
+from evolving_infra.router.routing import DecodeNodeView, PrefillNodeView, PrefillNodeModel
 from evolving_infra.router.routing.inputs import PrefillNodeState, PrefillStateRow, PrefillViewSet, PrefixColumns
 from evolving_infra.router.routing.decode import kv_tokens_needed
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
@@ -34,8 +34,8 @@ def prefill_view(
     either = match.either.get(node.id, 0)
     plan = match.fetch_plan(node.id)
     cluster = max(plan.reachable, either)
-    runs = tuple(PageRun(r.start, r.pages, r.peers) for r in plan.runs)
-    fetch_pages = sum(r.pages for r in runs)
+    runs = plan.runs
+    fetch_pages = plan.fetch_pages
     if not shared_pool:  # private host memory: only the node's own KV is reusable
         runs, fetch_pages, cluster = (), 0, either
     unreported, in_flight = node.sent_views()

@@ -1,13 +1,15 @@
 """Run the front end alone against `FakeBackend`, for trying the API with curl or an OpenAI SDK:
 
-    EVOLVING_ROUTER_PORT=8000 python -P -m evolving_infra.router.http
+    python -P -m evolving_infra.router.http --port 8000
 
-Settings come from `EVOLVING_ROUTER_*` variables. Stops gracefully on SIGINT/SIGTERM.
+Flags set the host, port and model name; every other setting keeps its default (the live router's settings,
+`RouterSettings`, are the ones read from the environment and files). Stops gracefully on SIGINT/SIGTERM.
 Boundary: a demo entry point; the live router wires its real backend instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -17,8 +19,7 @@ from evolving_infra.router.http.server import start_server
 from evolving_infra.router.http.settings import RouterHttpSettings
 
 
-async def _main() -> None:
-    settings = RouterHttpSettings()
+async def _main(settings: RouterHttpSettings) -> None:
     backend = FakeBackend(
         model_ids=(settings.model_name,), first_token_delay_s=0.05, inter_token_delay_s=0.02
     )
@@ -36,4 +37,9 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_main())
+    parser = argparse.ArgumentParser(prog="python -m evolving_infra.router.http", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    parser.add_argument("--model", default="evolving-emulated", help="the model name served")
+    args = parser.parse_args()
+    asyncio.run(_main(RouterHttpSettings(host=args.host, port=args.port, model_name=args.model)))

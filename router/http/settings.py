@@ -1,9 +1,11 @@
-"""`RouterHttpSettings`: the one validated settings object of the router's HTTP front end.
+"""The HTTP front end's settings: `HttpFrontFields`, declared once, and `RouterHttpSettings`, what the front end takes.
 
-Read from the environment with the prefix `EVOLVING_ROUTER_` (e.g. `EVOLVING_ROUTER_PORT=8080`) or built
-directly in code; every field has bounds, and a bad value is an error naming the field.
+The fields are declared once, here. The live router's one settings object (`RouterSettings`, which alone reads
+`EVOLVING_ROUTER_*` variables and settings files) inherits them and hands the front end its `RouterHttpSettings`
+(`RouterSettings.http()`); tests, benchmarks and the fake-backend demo build `RouterHttpSettings` directly in code.
+Every field has bounds, and a bad value is an error naming the field.
 
-Boundary: configuration values only; nothing is read at import time.
+Boundary: configuration values only; nothing is read at import time, and nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TokenizerKind(enum.Enum):
@@ -24,10 +25,10 @@ class TokenizerKind(enum.Enum):
     """A local `tokenizer.json` or model folder (needs the optional `tokenizers`/`transformers`)."""
 
 
-class RouterHttpSettings(BaseSettings):
-    """Settings of the router's OpenAI-compatible HTTP server."""
+class HttpFrontFields(BaseModel):
+    """The fields of the router's OpenAI-compatible HTTP server (inherited by `RouterSettings`)."""
 
-    model_config = SettingsConfigDict(env_prefix="EVOLVING_ROUTER_", extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field(
         default="127.0.0.1",
@@ -114,6 +115,19 @@ class RouterHttpSettings(BaseSettings):
         le=64,
         description="Worker processes that parse and tokenize bodies of offload_bytes or more (0: a worker thread).",
     )
+
+    @model_validator(mode="after")
+    def _tokenizer_path_matches_kind(self) -> HttpFrontFields:
+        if self.tokenizer is TokenizerKind.HUGGINGFACE and self.tokenizer_path is None:
+            raise ValueError("tokenizer 'huggingface' needs tokenizer_path (EVOLVING_ROUTER_TOKENIZER_PATH)")
+        if self.tokenizer is TokenizerKind.BUILTIN and self.tokenizer_path is not None:
+            raise ValueError("tokenizer_path is set but tokenizer is 'builtin'; set tokenizer=huggingface")
+        return self
+
+
+class RouterHttpSettings(HttpFrontFields):
+    """What the HTTP server takes: the front end's fields and where its admin server listens."""
+
     admin_port: int | None = Field(
         default=None,
         ge=0,
@@ -121,11 +135,3 @@ class RouterHttpSettings(BaseSettings):
         description="Port of the admin server (/metrics, /healthz, /readyz); 0: any free port. None: no admin "
         "server. /metrics is never served on the API port.",
     )
-
-    @model_validator(mode="after")
-    def _tokenizer_path_matches_kind(self) -> RouterHttpSettings:
-        if self.tokenizer is TokenizerKind.HUGGINGFACE and self.tokenizer_path is None:
-            raise ValueError("tokenizer 'huggingface' needs tokenizer_path (EVOLVING_ROUTER_TOKENIZER_PATH)")
-        if self.tokenizer is TokenizerKind.BUILTIN and self.tokenizer_path is not None:
-            raise ValueError("tokenizer_path is set but tokenizer is 'builtin'; set tokenizer=huggingface")
-        return self

@@ -18,6 +18,7 @@ from evolving_infra.router.routing.base import (
     RouteReason,
     RoutingDecision,
 )
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.routing.cache_aware import CacheAwareRouter, CacheAwareSettings
 from evolving_infra.router.routing.decode import (
     BaselineBinderSettings,
@@ -29,7 +30,6 @@ from evolving_infra.router.routing.decode import (
 from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings
 from evolving_infra.router.routing.inputs import (
     DecodeNodeView,
-    PageRun,
     PrefillNodeState,
     PrefillNodeView,
     PrefillViewSet,
@@ -79,7 +79,7 @@ __all__ = [
     "FewestRequestsBinder",
     "JobTiming",
     "NodeScore",
-    "PageRun",
+    "FetchRun",
     "PowerOfTwoBinder",
     "PrefillNodeModel",
     "PrefillNodeState",

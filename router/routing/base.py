@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.types import BranchId, NodeId, RequestId
 from evolving_infra.router.routing.inputs import (
     DecodeNodeView,
-    PageRun,
     PrefillNodeView,
     RouteRequest,
 )
@@ -109,7 +109,7 @@ class RoutingDecision:
     uncached_tokens: int
     fetch_tokens: int = 0
     recompute_tokens: int = 0
-    fetch_from: tuple[PageRun, ...] | None = None
+    fetch_from: tuple[FetchRun, ...] | None = None
     fetch_timing: FetchTiming = FetchTiming.NONE
     diagnostics: tuple[NodeScore, ...] = ()
 

@@ -27,6 +27,7 @@ from typing import NamedTuple, cast, overload
 
 import numpy as np
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS, PageHash, validate_page_tokens
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Work
 from evolving_infra.router.routing.nodemodel import PrefillNodeModel
@@ -119,23 +120,6 @@ class QueuedPrefill:
 
 
 @dataclass(frozen=True, slots=True)
-class PageRun:
-    """`pages` consecutive prompt pages from page index `first_page`, each held in host memory by all `peers`."""
-
-    first_page: int
-    pages: int
-    peers: frozenset[NodeId]
-
-    def __post_init__(self) -> None:
-        where = f"page run at page {self.first_page}"
-        _non_negative(where, first_page=self.first_page)
-        if self.pages < 1:
-            raise ValueError(f"{where}: pages must be >= 1, got {self.pages}")
-        if not self.peers:
-            raise ValueError(f"{where}: needs at least one peer to fetch from")
-
-
-@dataclass(frozen=True, slots=True)
 class PrefillNodeView:
     """One prefill node as the router sees it for one request.
 
@@ -154,7 +138,7 @@ class PrefillNodeView:
     cluster_prefix_pages: int = 0
     fetch_pages: int = 0
     own_disk_pages: int = 0
-    fetch_sources: tuple[PageRun, ...] | None = None
+    fetch_sources: tuple[FetchRun, ...] | None = None
     running: tuple[RunningPrefill, ...] = ()
     queue: tuple[QueuedPrefill, ...] = ()
     unreported: tuple[QueuedPrefill, ...] = ()
@@ -187,7 +171,7 @@ class PrefillNodeView:
                 f"cluster-prefix pages beyond its own prefix of {self.own_pages} pages"
             )
         if self.fetch_sources is not None:
-            listed = sum(run.pages for run in self.fetch_sources)
+            listed = sum(run.count for run in self.fetch_sources)
             if listed != self.fetch_pages:
                 raise ValueError(
                     f"{where}: fetch_sources list {listed} pages but fetch_pages is {self.fetch_pages}"

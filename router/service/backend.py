@@ -36,7 +36,7 @@ import xxhash
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
-from evolving_infra.router.core import CoreSettings, FetchPlanRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
+from evolving_infra.router.core import CoreSettings, FetchRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
 from evolving_infra.router.core.control import ControlCore, ControlSettings
 from evolving_infra.router.core.models import ModelBook, ModelOrigin
 from evolving_infra.core.rng import RandomStreams
@@ -208,7 +208,7 @@ class LiveRouter:
         self.flights[flight.req.id] = flight
         return flight
 
-    def _route(self, flight: Flight) -> tuple[NodeId, int, tuple[FetchPlanRun, ...]]:
+    def _route(self, flight: Flight) -> tuple[NodeId, int, tuple[FetchRun, ...]]:
         req = flight.req
         started = time.perf_counter()
         routed = self.core.route(req, self.now())
@@ -288,7 +288,7 @@ class LiveRouter:
         return TokenChunk(ids, cached_tokens=flight.cached_tokens, serving=flight.serving())
 
     async def _submit_prefill(
-        self, flight: Flight, node: NodeId, fetch: tuple[FetchPlanRun, ...], addresses: dict[NodeId, str],
+        self, flight: Flight, node: NodeId, fetch: tuple[FetchRun, ...], addresses: dict[NodeId, str],
         trace: pb.TraceContext,
     ) -> None:  # fmt: skip
         """Send the attempt's prefill; a node holding its wire id (ALREADY_EXISTS) gets a fresh one."""

@@ -26,7 +26,7 @@ from typing import Any
 from evolving_infra.core.types import NodeId
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
-from evolving_infra.router.http import RouterHttpSettings, start_server
+from evolving_infra.router.http import start_server
 from evolving_infra.router.http.recording import RecordingBackend, write_recording
 from evolving_infra.router.recording import TraceRecorder
 from evolving_infra.router.service.backend import LiveRouter
@@ -115,13 +115,7 @@ async def serve(settings: RouterSettings, shape: ModelShape, on_ready: Callable[
                         settings.rpc_timeout_s)  # fmt: skip
         planner = ControlLoop(router, make_applier(settings, router))
         planner.start()
-        http = RouterHttpSettings(
-            host=settings.host, port=settings.port, model_name=settings.model_name,
-            request_timeout_s=settings.request_timeout_s, api_key_file=settings.api_key_file,
-            max_concurrent_per_key=settings.max_concurrent_per_key, max_body_bytes=settings.max_body_bytes,
-            max_prompt_tokens=settings.max_prompt_tokens, max_tokens_cap=settings.max_tokens_cap,
-            context_tokens=shape.l1_tokens, admin_port=settings.metrics_port if settings.metrics_enabled else None,
-        )  # fmt: skip
+        http = settings.http(context_tokens=shape.l1_tokens)
         recorder = TraceRecorder(shape.page_tokens, time_scale=settings.record_time_scale) if settings.record_trace else None
         backend = RecordingBackend(router, recorder, router.now) if recorder is not None else router
         server = await start_server(http, backend, extra_metrics=[metrics.exposition])

@@ -1,5 +1,8 @@
 """`RouterSettings`: the one validated settings object of a live router process.
 
+It is the router's only settings object: the HTTP front end's fields are declared once in
+`router/http/settings.HttpFrontFields` and inherited here; `http()` hands the front end its settings.
+
 Sources, later ones winning: the field defaults, a YAML file (`--settings FILE`), environment variables with
 the prefix `EVOLVING_ROUTER_` (nested fields with `__`), then command-line flags. `load_settings(file, flags)`
 merges them; a bad value raises `SettingsError` naming every field at fault. Nothing is read at import time.
@@ -23,6 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from evolving_infra.core.eviction import EvictionPolicyName
 from evolving_infra.core.types import Phase
 from evolving_infra.core.plugins import load_plugins
+from evolving_infra.router.http.settings import HttpFrontFields, RouterHttpSettings
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
@@ -49,19 +53,15 @@ def _address(value: str, where: str) -> str:
     return value
 
 
-class RouterSettings(BaseSettings):
+class RouterSettings(BaseSettings, HttpFrontFields):
     """Settings of the live router (sources in the module docstring)."""
 
     model_config = SettingsConfigDict(
         env_prefix="EVOLVING_ROUTER_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
-    host: str = Field(default="127.0.0.1", min_length=1, description="HTTP address to bind (0.0.0.0 inside a pod).")
-    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0: any free port).")
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="Prometheus /metrics port (0: any free port).")
     metrics_enabled: bool = Field(default=True, description="Serve the router's own /metrics endpoint.")
-    model_name: str = Field(default="evolving-emulated", min_length=1, description="The model served.")
-    request_timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="Deadline of one request, seconds.")
     default_max_tokens: int = Field(default=256, ge=1, le=1_000_000, description="Output tokens when a request sets no max_tokens.")
     nodes: dict[str, str] = Field(default_factory=dict, description="Static node agents: node id -> gRPC host:port.")
     nodes_dns: str | None = Field(
@@ -111,12 +111,7 @@ class RouterSettings(BaseSettings):
     record_trace: Path | None = Field(default=None, description="At shutdown, write what was served as an agent trace (lengths, page hashes, times; never text) to this file.")
     record_models: Path | None = Field(default=None, description="At shutdown, write the fitted node models (JSON, for `simulate --models-from`) to this file.")
     record_time_scale: float = Field(default=1.0, gt=0, description="Recorded times are the router's clock times this factor (a local run's nodes run speed_up times faster).")
-    # security and admission (docs/security.md); the HTTP front end's fields of the same names
-    api_key_file: Path | None = Field(default=None, description="API keys of the HTTP API (one `key` or `name:key` a line).")
-    max_concurrent_per_key: int | None = Field(default=None, ge=1, le=1_000_000, description="Completions one API key may have in flight.")
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1 << 30, description="Largest HTTP request body, bytes (413 above).")
-    max_prompt_tokens: int = Field(default=1_000_000, ge=1, le=1 << 24, description="Largest prompt, tokens (400 above).")
-    max_tokens_cap: int = Field(default=32_768, ge=1, le=1 << 24, description="Largest max_tokens a request may ask for (400 above).")
+    # security toward the node agents (docs/security.md); the HTTP API's keys and limits are HttpFrontFields
     cluster_token_file: Path | None = Field(default=None, description="Shared cluster token sent to the node agents.")
     tls_cert_file: Path | None = Field(default=None, description="Mutual TLS with the node agents: the router's certificate (PEM).")
     tls_key_file: Path | None = Field(default=None, description="Mutual TLS: the router's private key (PEM).")
@@ -162,6 +157,15 @@ class RouterSettings(BaseSettings):
         if self.applier is ApplierKind.KUBERNETES and not self.cluster_name:
             raise ValueError("applier 'kubernetes' needs cluster_name (the AgentServingCluster to write status to)")
         return self
+
+
+    def http(self, context_tokens: int | None = None) -> RouterHttpSettings:
+        """The HTTP front end's settings: its inherited fields, `context_tokens` when none is set (the live router
+        passes one node's GPU tokens), and the admin server on `metrics_port` when metrics are enabled."""
+        fields = {name: getattr(self, name) for name in HttpFrontFields.model_fields}
+        if fields["context_tokens"] is None:
+            fields["context_tokens"] = context_tokens
+        return RouterHttpSettings(**fields, admin_port=self.metrics_port if self.metrics_enabled else None)
 
 
 def planner_settings(settings: RouterSettings) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from evolving_infra.core.types import NodeId
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
-from evolving_infra.router.core import FetchPlanRun, PoolSnapshot, RoutedRequest
+from evolving_infra.router.core import FetchRun, PoolSnapshot, RoutedRequest
 
 
 def pool_from(state: pb.NodeState, page_tokens: int) -> PoolSnapshot:
@@ -21,7 +21,7 @@ def pool_from(state: pb.NodeState, page_tokens: int) -> PoolSnapshot:
 
 
 def prefill_to(
-    req: RoutedRequest, wire_id: str, fetch: tuple[FetchPlanRun, ...], addresses: Mapping[NodeId, str],
+    req: RoutedRequest, wire_id: str, fetch: tuple[FetchRun, ...], addresses: Mapping[NodeId, str],
     trace: pb.TraceContext,
 ) -> pb.SubmitPrefillRequest:
     """The prefill of `req` under `wire_id` (one id per attempt, so a node never sees an id twice)."""

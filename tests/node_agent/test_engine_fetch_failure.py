@@ -18,7 +18,7 @@ def fetched_prefill(failed: frozenset[PageHash]) -> tuple[int, float, frozenset[
     """(cached tokens at the start, prefill iteration seconds, host pages once the fetch ended) for a 16-page
     fetch of a 24-page prompt."""
     e = engine()
-    plan = (FetchRun(NodeId("peer"), tuple(CHAIN[:16])),)
+    plan = (FetchRun(0, 16, frozenset({NodeId("peer")}), tuple(CHAIN[:24])),)
     effects = e.submit_prefill(request("r", 24 * PAGE + 10, plan), 0.0)
     assert effects.fetches
     assert e.fetch_completed(RequestId("r"), 0.5, failed).applied

@@ -59,7 +59,8 @@ def engine(prof: HardwareProfile | None = None, plane: DataPlane = DataPlane.ASY
 
 
 def request(rid: str, tokens: int, fetch: tuple[FetchRun, ...] = (), chain: list[PageHash] = CHAIN) -> PrefillRequest:
-    return PrefillRequest(RequestId(rid), BranchId("b"), tuple(chain[: tokens // PAGE]), tokens, 16, 1.0, fetch)
+    prompt = tuple(chain[: tokens // PAGE])
+    return PrefillRequest(RequestId(rid), BranchId("b"), prompt, tokens, 16, 1.0, tuple(r.bound(prompt) for r in fetch))
 
 
 def run_until_idle(e: EngineCore, now: float) -> tuple[list[StepOutput], float]:
@@ -128,7 +129,7 @@ def test_a_chunk_budget_is_shared_in_arrival_order() -> None:
 
 
 def _peer_plan(pages: int) -> tuple[FetchRun, ...]:
-    return (FetchRun(NodeId("peer"), tuple(CHAIN[:pages])),)
+    return (FetchRun(0, pages, frozenset({NodeId("peer")})),)
 
 
 def test_a_request_waiting_on_a_fetch_does_not_block_the_runnable_one_behind_it() -> None:
@@ -163,7 +164,7 @@ def test_a_queued_request_keeps_its_host_prefix_pinned() -> None:
     e.submit_prefill(request("warm", 2048), 0.0)
     _, now = run_until_idle(e, 0.0)
     e.evict(Tier.GPU, 10_000, now)  # the prefix now lives only in host memory
-    plan = (FetchRun(NodeId("peer"), tuple(CHAIN[32:48])),)
+    plan = (FetchRun(32, 48, frozenset({NodeId("peer")})),)
     e.submit_prefill(request("r", 4000, plan), now)
     e.evict(Tier.HOST, 10_000, now)
     assert set(CHAIN[:32]) <= e.resident(Tier.HOST)  # pinned while its fetch runs
@@ -179,7 +180,7 @@ def _fetch_scenario(plane: DataPlane) -> StepOutput:
     e.submit_prefill(request("warm", 1024), 0.0)
     _, now = run_until_idle(e, 0.0)
     e.evict(Tier.GPU, 10_000, now)
-    e.submit_prefill(request("r", 3000, (FetchRun(NodeId("peer"), tuple(CHAIN[16:32])),)), now)
+    e.submit_prefill(request("r", 3000, (FetchRun(16, 32, frozenset({NodeId("peer")})),)), now)
     fetched_at = now + e.profile.fetch_time(1024)
     e.fetch_completed(RequestId("r"), fetched_at)
     start = fetched_at + 1.0  # long after any load could finish
@@ -231,8 +232,16 @@ def test_bad_input_is_refused_with_specific_errors() -> None:
     e = engine()
     with pytest.raises(ValueError, match="make 1 full page"):
         e.submit_prefill(PrefillRequest(RequestId("r"), BranchId("b"), (), 100, 0), 0.0)
-    with pytest.raises(ValueError, match="not one of its prompt pages"):
-        PrefillRequest(RequestId("r"), BranchId("b"), (CHAIN[0],), 64, 0, 1.0, (FetchRun(NodeId("x"), (CHAIN[5],)),))
+    with pytest.raises(ValueError, match="is not in the prompt"):
+        FetchRun.of(NodeId("x"), (CHAIN[5],), (CHAIN[0],))
+    other_prompt = tuple(CHAIN[:8])
+    with pytest.raises(ValueError, match="not bound to this request's prompt pages"):
+        PrefillRequest(
+            RequestId("r"), BranchId("b"), (CHAIN[0],), 64, 0, 1.0, (FetchRun.of(NodeId("x"), (CHAIN[5],), other_prompt),)
+        )
+    twice = FetchRun(0, 1, frozenset({NodeId("x")}), (CHAIN[0],))
+    with pytest.raises(ValueError, match="planned twice"):
+        PrefillRequest(RequestId("r"), BranchId("b"), (CHAIN[0],), 64, 0, 1.0, (twice, twice))
     with pytest.raises(RequestTooLarge, match="needs 5 GPU pages"):
         engine(profile(l1_pages=4)).submit_prefill(request("r", 300), 0.0)
     e.submit_prefill(request("r", 100), 1.0)

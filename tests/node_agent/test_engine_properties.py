@@ -146,9 +146,9 @@ class EngineMachine(RuleBasedStateMachine):
         prompt, tokens = self._prompt(chain, pages, extra)
         planned = prompt[fetch_from : fetch_from + fetch_len]
         runs = tuple(
-            FetchRun(NodeId(peer), part)
+            run
             for peer, part in (("peer-a", planned[::2]), ("peer-b", planned[1::2]))
-            if part
+            for run in FetchRun.runs_of(NodeId(peer), part, prompt)
         )
         rid = self._rid()
         req = PrefillRequest(RequestId(rid), BranchId(f"b{chain}"), prompt, tokens, output, 1.5, runs)

@@ -50,8 +50,8 @@ def chain(name: str) -> list[PageHash]:
 
 
 def prefill(rid: str, tokens: int, fetch: tuple[FetchRun, ...] = ()) -> PrefillRequest:
-    pages = chain(rid)
-    return PrefillRequest(RequestId(rid), BranchId(rid), tuple(pages[: tokens // PAGE]), tokens, 8, 1.0, fetch)
+    prompt = tuple(chain(rid)[: tokens // PAGE])
+    return PrefillRequest(RequestId(rid), BranchId(rid), prompt, tokens, 8, 1.0, tuple(r.bound(prompt) for r in fetch))
 
 
 def decode(rid: str, tokens: int, out: int) -> DecodeRequest:
@@ -69,7 +69,7 @@ def test_prefill_to_decode_hands_back_queued_finishes_running_and_keeps_host_mem
     e.submit_prefill(prefill("running", 20000), now)
     first = e.step(now)  # `running` has two chunks left
     assert [s.request for s in first.prefills_started] == ["running"]
-    queued = [prefill("q1", 1000), prefill("q2", 500, (FetchRun(NodeId("peer"), tuple(chain("q2")[:4])),))]
+    queued = [prefill("q1", 1000), prefill("q2", 500, (FetchRun(0, 4, frozenset({NodeId("peer")})),))]
     for req in queued:
         e.submit_prefill(req, first.end)
     host_before = e.resident(Tier.HOST)

@@ -92,8 +92,11 @@ def prefill_requests(draw: st.DrawFn) -> PrefillRequest:
     prompt = draw(st.lists(pages, min_size=0, max_size=12, unique=True))
     fetched = draw(st.lists(st.sampled_from(prompt), unique=True)) if prompt else []
     split = draw(st.integers(0, len(fetched)))
+    in_order = sorted(fetched, key=prompt.index)
     runs = tuple(
-        FetchRun(NodeId(f"peer-{i}"), tuple(part)) for i, part in enumerate((fetched[:split], fetched[split:])) if part
+        run
+        for i, part in enumerate((in_order[:split], in_order[split:]))
+        for run in FetchRun.runs_of(NodeId(f"peer-{i}"), part, prompt)
     )
     return PrefillRequest(
         request=RequestId(draw(ids)),
@@ -118,8 +121,8 @@ def test_prefill_requests_round_trip_with_trace_headers(req: PrefillRequest, tra
 def test_empty_generated_pages_differ_from_absent_ones() -> None:
     base = dict(request=RequestId("r"), branch=BranchId("b"), prompt_pages=(), prompt_tokens=3, output_tokens=2)
     for generated in (None, ()):
-        req = DecodeRequest(**base, generated_pages=generated)  # type: ignore[arg-type]
-        fetch = (FetchRun(NodeId("p"), (PageHash(1),)),)
+        req = DecodeRequest(**{**base, "prompt_pages": (PageHash(1),)}, generated_pages=generated)  # type: ignore[arg-type]
+        fetch = (FetchRun.of(NodeId("p"), (PageHash(1),), (PageHash(1),)),)
         assert convert.decode_request_from_proto(wire(convert.decode_request_to_proto(req, fetch))) == (req, fetch)
 
 

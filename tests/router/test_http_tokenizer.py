@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from evolving_infra.router.http import RouterHttpSettings, TokenizerKind
+from evolving_infra.router.http.settings import HttpFrontFields
+from evolving_infra.router.service.settings import RouterSettings
 from evolving_infra.router.http.tokenizer import (
     ID_SPACE,
     BuiltinTokenizer,
@@ -146,14 +148,26 @@ def test_settings_defaults_bind_loopback() -> None:
     assert settings.host == "127.0.0.1" and settings.tokenizer is TokenizerKind.BUILTIN
 
 
-def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_router_settings_read_the_front_ends_fields_and_hand_them_over(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One settings object reads EVOLVING_ROUTER_*: every HTTP field set there reaches the front end."""
     monkeypatch.setenv("EVOLVING_ROUTER_PORT", "9123")
     monkeypatch.setenv("EVOLVING_ROUTER_REQUEST_TIMEOUT_S", "2.5")
     monkeypatch.setenv("EVOLVING_ROUTER_TOKENIZER", "huggingface")
     monkeypatch.setenv("EVOLVING_ROUTER_TOKENIZER_PATH", str(tmp_path))
-    settings = RouterHttpSettings()
-    assert (settings.port, settings.request_timeout_s) == (9123, 2.5)
-    assert settings.tokenizer is TokenizerKind.HUGGINGFACE and settings.tokenizer_path == tmp_path
+    monkeypatch.setenv("EVOLVING_ROUTER_OFFLOAD_BYTES", "0")
+    monkeypatch.setenv("EVOLVING_ROUTER_BODY_READ_TIMEOUT_S", "7")
+    http = RouterSettings(nodes={"n": "127.0.0.1:1"}, metrics_port=9500).http(context_tokens=4096)
+    assert (http.port, http.request_timeout_s, http.offload_bytes, http.body_read_timeout_s) == (9123, 2.5, 0, 7.0)
+    assert http.tokenizer is TokenizerKind.HUGGINGFACE and http.tokenizer_path == tmp_path
+    assert (http.context_tokens, http.admin_port) == (4096, 9500)
+    # The front end's own settings object reads no environment: nothing set above reaches it.
+    assert RouterHttpSettings().port == 8000
+    # Every front-end field is declared once and inherited (no copy that could drift).
+    assert set(HttpFrontFields.model_fields) <= set(RouterSettings.model_fields)
+    for name in HttpFrontFields.model_fields:
+        assert repr(RouterSettings.model_fields[name]) == repr(HttpFrontFields.model_fields[name]), name
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolving_infra.core.pages import PageHash
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.types import BranchId, NodeId, RequestId
 from evolving_infra.router.routing.cache_aware import BalanceGate
 from evolving_infra.router.routing import (
@@ -18,7 +19,6 @@ from evolving_infra.router.routing import (
     DynamoKvRouter,
     DynamoKvSettings,
     FetchTiming,
-    PageRun,
     PrefillNodeView,
     PrefillPolicyName,
     RoundRobinRouter,
@@ -220,7 +220,7 @@ def test_dynamo_lowest_cost_wins_and_the_node_recomputes_what_it_lacks() -> None
 
 def test_dynamo_memory_pool_variant_fetches_at_prefill_start() -> None:
     router = DynamoKvRouter(DynamoKvSettings(with_memory_pool=True))
-    runs = (PageRun(0, 10, frozenset({NodeId("p-a")})),)
+    runs = (FetchRun(0, 10, frozenset({NodeId("p-a")})),)
     empty = PrefillNodeView(NodeId("p-b"), cluster_prefix_pages=10, fetch_pages=10, fetch_sources=runs)
     decision = router.route(request(10, extra=5), [empty], now=0.0)
     assert router.name is PrefillPolicyName.DYNAMO_KV_POOL and decision.policy is PrefillPolicyName.DYNAMO_KV_POOL

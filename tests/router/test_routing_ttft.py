@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from evolving_infra.core.itermodel import PrefillCoefficients, PrefillItem
 from evolving_infra.core.pages import PageHash
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Work
 from evolving_infra.router.routing import (
     CoefficientPrefillModel,
     FetchTiming,
-    PageRun,
     PrefillNodeView,
     QueuedPrefill,
     ReplayJob,
@@ -184,7 +184,7 @@ CACHED_PAGES = 900  # 57,600 tokens of prefix
 
 def holder_and_idle(holder_queue: tuple[QueuedPrefill, ...]) -> list[PrefillNodeView]:
     """p-holder holds the prefix in GPU memory; p-idle holds nothing and would fetch it from p-holder."""
-    runs = (PageRun(0, CACHED_PAGES, frozenset({NodeId("p-holder")})),)
+    runs = (FetchRun(0, CACHED_PAGES, frozenset({NodeId("p-holder")})),)
     return [
         view("p-holder", own_gpu_pages=CACHED_PAGES, cluster_prefix_pages=CACHED_PAGES, queue=holder_queue),
         view("p-idle", cluster_prefix_pages=CACHED_PAGES, fetch_pages=CACHED_PAGES, fetch_sources=runs),
@@ -199,7 +199,7 @@ def test_routes_away_from_the_prefix_holder_when_its_queue_outweighs_the_exposed
     x = CACHED_PAGES * PAGE
     assert (decision.fetch_tokens, decision.recompute_tokens) == (x, 0)
     assert decision.fetch_timing is FetchTiming.WHILE_QUEUED
-    assert decision.fetch_from == (PageRun(0, CACHED_PAGES, frozenset({NodeId("p-holder")})),)
+    assert decision.fetch_from == (FetchRun(0, CACHED_PAGES, frozenset({NodeId("p-holder")})),)
     idle = decision.score_of(NodeId("p-idle")).terms
     assert idle["wait"] == 0.0
     assert idle["exposed_fetch"] == pytest.approx(0.45 + 1e-6 * x)
