@@ -61,11 +61,22 @@ def start_control(state: ClusterState, now: float) -> list[Command]:
 
 
 def schedule_tick(state: ClusterState, now: float) -> list[Command]:
+    """The control core's next tick (replacing any tick still pending: there is one at most)."""
     at = state.control.next_tick_at
     if at is None or _done(state):
         return []
-    return [Event(max(at, now), Priority.CONTROL, lambda e: on_control_tick(state, e), label="control tick",
-                  token=CONTROL)]
+    tick = Event(max(at, now), Priority.CONTROL, lambda e: on_control_tick(state, e), label="control tick",
+                 token=CONTROL)
+    return [Cancel(CONTROL), tick]
+
+
+def tick_if_due(state: ClusterState, now: float) -> list[Command]:
+    """An event made a tick due now (a completion the staged end of the warmup waits for): deliver it at once,
+    replacing the tick scheduled for later (it is scheduled again after this one)."""
+    at = state.control.next_tick_at
+    if at is None or at > now:
+        return []
+    return schedule_tick(state, now)
 
 
 def on_control_tick(state: ClusterState, event: Event) -> list[Command]:
@@ -153,7 +164,7 @@ def on_switch_completed(state: ClusterState, node: SimNode, now: float) -> list[
     close_span(state, node, now, phase)
     node.busy = 0.0
     state.record_split(now)
-    return flow.retry_waiting(state, now) + kick(state, node, now)
+    return tick_if_due(state, now) + flow.retry_waiting(state, now) + kick(state, node, now)
 
 
 # -- relaunch (Dynamo) ----------------------------------------------------------------------------------------
@@ -206,7 +217,7 @@ def on_relaunched(state: ClusterState, node_id: NodeId, phase: Phase, event: Eve
     node.switch_from = None
     close_span(state, node, now, phase)
     state.record_split(now)
-    return flow.retry_waiting(state, now) + kick(state, node, now)
+    return tick_if_due(state, now) + flow.retry_waiting(state, now) + kick(state, node, now)
 
 
 # -- pause rule ---------------------------------------------------------------------------------------------

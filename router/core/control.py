@@ -10,8 +10,8 @@ Life of a cluster (paper E.3):
    model fitter; with `ModelOrigin.FITTED` the router prices prefills with provisional fits refreshed every
    `fit_interval_s`. Without a warmup the nodes serve their initial phases and the planner window starts now.
 2. At `warmup_s` (a `Tick`): the fits are frozen into node models (`ModelsFrozen`; too few iterations keep the
-   profile's models, with a message), the usage counts restart, every node is ordered to its initial phase
-   (`SwitchOrder(initial=True)`), the planner window starts.
+   profile's models, with a message), the usage counts restart, the nodes leave the collocated mode for their
+   initial phases (`SwitchOrder(initial=True)`, see "Leaving the warmup" below), the planner window starts.
 3. Every planner interval after that (a `Tick`): t̄_n and f_n are remeasured from the window's usage counts,
    the planner decides on the core's observation (`PlannerDecided`), and a SWITCH becomes one `SwitchOrder` per
    moving node with a fresh switch generation; the router stops sending old-phase work to each at once.
@@ -20,6 +20,21 @@ Life of a cluster (paper E.3):
 5. `NodeJoined` / `NodeLost`: a node (re)joins with the phase it serves; a lost node's KV and counts are dropped.
 6. `RequestFinished`: the measured output length and decode iterations of a finished request: the decode half
    of the planner's w̄ (no declared or traced output length is ever read for planning).
+
+Leaving the warmup (`WarmupExit`). A collocated node ordered to prefill finishes its local decodes before it
+prefills again, and a node ordered to decode stops prefilling at once, so ordering every node at the same instant
+(`AT_ONCE`) leaves the prefill side with no node that prefills until the prefill-bound nodes have drained their
+decodes (tens of seconds with long outputs). `STAGED` (the default) keeps prefill capacity up throughout:
+- the decode-bound nodes stay collocated (they keep prefilling, as in the warmup) until every prefill-bound
+  node serves prefill; then they are ordered to decode;
+- the prefill-bound nodes move in two waves (the larger half first, in node order), so that at most half of
+  them is out of prefill service at any time;
+- a prefill-bound node goes through decode: it is first ordered to decode (its queued prefills are handed back
+  and re-routed, its running prefill finishes) and, once it serves decode, to prefill; while it drains its
+  decodes in that second switch it refuses prefills (a decode node switching to prefill does), so no prefill
+  queues behind decodes on it while collocated nodes could take it.
+Each stage's orders go out at the first tick after the completions they wait for: `next_tick_at` is the
+completion's time (drivers deliver it at once).
 
 `next_tick_at` is when the driver must deliver the next `Tick` (None: nothing scheduled). Every event handled
 and every effect issued is appended to `log` (`ControlRecord`), the sequence the differential tests compare
@@ -50,6 +65,17 @@ from evolving_infra.router.planner import Outcome, Planner, PlannerDecision, Swi
 MAX_GENERATION = 2**53 - 1
 """Switch generations stay at or below this (exact in every JSON number and far inside protobuf's uint64; node
 agents refuse larger ones): a node reporting a larger one is ignored when choosing the next generation."""
+
+
+class WarmupExit(enum.Enum):
+    """How the nodes leave the collocated warmup (module docstring, "Leaving the warmup")."""
+
+    AT_ONCE = "at-once"
+    """Every node is ordered to its initial phase at the warmup's end (the prefill side stalls while the
+    prefill-bound nodes drain their local decodes)."""
+    STAGED = "staged"
+    """Prefill-bound nodes in two waves through decode; decode-bound nodes stay collocated until the prefill
+    side serves."""
 
 
 class ControlPhase(enum.Enum):
@@ -194,12 +220,14 @@ class ControlSettings:
     initial: each node's phase after the warmup (or from the start without one). warmup_s: collocated warmup
     T_learn (0: none). fit_interval_s: during a fitting warmup, refresh the router's provisional models this
     often (None: only at the end). window: the planner's window (its slices are recorded from the warmup's end).
+    warmup_exit: how the nodes leave the warmup.
     """
 
     initial: Mapping[NodeId, Phase]
     warmup_s: float = 0.0
     fit_interval_s: float | None = 60.0
     window: WindowConfig = field(default_factory=WindowConfig)
+    warmup_exit: WarmupExit = WarmupExit.STAGED
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
@@ -230,6 +258,10 @@ class ControlCore:
         self._next_plan: float | None = None
         self._orders: dict[NodeId, SwitchOrder] = {}
         """Switch orders not yet completed, per node."""
+        self._exit: _StagedExit | None = None
+        """The staged end of the warmup while it is under way."""
+        self._exit_due: float | None = None
+        """A completion the staged exit waits for happened at this time: its next stage is due."""
 
     # -- schedule -------------------------------------------------------------------------------------------
     @property
@@ -239,7 +271,7 @@ class ControlCore:
     @property
     def next_tick_at(self) -> float | None:
         """When the next `Tick` is due (None: nothing scheduled)."""
-        due = [t for t in (self._next_fit, self._warmup_end, self._next_plan) if t is not None]
+        due = [t for t in (self._next_fit, self._warmup_end, self._exit_due, self._next_plan) if t is not None]
         return min(due) if due else None
 
     def start(self, now: float) -> list[ControlEffect]:
@@ -302,6 +334,9 @@ class ControlCore:
             self._next_fit = nxt if nxt < self._warmup_end else None
         if self._warmup_end is not None and now >= self._warmup_end:
             out += self._end_warmup(now)
+        if self._exit_due is not None and now >= self._exit_due:
+            self._exit_due = None
+            out += self._advance_exit(now)
         if self._next_plan is not None and now >= self._next_plan:
             assert self.planner is not None
             self._next_plan = now + self.planner.interval_s
@@ -315,6 +350,7 @@ class ControlCore:
         if order is not None and not order.initial:
             self.core.last_switch_end = now
         self._record(now, RecordKind.SWITCH_COMPLETED, node, phase.value)
+        self._exit_progress(node, now)
         return list(self.core.take_counts())
 
     def switch_failed(self, node: NodeId, now: float, reason: str) -> None:
@@ -322,6 +358,7 @@ class ControlCore:
         self._orders.pop(node, None)
         self.core.nodes[node].target = None
         self._record(now, RecordKind.SWITCH_COMPLETED, node, f"failed: {reason}")
+        self._exit_progress(node, now)
 
     def node_joined(self, node: NodeId, phase: Phase | None, now: float) -> list[PushCounts]:
         """A node serves `phase` (None: collocated) and joins routing (known or new)."""
@@ -344,6 +381,7 @@ class ControlCore:
         track.forget_report()
         self._orders.pop(node, None)
         self._record(now, RecordKind.NODE_LOST, node, reason)
+        self._exit_progress(node, now)
         return list(self.core.clear_node(node, now))
 
     def request_finished(self, output_tokens: int, decode_iterations: float, now: float) -> None:
@@ -387,15 +425,68 @@ class ControlCore:
             track.usage = UsageCounts()
         self.phase = ControlPhase.SERVING
         self._record(now, RecordKind.WARMUP_ENDED)
-        generation = self._next_generation()
         placed = [(n, p) for n, p in sorted(self.settings.initial.items()) if n in self.core.nodes]
         placed = [(n, p) for n, p in placed if self.core.nodes[n].serving]
         for node, phase in placed:  # where branches are placed from now on (counts follow the phase)
             self.core.branches.set_phase(node, phase)
         out += self.core.take_counts()
-        for node, phase in placed:
-            out.append(self._order(SwitchOrder(node, phase, SwitchMode.IN_PLACE, generation, initial=True), now))
-        return out + self._serve(now)
+        if self.settings.warmup_exit is WarmupExit.AT_ONCE:
+            generation = self._next_generation()
+            for node, phase in placed:
+                out.append(self._order(SwitchOrder(node, phase, SwitchMode.IN_PLACE, generation, initial=True), now))
+            return out + self._serve(now)
+        prefill = [n for n, p in placed if p is Phase.PREFILL]
+        first = (len(prefill) + 1) // 2
+        waves = [w for w in (prefill[:first], prefill[first:]) if w]
+        self._exit = _StagedExit(waves, [n for n, p in placed if p is Phase.DECODE])
+        return out + self._serve(now) + self._advance_exit(now)
+
+    # -- the staged end of the warmup ------------------------------------------------------------------------
+    def _exit_progress(self, node: NodeId, now: float) -> None:
+        """A node the staged exit may wait for completed a switch (or failed, or was lost): re-check at `now`."""
+        if self._exit is not None and node in self._exit.waiting():
+            self._exit_due = now if self._exit_due is None else min(self._exit_due, now)
+
+    def _done_in_wave(self, node: NodeId, plan: _StagedExit) -> bool:
+        """`node`'s order to prefill completed (or failed), or it serves nothing (it left the cluster)."""
+        track = self.core.nodes.get(node)
+        if track is None or not track.serving:
+            return True
+        return track.target is None and node in plan.via_decode
+
+    def _initial_order(self, node: NodeId, phase: Phase, now: float) -> list[ControlEffect]:
+        track = self.core.nodes.get(node)
+        if track is None or not track.serving or track.target is not None:
+            return []
+        return [self._order(SwitchOrder(node, phase, SwitchMode.IN_PLACE, self._next_generation(), initial=True), now)]
+
+    def _advance_exit(self, now: float) -> list[ControlEffect]:
+        """Issue every stage of the staged exit whose wait is over (see the module docstring)."""
+        plan = self._exit
+        out: list[ControlEffect] = []
+        while plan is not None:
+            if plan.active is None:
+                if plan.waves:
+                    plan.active = plan.waves.pop(0)
+                    for node in plan.active:  # first to decode: its prefills go elsewhere, its decodes stay
+                        out += self._initial_order(node, Phase.DECODE, now)
+                    continue
+                for node in plan.decode:
+                    out += self._initial_order(node, Phase.DECODE, now)
+                self._exit = plan = None
+                break
+            for node in plan.active:
+                track = self.core.nodes.get(node)
+                if track is None or not track.serving or track.target is not None or node in plan.via_decode:
+                    continue
+                # it serves decode now (or its order to decode failed): on to prefill; it drains its decodes
+                # refusing prefills
+                plan.via_decode.add(node)
+                out += self._initial_order(node, Phase.PREFILL, now)
+            if not all(self._done_in_wave(n, plan) for n in plan.active):
+                break
+            plan.active = None
+        return out
 
     def _serve(self, now: float) -> list[ControlEffect]:
         """The planner's window starts now; its first tick one interval later."""
@@ -446,6 +537,21 @@ class ControlCore:
 
     def _record(self, at: float, kind: RecordKind, node: NodeId | None = None, detail: str = "", reason: str = "") -> None:
         self.log.append(ControlRecord(at, kind, node, detail, reason))
+
+
+@dataclass
+class _StagedExit:
+    """The staged end of the warmup under way: prefill-bound nodes in waves, then the decode-bound nodes."""
+
+    waves: list[list[NodeId]]
+    decode: list[NodeId]
+    active: list[NodeId] | None = None
+    """The wave moving now (None: the next stage starts at the next check)."""
+    via_decode: set[NodeId] = field(default_factory=set)
+    """Nodes of the active wave already ordered on from decode to prefill."""
+
+    def waiting(self) -> set[NodeId]:
+        return set(self.active or ())
 
 
 def _describe(decision: PlannerDecision, change: SplitChange | None) -> str:

@@ -46,6 +46,9 @@ PLURAL = "agentservingclusters"
 ROUTER_FIELD_MANAGER = "evolving-infra-router"
 """The CR's coordinates and the router's field manager (the operator's `meta` module names the same)."""
 
+POLL_S = 0.25
+"""The control loop checks this often whether a tick is due (a switch's completion can make one due at once)."""
+
 
 class SplitApplier(Protocol):
     async def apply(self, orders: Sequence[SwitchOrder], decided: PlannerDecided | None, now: float) -> None:
@@ -196,10 +199,13 @@ class ControlLoop:
     async def _run(self) -> None:
         router = self.router
         while True:
+            # polled: an event (a switch completing during the staged end of the warmup) can make a tick due
+            # earlier than the one this loop last waited for
             at = router.control.next_tick_at
-            if at is None:
-                return
-            await asyncio.sleep(max(0.0, at - router.now()))
+            wait = POLL_S if at is None else at - router.now()
+            if wait > 0:
+                await asyncio.sleep(min(wait, POLL_S))
+                continue
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - one bad tick must not stop the cluster's control

@@ -17,7 +17,7 @@ from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.router.core import CoreSettings, NodeTrack, PoolSnapshot, RouterCore
 from evolving_infra.router.core.control import (
     MAX_GENERATION, ControlCore, ControlPhase, ControlSettings, ModelsFrozen, NodeLost, PlannerDecided,
-    RecordKind, RequestFinished, SwitchCompleted, SwitchOrder, Tick,
+    RecordKind, RequestFinished, SwitchCompleted, SwitchOrder, Tick, WarmupExit,
 )  # fmt: skip
 from evolving_infra.router.core.models import ModelBook, ModelOrigin
 from evolving_infra.router.planner import (
@@ -48,15 +48,18 @@ class ScriptedPlanner:
 
 
 def cluster(warmup_s: float = 0.0, origin: ModelOrigin = ModelOrigin.PROFILE, collocated: bool = False,
-            planner: ScriptedPlanner | None = None) -> tuple[ControlCore, ScriptedPlanner]:  # fmt: skip
+            planner: ScriptedPlanner | None = None, exit: WarmupExit = WarmupExit.AT_ONCE,
+            initial: dict[NodeId, Phase] | None = None) -> tuple[ControlCore, ScriptedPlanner]:  # fmt: skip
+    initial = initial or INITIAL
     tracks = {}
-    for node, phase in INITIAL.items():
+    for node, phase in initial.items():
         mode = NodeMode.COLLOCATED if collocated else NodeMode.of(phase)
         tracks[node] = NodeTrack(node, None if collocated else phase, mode=mode, pool=PoolSnapshot(PT, l1_free=10_000))
     core = RouterCore(tracks, router=make_prefill_router("round-robin"),
                       binder=make_decode_binder("fewest-requests", random.Random(0)), settings=CoreSettings())  # fmt: skip
     planner = planner or ScriptedPlanner()
-    settings = ControlSettings(INITIAL, warmup_s=warmup_s, fit_interval_s=20.0, window=WindowConfig(40.0, 4))
+    settings = ControlSettings(initial, warmup_s=warmup_s, fit_interval_s=20.0, window=WindowConfig(40.0, 4),
+                               warmup_exit=exit)
     return ControlCore(core, planner, settings, ModelBook(SHAPE, origin)), planner  # type: ignore[arg-type]
 
 
@@ -90,6 +93,71 @@ def test_the_collocated_warmup_refits_then_orders_the_initial_split_and_starts_p
     assert [type(e) for e in effects] == [PlannerDecided] and len(planner.seen) == 1
     kinds = [r.kind for r in control.log]
     assert kinds[:2] == [RecordKind.WARMUP_STARTED, RecordKind.WARMUP_ENDED] and kinds[-1] is RecordKind.DECISION
+
+
+def test_the_staged_exit_keeps_prefill_capacity_and_never_lets_a_draining_node_take_prefills() -> None:
+    """Prefill-bound nodes leave in two waves through decode, decode-bound nodes stay collocated until the whole
+    prefill side serves; at every step some node accepts prefills, and no node draining decodes does."""
+    initial = {NodeId(f"n{i}"): Phase.PREFILL if i < 3 else Phase.DECODE for i in range(6)}
+    control, _ = cluster(warmup_s=50.0, collocated=True, exit=WarmupExit.STAGED, initial=initial)
+    control.start(0.0)
+    nodes = control.core.nodes
+
+    def check() -> None:
+        assert any(t.accepts(Phase.PREFILL) for t in nodes.values())
+        for t in nodes.values():  # a node bound for prefill that still serves decodes never accepts prefills
+            if t.target is NodeMode.PREFILL and t.mode is not NodeMode.PREFILL:
+                assert not t.accepts(Phase.PREFILL)
+
+    def orders(effects: list) -> list[tuple[str, Phase]]:  # type: ignore[type-arg]
+        return [(o.node, o.phase) for o in effects if isinstance(o, SwitchOrder)]
+
+    def complete(node: str, phase: Phase, at: float) -> None:
+        nodes[NodeId(node)].mode = NodeMode.of(phase)  # what the node's next report says
+        control.handle(SwitchCompleted(NodeId(node), phase, at))
+        check()
+
+    for t in nodes.values():
+        t.mode = NodeMode.COLLOCATED
+    effects = control.tick(50.0)
+    assert orders(effects) == [("n0", Phase.DECODE), ("n1", Phase.DECODE)]  # wave one (the larger half)
+    check()
+    assert all(nodes[NodeId(n)].accepts(Phase.PREFILL) for n in ("n2", "n3", "n4", "n5"))  # still collocated
+    complete("n0", Phase.DECODE, 50.2)
+    assert control.next_tick_at == 50.2  # a stage is due at the completion
+    assert orders(control.tick(50.2)) == [("n0", Phase.PREFILL)]
+    check()
+    assert not nodes[NodeId("n0")].accepts(Phase.PREFILL)  # draining its decodes: prefills go elsewhere
+    complete("n1", Phase.DECODE, 50.3)
+    assert orders(control.tick(50.3)) == [("n1", Phase.PREFILL)]
+    complete("n0", Phase.PREFILL, 55.0)
+    assert orders(control.tick(55.0)) == []  # n1 still drains
+    complete("n1", Phase.PREFILL, 57.0)
+    assert orders(control.tick(57.0)) == [("n2", Phase.DECODE)]  # wave two
+    complete("n2", Phase.DECODE, 57.1)
+    assert orders(control.tick(57.1)) == [("n2", Phase.PREFILL)]
+    complete("n2", Phase.PREFILL, 60.0)
+    effects = control.tick(60.0)
+    assert orders(effects) == [(NodeId(f"n{i}"), Phase.DECODE) for i in (3, 4, 5)]  # the prefill side serves
+    for i in (3, 4, 5):
+        complete(f"n{i}", Phase.DECODE, 60.5)
+    assert {n: t.phase for n, t in nodes.items()} == initial
+    generations = [o.generation for o in (e for e in effects if isinstance(e, SwitchOrder))]
+    assert generations == sorted(set(generations))  # one fresh generation per order
+    assert control.core.last_switch_end is None and control.next_tick_at == 60.0 + ScriptedPlanner().interval_s
+
+
+def test_a_staged_exit_goes_on_when_a_moving_node_is_lost_or_refuses() -> None:
+    initial = {NodeId("n0"): Phase.PREFILL, NodeId("n1"): Phase.PREFILL, NodeId("n2"): Phase.DECODE}
+    control, _ = cluster(warmup_s=10.0, collocated=True, exit=WarmupExit.STAGED, initial=initial)
+    control.start(0.0)
+    for t in control.core.nodes.values():
+        t.mode = NodeMode.COLLOCATED
+    assert [o.node for o in control.tick(10.0) if isinstance(o, SwitchOrder)] == ["n0"]
+    control.switch_failed(NodeId("n0"), 10.5, "refused")  # stays collocated: ordered straight to prefill
+    assert [(o.node, o.phase) for o in control.tick(10.5) if isinstance(o, SwitchOrder)] == [("n0", Phase.PREFILL)]
+    control.node_lost(NodeId("n0"), 11.0)
+    assert [(o.node, o.phase) for o in control.tick(11.0) if isinstance(o, SwitchOrder)] == [("n1", Phase.DECODE)]
 
 
 def test_a_planner_switch_is_ordered_with_a_fresh_generation_and_its_end_starts_the_cooldown() -> None:
