@@ -1,6 +1,6 @@
 """`NodeClient`: the router's gRPC client to one node agent (grpc.aio), every call with a deadline.
 
-- unary calls: `submit_prefill`, `switch_phase`, `get_state`;
+- unary calls: `submit_prefill`, `switch_phase`, `get_state`, `cancel` (an abandoned request's prefill);
 - `submit_decode`: the server stream of one decode (the caller iterates it and may cancel it);
 - `StreamEvents`: one subscription kept open in a task; each message goes to `on_event`. When the stream
   fails, or goes silent for `liveness_s` and the node then does not answer a `GetState` probe within
@@ -50,6 +50,9 @@ LIVENESS_S = 3.0
 the node is probed."""
 PROBE_TIMEOUT_S = 2.0
 """Deadline of that probe: a node is marked down within LIVENESS_S + PROBE_TIMEOUT_S = 5 s of going silent."""
+
+CANCEL_TIMEOUT_S = 2.0
+"""Deadline of a `Cancel` call (the node answers from its event loop at once)."""
 
 
 class _Silent(Exception):
@@ -220,6 +223,11 @@ class NodeClient:
         if answer.generation > MAX_GENERATION:
             raise _local_error(f"node {self.node} answered switch generation {answer.generation} > {MAX_GENERATION}")
         return answer
+
+    async def cancel(self, request_id: str, reason: str) -> pb.CancelResponse:
+        """Cancel the request's prefill and decode on this node (whichever it holds); idempotent."""
+        message = pb.CancelRequest(request_id=request_id, reason=reason[:256])
+        return await self.stub.Cancel(message, timeout=min(self.rpc_timeout_s, CANCEL_TIMEOUT_S), metadata=self.metadata)
 
     async def get_state(self) -> pb.NodeState:
         return await self.stub.GetState(pb.GetStateRequest(), timeout=self.rpc_timeout_s, metadata=self.metadata)

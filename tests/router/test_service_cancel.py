@@ -5,6 +5,7 @@ bounded."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from evolving_infra.core.types import NodeMode
@@ -42,3 +43,41 @@ def test_a_client_leaving_mid_stream_cancels_the_decode_and_corrects_the_counts(
     assert out["router_after"] == (0, 0)
     assert out["cancelled"] == 1
     assert out["next"] == (200, 4)
+
+
+def test_clients_leaving_before_their_prefill_ran_cancel_it_on_the_prefill_node() -> None:
+    """Prefills queued (and one running) on a slowed-down prefill node; every client leaves before its first
+    token: the router sends Cancel, the node drops them, and the router's record of the node is empty."""
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": NodeMode.PREFILL, "d0": NodeMode.DECODE}, speed_up=0.1) as c:
+            p0 = c.agents["p0"]
+            long_prompt = " ".join(f"x{i}" for i in range(4000))
+            responses = []
+            for i in range(4):
+                body = {"model": "evolving-emulated", "prompt": f"{i} {long_prompt}", "max_tokens": 8, "stream": True}
+                responses.append(asyncio.ensure_future(c.session.post(f"{c.server.url}/v1/completions", json=body)))
+            requests = p0.metrics.requests
+            await until(lambda: requests.labels("prefill", "accepted")._value.get() == 4, "p0 to accept the prefills")
+            out["queued"] = p0.engine.gauges().prefill_queued
+            for pending in responses:
+                pending.cancel()  # the clients go away before any token
+            await until(lambda: not c.router.flights, "the router to end the flights")
+            settled = lambda: sum(requests.labels("prefill", o)._value.get() for o in ("finished", "cancelled")) == 4  # noqa: E731
+            await until(settled, "every prefill to finish or be cancelled")
+            out["left"] = (p0.engine.gauges().prefill_queued, p0.engine.gauges().prefill_running)
+            out["router_sent"] = len(c.router.core.nodes["p0"].sent)
+            out["node"] = {o: requests.labels("prefill", o)._value.get() for o in ("accepted", "finished", "cancelled")}
+            await until(lambda: c.router.metrics.prefill_cancels.labels(outcome="cancelled")._value.get()
+                        == out["node"]["cancelled"], "the router to count the cancels")  # fmt: skip
+            p0.engine.check_invariants()
+        return out
+
+    out = run(scenario)
+    assert out["queued"] >= 2
+    assert out["left"] == (0, 0)
+    assert out["router_sent"] == 0
+    node = out["node"]
+    # the emulated engine applies an iteration when it launches, so only the prefills not yet launched can go
+    assert node["accepted"] == 4 and node["finished"] + node["cancelled"] == 4 and node["cancelled"] >= 2
