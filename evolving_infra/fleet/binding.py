@@ -30,8 +30,8 @@ How a request is bound (in this order):
    weighted rendezvous hashing (score `-weight / ln(u)`, `u` uniform in (0, 1) from
    `blake2b(user_key, partition_name)`), and the user goes to the first one in that order whose load is
    below its cap. A new branch is then pinned to the user's partition. Partitions in `avoid` (the
-   gateway passes those that are down) are skipped when a user is hashed, unless none other is below its
-   cap; they never move a user already bound or an active branch.
+   gateway passes those that are down) are left out of the eligible set when a user is hashed, unless
+   that leaves none; they never move a user already bound or an active branch.
 
 Load is the number of bound users. The cap of a partition `p` in the eligible set `E`, when a user is bound,
 is `ceil(c * (n_E + 1) * w_p / W_E)`, with `c = load_factor > 1`, `n_E` the users bound to partitions of `E`
@@ -240,9 +240,11 @@ class Binder:
         eligible.sort(key=lambda p: (-rendezvous_score(user_key, p), p.name))
         return [p.name for p in eligible]
 
-    def cap(self, partition: str, requirements: Requirements = Requirements()) -> int:
-        """Most users `partition` may hold, the next one included, for a user with `requirements`."""
+    def cap(self, partition: str, requirements: Requirements = Requirements(), avoid: Collection[str] = ()) -> int:
+        """Most users `partition` may hold, the next one included, for a user with `requirements`
+        (and `avoid`, as `bind` takes it)."""
         eligible = [p for p in self._partitions.values() if requirements.admits(p)]
+        eligible = [p for p in eligible if p.name not in avoid] or eligible
         bound = sum(self._load[p.name] for p in eligible)
         total = sum(p.weight for p in eligible)
         return math.ceil(self._c * (bound + 1) * self._partitions[partition].weight / total)
@@ -281,11 +283,11 @@ class Binder:
         order = self.ranking(user_key, requirements)
         if not order:
             raise NoEligiblePartition(requirements)
-        candidates = [name for name in order if name not in avoid] if avoid else order
-        if len(candidates) < len(order):
-            candidates += [name for name in order if name in avoid]  # only when every other one is full
+        candidates = [name for name in order if name not in avoid] or order
+        bound = sum(self._load[name] for name in candidates)
+        total = sum(self._partitions[name].weight for name in candidates)
         for name in candidates:
-            if self._load[name] < self.cap(name, requirements):
+            if self._load[name] < math.ceil(self._c * (bound + 1) * self._partitions[name].weight / total):
                 self._users[user_key] = _UserState(name, requirements)
                 self._load[name] += 1
                 return Binding(name, BindReason.FIRST_CHOICE if name == order[0] else BindReason.OVERFLOW)

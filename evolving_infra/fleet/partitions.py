@@ -17,7 +17,8 @@ collected and `FleetFileError` names the file, the object and the field of each
 A partition's binding labels are its metadata labels, plus `evolving-infra.io/profile` (the hardware
 profile) unless set; its binding weight is its GPUs (nodeCount x gpusPerNode). Its router URL is the
 annotation `evolving-infra.io/router-url` if set (local runs), else the router Service the operator
-creates: `http://NAME-router.NAMESPACE.svc:PORT`.
+creates: `http://NAME-router.NAMESPACE.svc:PORT`; its router's metrics, the annotation
+`evolving-infra.io/router-metrics-url`, else `http://NAME-router-admin.NAMESPACE.svc:9091/metrics`.
 
 Boundary: reading and checking; no network (the API listing is the caller's).
 """
@@ -36,11 +37,13 @@ from pydantic import ValidationError
 from evolving_infra.fleet.binding import Partition
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.operator import meta
+from evolving_infra.operator.rendered import ROUTER_METRICS_PORT
 from evolving_infra.operator.semantics import validate_spec_semantics
 from evolving_infra.operator.spec import AgentServingClusterSpec, NodeSelector, SelectorOperator
 from evolving_infra.settings import NoAliasLoader
 
 ROUTER_URL_ANNOTATION = "evolving-infra.io/router-url"
+ROUTER_METRICS_URL_ANNOTATION = "evolving-infra.io/router-metrics-url"
 PROFILE_LABEL = "evolving-infra.io/profile"
 MAX_FILE_BYTES = 4 * 1024 * 1024
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -100,6 +103,13 @@ class FleetPartition:
         if url:
             return url.rstrip("/")
         return f"http://{self.name}-router.{self.namespace}.svc:{self.spec.router.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        url = self.annotations.get(ROUTER_METRICS_URL_ANNOTATION)
+        if url:
+            return url
+        return f"http://{self.name}-router-admin.{self.namespace}.svc:{ROUTER_METRICS_PORT}/metrics"
 
     def binding_labels(self) -> dict[str, str]:
         out = dict(self.labels)
