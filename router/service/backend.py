@@ -10,6 +10,11 @@ the prefill. The decode's progress comes back as `TokenChunk`s, the first with `
 reused for the serving attempt, as its node reported; the routing estimate if it reported nothing) and the
 serving nodes. Count changes are pushed to the nodes as they happen; a branch finish releases its counts.
 
+Cancellation: an attempt abandoned while its prefill was queued or running (the client went away, the deadline
+passed, or the attempt is routed again) has its prefill cancelled on that node (`Cancel`, in the background,
+counted in `evolving_router_prefill_cancels_total`); its decode stream, if opened, is cancelled, which drops
+the decode on its node.
+
 Failures: before the first token an attempt that fails (a node unreachable or refusing, a queued request handed
 back by a switch, the node's event stream lost) is re-routed from scratch, up to `max_attempts`, within the
 request's deadline, under a new wire id (`flights.AttemptIds`); after it, the stream ends with `NodeUnavailable`.
@@ -113,6 +118,8 @@ class LiveRouter:
         self.progress_events: dict[NodeId, bool] = {}
         """Whether each node reports prefill starts and ends (`NodeState.prefill_events`)."""
         self._t0 = time.monotonic()
+        self._cancels: set[asyncio.Task[None]] = set()
+        """Cancel calls in flight (abandoned prefills, `_cancel_prefill`)."""
         self.reports = NodeReports(self)
         for node in self.endpoints:
             self.core.nodes[node] = NodeTrack(node, None)
@@ -143,6 +150,8 @@ class LiveRouter:
     async def close(self) -> None:
         for flight in list(self.flights.values()):
             flight.interrupt("the router is shutting down")
+        if self._cancels:
+            await asyncio.wait(set(self._cancels), timeout=2.0)
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
 
     # --- RouterBackend --------------------------------------------------------------------------------
@@ -232,9 +241,16 @@ class LiveRouter:
         trace = pb.TraceContext(traceparent=request.traceparent or "", tracestate=request.tracestate or "")
         loop = asyncio.get_running_loop()
         call: grpc.aio.UnaryStreamCall | None = None
+        prefill_sent = False
+        ended = "the attempt ended"
         try:
             flight.progress.sent_at = self.now()
-            await self._submit_prefill(flight, node, fetch, addresses, trace)
+            try:
+                await self._submit_prefill(flight, node, fetch, addresses, trace)
+            except asyncio.CancelledError:
+                prefill_sent = True  # the node may have accepted it before the caller went away
+                raise
+            prefill_sent = True
             if self.progress_events.get(node, False):
                 await self._wait_started(flight, deadline)
             p = flight.progress
@@ -276,10 +292,38 @@ class LiveRouter:
                     chunk = self._served(flight, ()) if flight.tokens_sent == 0 else TokenChunk(())
                     yield TokenChunk((), finish_reason=reason, cached_tokens=chunk.cached_tokens, serving=chunk.serving)
                     return
+        except BaseException as error:
+            ended = _ended(error)
+            raise
         finally:
             self.attempts.pop(flight.wire, None)
             if call is not None and not flight.finished:
                 call.cancel()
+            if prefill_sent and not flight.finished and not flight.progress.finished and not req.prefill_done:
+                self._cancel_prefill(node, flight.wire, ended)
+
+    def _cancel_prefill(self, node: NodeId, wire: str, reason: str) -> None:
+        """The attempt was abandoned while its prefill was queued or running on `node`: tell the node to drop
+        it (frees its queue entry and GPU slots; the router's own counts are released by `release_prefill` or
+        `forget`). In the background, so a client that went away is not kept waiting; a node that is down
+        already lost it."""
+        client = self.clients.get(node)
+        if client is None or not client.up:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_cancel(client, wire, reason), name=f"cancel-{wire}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _send_cancel(self, client: NodeClient, wire: str, reason: str) -> None:
+        try:
+            answer = await client.cancel(wire, reason)
+        except grpc.aio.AioRpcError as error:
+            log.info("node %s: cancelling request %s failed (%s)", client.node, wire, error.code().name)
+            self.metrics.prefill_cancels.labels(outcome="failed").inc()
+            return
+        outcome = "cancelled" if answer.prefill_cancelled else "not_held"
+        self.metrics.prefill_cancels.labels(outcome=outcome).inc()
+        log.info("node %s: prefill of request %s %s (%s)", client.node, wire, outcome.replace("_", " "), reason)
 
     def _served(self, flight: Flight, ids: tuple[int, ...]) -> TokenChunk:
         """The first chunk of the attempt that serves the request; its prompt counts in the metrics once."""
@@ -408,6 +452,17 @@ class LiveRouter:
         for track in self.core.nodes.values():
             m.inflight.labels(node=track.id, phase="prefill").set(len(track.sent))
             m.inflight.labels(node=track.id, phase="decode").set(len(track.decode_jobs) + len(track.bound))
+
+
+def _ended(error: BaseException) -> str:
+    """Why an attempt ended before its request finished (the reason a Cancel carries)."""
+    if isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+        return "the client went away"
+    if isinstance(error, DeadlineExceeded):
+        return "the request passed its deadline"
+    if isinstance(error, _Retry):
+        return f"the attempt is routed again: {error}"
+    return f"the attempt failed: {type(error).__name__}"
 
 
 def _reason(message: str) -> str:
