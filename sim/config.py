@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.core.eviction import EVICTION, EvictionPolicyName
 from evolving_infra.node_agent.engine import DataPlane
 from evolving_infra.router.core.models import ModelOrigin
 from evolving_infra.core.plugins import load_plugins
@@ -74,7 +74,9 @@ class SimConfig(BaseModel):
     routing_settings: dict[str, Any] = Field(default_factory=dict, description="settings of the prefill routing policy")
     decode_routing: str = Field(default=DecodePolicyName.FEWEST_REQUESTS.value, min_length=1, description="decode binder")
     decode_settings: dict[str, Any] = Field(default_factory=dict, description="settings of the decode binder")
-    eviction: EvictionPolicyName = Field(default=EvictionPolicyName.BRANCH_COUNT, description="host eviction order")
+    eviction: str = Field(
+        default=EvictionPolicyName.BRANCH_COUNT.value, min_length=1, description="host eviction order (a declared one)"
+    )
     data_plane: DataPlane = Field(default=DataPlane.ASYNC_FETCH, description="how host KV reaches GPU memory")
     shared_pool: bool = Field(default=True, description="host memory of all nodes is one pool (peer fetches)")
     decode_reservation: DecodeReservation = Field(
@@ -121,6 +123,7 @@ class SimConfig(BaseModel):
         PLANNERS.validate(self.planner, self.planner_settings, "planner_settings")
         PREFILL_ROUTING.validate(self.prefill_routing, self.routing_settings, "routing_settings")
         DECODE_BINDING.validate(self.decode_routing, self.decode_settings, "decode_settings")
+        EVICTION.get(self.eviction, "eviction")
         return self
 
     @model_validator(mode="after")

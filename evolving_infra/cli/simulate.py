@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--decode-routing", metavar="NAME", help=f"decode binder: {', '.join(_values(DecodePolicyName))}")
     p.add_argument("--plugin", action="append", default=None, metavar="MODULE_OR_FILE",
                    help="load a policy module first (repeatable): a dotted module name or a .py file")
-    p.add_argument("--eviction", choices=_values(EvictionPolicyName))
+    p.add_argument("--eviction", metavar="NAME", help=f"host eviction order: {', '.join(_values(EvictionPolicyName))} or a plugin's")
     p.add_argument("--data-plane", choices=_values(DataPlane))
     p.add_argument("--pool", choices=["shared", "private"], help="host memory: one shared pool or private per node")
     p.add_argument("--models", choices=_values(ModelSource), help="node models: fitted online or the profile's")

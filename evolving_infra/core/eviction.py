@@ -1,6 +1,7 @@
 """Host-memory (L2) eviction order behind a small policy interface.
 
-Two policies:
+Two built-in policies (more are plugins: a module that declares a `HostEvictionPolicy` in `EVICTION`, loaded with the
+`plugins` setting of the simulator, the router and the node agents; engines ask a plugin's `key` page by page):
 - `BranchCountEviction` (paper section 5.3, algorithm E.2 `EvictHost`): ascending key
   `(count > 0, last access)`: pages no active branch references go first, least recently used first,
   and a page with a positive count goes only when no unpinned zero-count page remains.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from evolving_infra.core.pages import PageHash
-from evolving_infra.core.plugins import PolicyKind, PolicyRegistry, PolicySpec
+from evolving_infra.core.plugins import PolicyKind, PolicyNeed, PolicyRegistry, PolicySpec
 
 
 class EvictionPolicyName(enum.Enum):
@@ -40,7 +41,10 @@ class HostPage:
 
 
 class HostEvictionPolicy(Protocol):
-    name: EvictionPolicyName
+    @property
+    def name(self) -> EvictionPolicyName | str:
+        """The declared name (a built-in's enum member, or a plugin's string)."""
+        ...
 
     def key(self, page: HostPage) -> tuple[float, ...]:
         """Sort key: pages with smaller keys are evicted first."""
@@ -52,7 +56,7 @@ class HostEvictionPolicy(Protocol):
 
 
 class _KeyedPolicy:
-    name: EvictionPolicyName
+    name: EvictionPolicyName | str
 
     def key(self, page: HostPage) -> tuple[float, ...]:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -92,19 +96,21 @@ class _NoSettings:
 EVICTION: PolicyRegistry[HostEvictionPolicy] = PolicyRegistry(PolicyKind.EVICTION, [
     PolicySpec(PolicyKind.EVICTION, EvictionPolicyName.BRANCH_COUNT.value,
                "ours (E.2): unreferenced pages first (count = 0), then least recently used", _NoSettings,
-               lambda s, rng: BranchCountEviction(), frozenset(), __name__),
+               lambda s, rng: BranchCountEviction(), frozenset({PolicyNeed.BRANCH_COUNTS}), __name__),
     PolicySpec(PolicyKind.EVICTION, EvictionPolicyName.LRU.value, "least recently used (HiCache)", _NoSettings,
                lambda s, rng: LruEviction(), frozenset(), __name__),
 ])  # fmt: skip
-"""The host eviction orders, declared like every other policy (the engine's L2 keeps an index per built-in
-order, so the configurations select among these two)."""
+"""The host eviction orders, declared like every other policy. Engines keep a coarse index for the two
+built-ins (their keys depend only on (count > 0, last access)) and ask any other policy's `key` page by page."""
 
 
-def eviction_policy(name: EvictionPolicyName | str) -> HostEvictionPolicy:
-    """The policy declared under `name` (`branch-count` or `lru`)."""
-    try:
-        resolved = EvictionPolicyName(name)
-    except ValueError:
-        choices = ", ".join(p.value for p in EvictionPolicyName)
-        raise ValueError(f"unknown eviction policy {name!r}; choose one of: {choices}") from None
-    return EVICTION.build(resolved)
+def eviction_policy(name: EvictionPolicyName | str, where: str = "eviction") -> HostEvictionPolicy:
+    """The policy declared under `name` (load plugin modules first). Raises PolicyError naming `where` and the
+    declared names when `name` is unknown."""
+    spec = EVICTION.get(name, where)
+    return spec.build(None)
+
+
+def uses_branch_counts(name: EvictionPolicyName | str) -> bool:
+    """Whether the eviction order declared under `name` reads branch counts (then the router pushes them)."""
+    return PolicyNeed.BRANCH_COUNTS in EVICTION.get(name).needs

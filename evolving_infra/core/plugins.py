@@ -55,6 +55,8 @@ class PolicyNeed(enum.Enum):
     """Its switches drop the switched node's KV (each engine indexes its own KV)."""
     RELAUNCH = "relaunch"
     """Its switches relaunch the node (out of service for a downtime, KV empty)."""
+    BRANCH_COUNTS = "branch_counts"
+    """It orders pages by their branch counts: the router pushes count changes to the nodes (an eviction order)."""
 
 
 class PolicyError(ValueError):

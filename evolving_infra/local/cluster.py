@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from evolving_infra.core.eviction import EVICTION
 from evolving_infra.core.plugins import load_plugins
 from evolving_infra.core.types import NodeMode, Phase
 from evolving_infra.local.processes import Child, StartError, python_command, stop_all
@@ -66,7 +67,10 @@ class ClusterSpec:
     """How long each process may take to report ready, wall seconds."""
     stop_grace_s: float = 10.0
     plugins: tuple[str, ...] = ()
-    """Policy modules the router loads first (dotted names or .py paths): a plugin's planner or routing."""
+    """Policy modules the router and the node agents load first (dotted names or .py paths): a plugin's planner,
+    routing or eviction order."""
+    eviction: str = "branch-count"
+    """Host eviction order of every node (a declared one)."""
     planner_settings: Mapping[str, Any] = field(default_factory=dict)
     """More settings of the planner (its declared fields; times in it are wall seconds)."""
     routing_settings: Mapping[str, Any] = field(default_factory=dict)
@@ -102,6 +106,7 @@ def check_policies(spec: ClusterSpec) -> None:
     load_plugins(spec.plugins)
     PLANNERS.get(spec.planner, "planner")
     PREFILL_ROUTING.validate(spec.routing, spec.routing_settings, "routing_settings")
+    EVICTION.get(spec.eviction, "eviction")
 
 
 def parse_split(text: str, nodes: int | None = None) -> tuple[int, int]:
@@ -146,6 +151,7 @@ class LocalCluster:
             "node": node, "host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0, "profile": s.profile,
             "mode": (NodeMode.COLLOCATED if s.warmup_s > 0 else NodeMode(s.initial_phase(index).value)).value, "speed_up": s.speed_up, "l2_pages": s.l2_pages,
             "page_bytes": s.page_bytes, "seed": s.seed + index, "shutdown_grace_s": 5.0, "workers": 2,
+            "eviction": s.eviction, "plugins": list(s.plugins),
         }  # fmt: skip
         settings.update(dict(s.node_settings.get(node, {})))
         return settings
@@ -165,7 +171,7 @@ class LocalCluster:
             "warmup_s": s.warmup_s / s.speed_up, "fit_interval_s": s.fit_interval_s / s.speed_up,
             "initial_split": {n: s.initial_phase(i).value for i, n in enumerate(s.node_ids())},
             "control_log": str(self.control_log_path), "plugins": list(s.plugins),
-            "routing_settings": dict(s.routing_settings),
+            "routing_settings": dict(s.routing_settings), "eviction": s.eviction,
         }  # fmt: skip
 
     def record_settings(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.core.eviction import EVICTION, EvictionPolicyName
+from evolving_infra.core.plugins import load_plugins
 from evolving_infra.core.types import NodeMode
 from evolving_infra.node_agent.engine.outputs import DataPlane
 from evolving_infra.node_agent.profile import HardwareProfile
@@ -72,8 +73,14 @@ class NodeAgentSettings(BaseSettings):
         description="Hardware profile: a built-in name or a .yaml/.yml/.json file (see docs/hardware-profiles.md).",
     )
     mode: NodeMode = Field(default=NodeMode.COLLOCATED, description="Initial mode: collocated, prefill or decode.")
-    eviction: EvictionPolicyName = Field(
-        default=EvictionPolicyName.BRANCH_COUNT, description="Host (L2) eviction policy: branch-count or lru."
+    eviction: str = Field(
+        default=EvictionPolicyName.BRANCH_COUNT.value,
+        min_length=1,
+        description="Host (L2) eviction order: branch-count, lru, or one a plugin module declares.",
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Policy modules to load before the eviction order is looked up (dotted module names or .py paths).",
     )
     data_plane: DataPlane = Field(
         default=DataPlane.ASYNC_FETCH,
@@ -199,6 +206,12 @@ class NodeAgentSettings(BaseSettings):
             except ValueError as error:
                 raise ValueError(f"peer network {network!r} is not a CIDR network: {error}") from None
         return value
+
+    @model_validator(mode="after")
+    def _eviction_declared(self) -> NodeAgentSettings:
+        load_plugins(self.plugins)
+        EVICTION.get(self.eviction, "eviction")
+        return self
 
     @model_validator(mode="after")
     def _arena_size(self) -> NodeAgentSettings:

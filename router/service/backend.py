@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import xxhash
 
+from evolving_infra.core.eviction import uses_branch_counts
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
@@ -108,7 +109,7 @@ class LiveRouter:
             ModelBook(shape, ModelOrigin.FITTED if settings.warmup_s > 0 else ModelOrigin.PROFILE),
         )
         """The cluster's control core: warmup, models, planner, switch orders (driven by `planning.ControlLoop`)."""
-        self.push_enabled = settings.eviction.value == "branch-count"
+        self.push_enabled = uses_branch_counts(settings.eviction)
         self.endpoints = {e.node: e for e in endpoints}
         self.clients: dict[NodeId, NodeClient] = {}
         self.flights: dict[str, Flight] = {}

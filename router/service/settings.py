@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from evolving_infra.core.eviction import EvictionPolicyName
+from evolving_infra.core.eviction import EVICTION, EvictionPolicyName
 from evolving_infra.core.types import Phase
 from evolving_infra.core.plugins import load_plugins
 from evolving_infra.router.http.settings import HttpFrontFields, RouterHttpSettings
@@ -79,8 +79,9 @@ class RouterSettings(BaseSettings, HttpFrontFields):
     routing_settings: dict[str, Any] = Field(default_factory=dict, description="Settings of the prefill routing policy (its declared fields).")
     decode_routing: str = Field(default=DecodePolicyName.FEWEST_REQUESTS.value, min_length=1, description="Decode binding policy (a declared one).")
     decode_settings: dict[str, Any] = Field(default_factory=dict, description="Settings of the decode binding policy (its declared fields).")
-    eviction: EvictionPolicyName = Field(
-        default=EvictionPolicyName.BRANCH_COUNT, description="Host eviction order of the nodes; counts are pushed only for branch-count."
+    eviction: str = Field(
+        default=EvictionPolicyName.BRANCH_COUNT.value, min_length=1,
+        description="Host eviction order of the nodes (a declared one); counts are pushed only to an order that reads them."
     )
     shared_pool: bool = Field(default=True, description="Host memory of all nodes is one pool (prefill nodes fetch from peers).")
     warmup_s: float = Field(
@@ -148,6 +149,7 @@ class RouterSettings(BaseSettings, HttpFrontFields):
         PLANNERS.validate(self.planner, planner_settings(self), "planner_settings")
         PREFILL_ROUTING.validate(self.prefill_routing, self.routing_settings, "routing_settings")
         DECODE_BINDING.validate(self.decode_routing, self.decode_settings, "decode_settings")
+        EVICTION.get(self.eviction, "eviction")
         return self
 
     @model_validator(mode="after")

@@ -120,7 +120,7 @@ def test_every_rendered_variant_loads_in_both_services(apiserver: Any, nine_node
         assert router.planner == spec.planner.effective_policy.value, label
         assert router.prefill_routing == spec.routing.prefill_policy.value, label
         assert router.decode_routing == spec.routing.decode_policy.value, label
-        assert router.eviction is spec.eviction.policy, label
+        assert router.eviction == spec.eviction.policy.value, label
         assert (router.window_s, router.slices, router.warmup_s) == (
             spec.planner.window_seconds, spec.planner.slices, spec.planner.warmup_seconds,
         ), label  # fmt: skip
@@ -133,7 +133,7 @@ def test_every_rendered_variant_loads_in_both_services(apiserver: Any, nine_node
 
         # Node agent: profile, eviction, emulated memory from kvCache.
         assert agent.profile == spec.engine.profile, label
-        assert agent.eviction is spec.eviction.policy, label
+        assert agent.eviction == spec.eviction.policy.value, label
         page = ctx.profile.page_tokens if ctx.profile else 64
         want_l2 = spec.kv_cache.l2_tokens // page if spec.kv_cache.l2_tokens else None
         want_l1 = spec.kv_cache.l1_tokens // page if spec.kv_cache.l1_tokens else None
