@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.router",
     "evolving_infra.cli.local",
     "evolving_infra.cli.evaluate",
+    "evolving_infra.cli.gateway",
+    "evolving_infra.cli.fleet",
 )
 
 
