@@ -112,6 +112,8 @@ class RouterSettings(BaseSettings, HttpFrontFields):
     record_trace: Path | None = Field(default=None, description="At shutdown, write what was served as an agent trace (lengths, page hashes, times; never text) to this file.")
     record_models: Path | None = Field(default=None, description="At shutdown, write the fitted node models (JSON, for `simulate --models-from`) to this file.")
     record_time_scale: float = Field(default=1.0, gt=0, description="Recorded times are the router's clock times this factor (a local run's nodes run speed_up times faster).")
+    branch_snapshot_file: Path | None = Field(default=None, description="Keep the branch table in this file (rewritten atomically while it changes, and at shutdown) and continue from it at start, so a restarted router keeps every active branch (router/branch_snapshot.py).")
+    branch_snapshot_interval_s: float = Field(default=1.0, gt=0, le=3600, description="At most this many seconds of branch table changes are lost when the router dies.")
     # security toward the node agents (docs/security.md); the HTTP API's keys and limits are HttpFrontFields
     cluster_token_file: Path | None = Field(default=None, description="Shared cluster token sent to the node agents.")
     tls_cert_file: Path | None = Field(default=None, description="Mutual TLS with the node agents: the router's certificate (PEM).")
