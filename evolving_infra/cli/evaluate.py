@@ -27,8 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROFILE = {"putnam": "glm-5.2-4xgb300-tp4", "cc": "glm-5.2-4xgb300-tp4", "osworld": "kimi-k2.6-4xgb300-tp4"}
-"""Hardware profile per workload (paper 6.1: GLM-5.2 for Putnam and CC, Kimi K2.6 for OSWorld)."""
+from evolving_infra.evaluation.protocol import PROTOCOL_MATRICES, protocol_matrix, render_protocol
+
+PROFILE = {"putnam": "glm-5.2-4xgb300-tp4", "cc": "glm-5.2-4xgb300-tp4", "osworld": "kimi-k2.6-4xgb300-tp4",
+           "shift": "kimi-k2.6-4xgb300-tp4"}
+"""Hardware profile per workload (paper 6.1: GLM-5.2 for Putnam and CC, Kimi K2.6 for OSWorld and the shift)."""
 
 BEST_SPLIT = {"putnam": "2P7D", "cc": "4P5D", "osworld": "6P3D"}
 """SGLang's best static split per workload (table D.1); every system of the matrix starts from it."""
@@ -67,7 +70,10 @@ PAPER_C: dict[tuple[str, int], dict[str, dict[str, float]]] = {
 }
 
 SYSTEMS = ("evolving", "dynamo", "best-static", "arrow")
-MATRICES = ("calibration", "cc90", "putnam224", "osworld128", "paper", "cc-high", "all")
+MATRICES = ("calibration", "cc90", "putnam224", "osworld128", "paper", "cc-high", "all", *PROTOCOL_MATRICES)
+SERIES_BUCKET_S = 60.0
+"""Requests finished per bucket of this many seconds are kept in each record (`series`: the per-window oracle,
+throughput over time)."""
 
 MIN_LIFETIME_S = {"putnam": 200.0, "osworld": 300.0, "cc": 3000.0}
 """A lower bound on how long one agent of each workload runs; sizes the generated trace so that the closed loop
@@ -76,7 +82,61 @@ never runs out of agents before the window ends (a run that does is flagged in t
 
 def trace_agents(workload: str, agents: int, span_s: float) -> int:
     """Agents to generate for a closed loop of `agents` over `span_s` simulated seconds (plus the drain)."""
-    return agents * (2 + math.ceil(span_s / MIN_LIFETIME_S[workload]))
+    return agents * (2 + math.ceil(span_s / MIN_LIFETIME_S.get(workload, 200.0)))
+
+
+def shift_periods(warmup_s: float, period_s: float) -> tuple[Any, ...]:
+    """Section 6.3's three periods: Putnam through the warmup and one period, then mixed, then OSWorld."""
+    from evolving_infra.workloads.compose import Period
+
+    return (Period("putnam", warmup_s + period_s, {"putnam": 288}),
+            Period("mixed", period_s, {"putnam": 144, "osworld": 72}),
+            Period("osworld", period_s, {"osworld": 144}))  # fmt: skip
+
+
+def open_loop_trace(spec: RunSpec) -> tuple[list[dict[str, Any]], int]:
+    """The generated records of an open-loop run and its agent count (enough arrivals for the whole span)."""
+    from evolving_infra.workloads import generate
+    from evolving_infra.workloads.compose import ShiftParams
+    from evolving_infra.workloads.params import with_overrides
+
+    overrides = dict(spec.overrides)
+    if spec.period_s is not None:
+        params = with_overrides(ShiftParams(), {**overrides, "periods": shift_periods(spec.warmup_s, spec.period_s)})
+        count = params.closed_loop_agents()
+        from evolving_infra.workloads.generate import generate_with
+
+        return generate_with("shift", count, spec.seed, params), count
+    assert spec.arrival_rate is not None
+    count = math.ceil(spec.arrival_rate * (spec.warmup_s + spec.duration_s) / 60.0 * 1.2) + 10
+    return generate(spec.workload, count, spec.seed, **{**overrides, "arrival_rate_per_min": spec.arrival_rate}), count
+
+
+def completion_series(records: Sequence[Any], end_s: float, bucket_s: float = SERIES_BUCKET_S) -> dict[str, Any]:
+    """Requests finished per `bucket_s` bucket over [0, end_s) and the mean TTFT of those issued in each."""
+    n = max(1, math.ceil(end_s / bucket_s))
+    finished = [0] * n
+    ttft_sum = [0.0] * n
+    issued = [0] * n
+    for r in records:
+        i = int(r.finish // bucket_s)
+        if 0 <= i < n:
+            finished[i] += 1
+        j = int(r.issued // bucket_s)
+        if 0 <= j < n:
+            issued[j] += 1
+            ttft_sum[j] += r.first_token - r.issued
+    return {"bucket_s": bucket_s, "finished": finished,
+            "ttft_mean": [s / c if c else None for s, c in zip(ttft_sum, issued, strict=True)]}  # fmt: skip
+
+
+def early_figures(records: Sequence[Any], start_s: float, span_s: float) -> dict[str, Any]:
+    """TTFT of the requests issued in the first `span_s` seconds of the scored window (the end of the warmup)."""
+    ttft = sorted(r.first_token - r.issued for r in records if start_s <= r.issued < start_s + span_s)
+    if not ttft:
+        return {"n": 0}
+    return {"n": len(ttft), "ttft_mean": sum(ttft) / len(ttft), "ttft_p95": ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))],
+            "ttft_max": ttft[-1]}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,6 +158,14 @@ class RunSpec:
     trace_sha256: str = ""
     profile_name: str | None = None
     """The hardware profile (required with `trace`; the generator's workloads have their own)."""
+    sim: tuple[tuple[str, Any], ...] = field(default=())
+    """Simulator settings over the system's preset (`build_config` overrides), e.g. `(("shared_pool", False),)`."""
+    label: str = ""
+    """The run's name in the tables (default: the system), e.g. an ablation's."""
+    arrival_rate: float | None = None
+    """Open loop: agents arrive at this rate per minute (Poisson) and `agents` caps the active ones."""
+    period_s: float | None = None
+    """The `shift` workload: each period after the warmup lasts this long (replayed open loop)."""
 
     @property
     def profile(self) -> str:
@@ -112,6 +180,13 @@ class RunSpec:
             base += "-" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)
         if self.trace is not None:
             base += f"-t{self.trace_sha256[:12]}-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in self.profile)
+        if self.sim:
+            tail = "_".join(f"{k}={v}" for k, v in self.sim)
+            base += "-x" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)
+        if self.arrival_rate is not None:
+            base += f"-r{self.arrival_rate:g}"
+        if self.period_s is not None:
+            base += f"-p{self.period_s:g}"
         return base
 
     def command(self) -> str:
@@ -125,7 +200,21 @@ class RunSpec:
                f"--trace-agents {trace_agents(self.workload, self.agents, span)} --system {self.system} "
                f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
                f"--duration {self.duration_s:g} --seed {self.seed} --json")
+        if self.arrival_rate is not None or self.period_s is not None:
+            cmd = cmd.replace(f"--agents {self.agents} --trace-agents {trace_agents(self.workload, self.agents, span)} ", "")
+            cmd += f"  # open loop: {self.spec_trace_note()}"
+        if self.sim:
+            cmd += f"  # simulator settings over the preset (build_config overrides): {dict(self.sim)}"
         return cmd + (f"  # generator overrides {dict(self.overrides)}" if self.overrides else "")
+
+    def spec_trace_note(self) -> str:
+        if self.period_s is not None:
+            return f"shift periods of {self.period_s:g} s after the warmup, arrivals from the periods"
+        return f"{self.arrival_rate:g} agents/min, at most {self.agents} active"
+
+    @property
+    def open_loop(self) -> bool:
+        return self.arrival_rate is not None or self.period_s is not None
 
 
 def matrix(name: str, warmup_s: float, duration_s: float, seed: int = 0) -> list[RunSpec]:
@@ -148,6 +237,8 @@ def matrix(name: str, warmup_s: float, duration_s: float, seed: int = 0) -> list
         return runs("cc", 108, SYSTEMS) + runs("cc", 126, SYSTEMS)
     if name == "all":
         return matrix("paper", warmup_s, duration_s, seed) + matrix("cc-high", warmup_s, duration_s, seed)
+    if name in PROTOCOL_MATRICES:
+        return protocol_matrix(name, RunSpec, BEST_SPLIT, warmup_s, duration_s, [seed])
     raise ValueError(f"unknown matrix {name!r}; known: {', '.join(MATRICES)}")
 
 
@@ -174,11 +265,17 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
 
     from evolving_infra.traces.loader import load_trace
 
-    cfg = build_config(spec.system, profile=spec.profile, split=spec.split, agents=spec.agents, seed=spec.seed,
-                       warmup_s=spec.warmup_s, duration_s=spec.duration_s)
+    span = spec.warmup_s + spec.duration_s * (3 if spec.period_s is not None else 1)
+    cfg = build_config(spec.system, profile=spec.profile, split=spec.split,
+                       agents=None if spec.open_loop else spec.agents, seed=spec.seed, warmup_s=spec.warmup_s,
+                       duration_s=span - spec.warmup_s,
+                       max_active=spec.agents if spec.arrival_rate is not None else None, **dict(spec.sim))  # fmt: skip
     if spec.trace is not None:
         trace = load_trace(spec.trace)
         count = len(trace.agents)
+    elif spec.open_loop:
+        records, count = open_loop_trace(spec)
+        trace = trace_from_records(records, source=f"workload:{spec.workload}")
     else:
         count = trace_agents(spec.workload, spec.agents, spec.warmup_s + spec.duration_s)
         trace = trace_from_records(generate(spec.workload, count, spec.seed, **dict(spec.overrides)),
@@ -187,7 +284,9 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
     result = simulate(cfg, trace)
     wall = time.perf_counter() - start
     return {"spec": asdict(spec), "key": spec.key(), "command": spec.command(), "metrics": result.metrics.to_dict(),
-            "wall_s": wall, "events": result.events, "sim_end_s": result.end_time, "trace_agents": count}
+            "wall_s": wall, "events": result.events, "sim_end_s": result.end_time, "trace_agents": count,
+            "series": completion_series(result.records, result.end_time),
+            "early": {f"{s:g}s": early_figures(result.records, spec.warmup_s, s) for s in (60.0, 300.0)}}
 
 
 def run_matrix(specs: Sequence[RunSpec], cache: Path, jobs: int, force: bool = False,
@@ -339,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmup", type=float, default=1800.0, help="warmup seconds (paper: 1800)")
     run.add_argument("--duration", type=float, default=3600.0, help="scored seconds (paper: 3600)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2: the paper's protocol); overrides --seed")
+    run.add_argument("--workloads", help="comma-separated subset of the matrix's workloads (e.g. putnam,osworld)")
+    run.add_argument("--splits", help="comma-separated subset of the matrix's initial splits")
     run.add_argument("--systems", help="comma-separated subset of the matrix's systems")
     run.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
@@ -350,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agents", type=int, help="closed-loop concurrency of --trace runs")
     render = sub.add_parser("render", help="print the markdown tables of the cached runs")
     render.add_argument("--cache", default="runs/eval")
-    render.add_argument("--table", choices=["calibration", "evaluation", "both"], default="both")
+    render.add_argument("--table", choices=["calibration", "evaluation", "both", "protocol"], default="both",
+                        help="protocol: seeds aggregated (mean ± 95 %% interval), searched best static, oracle, sweep")
     return parser
 
 
@@ -368,7 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = trace_runs(args.trace, profile=args.profile, split=args.split, agents=args.agents,
                                    warmup_s=args.warmup, duration_s=args.duration, seed=args.seed)
             else:
-                specs = matrix(args.matrix, args.warmup, args.duration, args.seed)
+                seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+                specs = [s for seed in seeds for s in matrix(args.matrix, args.warmup, args.duration, seed)]
         except OSError as exc:
             print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
             return 2
@@ -377,10 +481,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args.systems:
             wanted = set(args.systems.split(","))
-            specs = [s for s in specs if s.system in wanted]
+            specs = [s for s in specs if s.system in wanted or (s.label and s.label in wanted)]
+        if args.workloads:
+            specs = [s for s in specs if s.workload in set(args.workloads.split(","))]
+        if args.splits:
+            specs = [s for s in specs if s.split in set(args.splits.split(","))]
         run_matrix(specs, cache, args.jobs, args.force)
         return 0
     records = load_records(cache)
+    if args.table == "protocol":
+        print(render_protocol(records, BEST_SPLIT))
+        return 0
     if args.table in ("calibration", "both"):
         print(render_calibration(records))
         print()

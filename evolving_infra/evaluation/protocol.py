@@ -1,0 +1,251 @@
+"""The paper's evaluation protocol as run matrices, and its tables with seeds (mean and 95 % interval).
+
+Matrices (`protocol_matrix(name, ...)`; every run `warmup_s` + `duration_s`, the paper's 1800 + 3600 s by default,
+for each seed):
+- `stationary`: CC 90/108/126, Putnam 224, OSWorld 128 (tables C.1-C.3, D.1): `evolving`, `dynamo` and `arrow`
+  from 6P3D (the paper's start split for the planners), `cache-aware` with and without the shared pool at the
+  paper's best static split (table D.1), and the best static split searched (`search`).
+- `search`: `best-static` at every split 1P8D..8P1D on each stationary workload; the tables show the split with
+  the highest mean scored throughput beside table D.1's.
+- `shift`: section 6.3's composition (Kimi K2.6; Putnam 288, then 144 Putnam + 72 OSWorld, then 144 OSWorld, one
+  period each of `duration_s` after the warmup, replayed open loop from the periods' arrival times): `evolving`
+  and `dynamo` from 6P3D, `best-static` at every split (the searched best static and the per-window oracle).
+- `open-loop`: appendix D.3, CC agents arriving at 0.5..1.5 per minute (at most 258 active): `evolving` from
+  4P5D, `best-static` at 4P5D, `dynamo` from 6P3D; the highest rate each sustains.
+- `ablations`: section 6.4 on CC 126 at 4P5D: `evolving` with each component off in turn (shared pool, TTFT
+  routing, count-aware eviction, online adaptation, async fetch) next to `best-static` at 4P5D.
+- `thunderagent`: appendix D.5 on CC 126 at 4P5D: `cache-aware` (SGLang engines), `thunderagent`, `evolving`
+  without online adaptation.
+- `protocol`: all of the above.
+
+Boundary: run specifications and pure rendering of cached records; `evolving_infra.cli.evaluate` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
+from evolving_infra.evaluation.stats import mean_interval
+
+NODES = 9
+PLANNER_START = "6P3D"
+"""The paper starts Dynamo, Arrow and ours from 6P3D (sections 3 and 6.1)."""
+STATIONARY = (("cc", 90), ("cc", 108), ("cc", 126), ("putnam", 224), ("osworld", 128))
+OPEN_LOOP_RATES = (0.5, 0.75, 1.0, 1.25, 1.5)
+OPEN_LOOP_CAP = 258
+ABLATIONS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "evolving": (),
+    "evolving -pool": (("shared_pool", False),),
+    "evolving -ttft routing": (("prefill_routing", "cache-aware"),),
+    "evolving -count eviction": (("eviction", "lru"),),
+    "evolving -adaptation": (("planner", "static"),),
+    "evolving -async fetch": (("data_plane", "hicache-loadback"),),
+}
+"""Section 6.4: each component of ours off in turn (SimConfig overrides of the `evolving` preset)."""
+PROTOCOL_MATRICES = ("stationary", "search", "shift", "open-loop", "ablations", "thunderagent", "protocol")
+
+
+def protocol_matrix(name: str, make: Callable[..., Any], best: Mapping[str, str], warmup_s: float,
+                    duration_s: float, seeds: Sequence[int]) -> list[Any]:  # fmt: skip
+    """The run specifications of matrix `name`; `make(**fields)` builds one (the runner's `RunSpec`), `best` is
+    table D.1's split per workload."""
+    out: list[Any] = []
+
+    def add(workload: str, agents: int, system: str, split: str, **extra: Any) -> None:
+        for seed in seeds:
+            out.append(make(workload=workload, agents=agents, system=system, split=split, warmup_s=warmup_s,
+                            duration_s=duration_s, seed=seed, **extra))  # fmt: skip
+
+    if name in ("search", "stationary", "protocol"):
+        for workload, agents in STATIONARY:
+            for split in all_splits(NODES):
+                add(workload, agents, "best-static", split)
+    if name in ("stationary", "protocol"):
+        for workload, agents in STATIONARY:
+            for system in ("evolving", "dynamo", "arrow"):
+                add(workload, agents, system, PLANNER_START)
+            add(workload, agents, "cache-aware", best[workload])
+            add(workload, agents, "cache-aware", best[workload], sim=(("shared_pool", False),),
+                label="cache-aware -pool")  # fmt: skip
+    if name in ("shift", "protocol"):
+        for system in ("evolving", "dynamo"):
+            add("shift", 0, system, PLANNER_START, period_s=duration_s)
+        for split in all_splits(NODES):
+            add("shift", 0, "best-static", split, period_s=duration_s)
+    if name in ("open-loop", "protocol"):
+        for rate in OPEN_LOOP_RATES:
+            add("cc", OPEN_LOOP_CAP, "evolving", "4P5D", arrival_rate=rate)
+            add("cc", OPEN_LOOP_CAP, "best-static", "4P5D", arrival_rate=rate)
+            add("cc", OPEN_LOOP_CAP, "dynamo", PLANNER_START, arrival_rate=rate)
+    if name in ("ablations", "protocol"):
+        for label, sim in ABLATIONS.items():
+            add("cc", 126, "evolving", "4P5D", sim=sim, label="" if label == "evolving" else label)
+        add("cc", 126, "best-static", "4P5D")
+    if name in ("thunderagent", "protocol"):
+        add("cc", 126, "cache-aware", "4P5D", sim=(("eviction", "lru"), ("data_plane", "hicache-loadback"),
+                                                   ("shared_pool", False), ("decode_reservation", "at-routing")),
+            label="cache-aware (SGLang engines)")  # fmt: skip
+        add("cc", 126, "thunderagent", "4P5D")
+        add("cc", 126, "evolving", "4P5D", sim=(("planner", "static"),), label="evolving -adaptation")
+    if name not in PROTOCOL_MATRICES:
+        raise ValueError(f"unknown protocol matrix {name!r}; known: {', '.join(PROTOCOL_MATRICES)}")
+    seen: set[Any] = set()
+    return [s for s in out if not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]  # set.add is None
+
+
+# ---- pure rendering ---------------------------------------------------------------------------------------
+FIGURES = ("x", "e2e", "ttft", "ttft_p95", "lost")
+
+
+def figures(record: Mapping[str, Any]) -> dict[str, float | None]:
+    """The scored figures of one cached record."""
+    o = record["metrics"]["overall"]
+    return {"x": o.get("throughput_rps"), "e2e": o["e2e_s"].get("mean"), "ttft": o["ttft_s"].get("mean"),
+            "ttft_p95": o["ttft_s"].get("p95"), "ttft_p50": o["ttft_s"].get("p50"), "e2e_p50": o["e2e_s"].get("p50"),
+            "lost": o.get("lost_kv_reuse")}  # fmt: skip
+
+
+def _group_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (spec["workload"], spec["agents"], spec.get("arrival_rate"), spec.get("period_s"), spec["warmup_s"],
+            spec["duration_s"])  # fmt: skip
+
+
+def _variant(spec: Mapping[str, Any]) -> tuple[str, str]:
+    return (spec.get("label") or spec["system"], spec["split"])
+
+
+def seed_groups(records: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[tuple[str, str], list[Mapping[str, Any]]]]:
+    """Records by (workload, agents, rate, period, warmup, duration), then by (label, split): the seeds of one
+    configuration together."""
+    out: dict[tuple[Any, ...], dict[tuple[str, str], list[Mapping[str, Any]]]] = {}
+    for r in records:
+        spec = r["spec"]
+        out.setdefault(_group_key(spec), {}).setdefault(_variant(spec), []).append(r)
+    return out
+
+
+def _cell(values: Sequence[float | None], scale: float = 1.0, digits: int = 2) -> str:
+    have = [v * scale for v in values if v is not None]
+    if not have:
+        return "-"
+    return mean_interval(have).text(digits)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    have = [v for v in values if v is not None]
+    return sum(have) / len(have) if have else None
+
+
+def searched(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> tuple[str, float] | None:
+    """The best static split of one group: the `best-static` split with the highest mean throughput over seeds."""
+    xs = {split: _mean([figures(r)["x"] for r in rs]) for (label, split), rs in variants.items()
+          if label == "best-static"}  # fmt: skip
+    return best_split(xs) if xs and any(v is not None for v in xs.values()) else None
+
+
+def render_protocol(records: Iterable[Mapping[str, Any]], paper_split: Mapping[str, str]) -> str:
+    """One table per group: every variant's figures (mean ± 95 % interval over seeds), the best static split
+    searched among the `best-static` runs (its split and table D.1's), ratios of ours to each row."""
+    out: list[str] = []
+    for key, variants in sorted(seed_groups(records).items(), key=lambda kv: tuple(str(k) for k in kv[0])):
+        workload, agents, rate, period, warmup, duration = key
+        best = searched(variants)
+        what = f"{agents} agents" if rate is None else f"open loop {rate:g} agents/min (at most {agents} active)"
+        if workload == "shift":
+            what = f"three periods of {period:g} s"
+        seeds = sorted({r["spec"]["seed"] for rs in variants.values() for r in rs})
+        out.append(f"#### {workload}, {what} ({warmup:g} s warmup + {duration:g} s scored; seeds "
+                   f"{', '.join(map(str, seeds))})")  # fmt: skip
+        out.append("")
+        out.append("| system | split | seeds | X req/s | mean E2E s | mean TTFT s | P95 TTFT s | lost KV reuse % "
+                   "| ours / this (X) |")  # fmt: skip
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        ours = _mean([figures(r)["x"] for (label, _), rs in variants.items() if label == "evolving" for r in rs])
+        rows: list[tuple[str, str, list[Mapping[str, Any]]]] = []
+        for (label, split), rs in sorted(variants.items()):
+            if label == "best-static":
+                continue
+            rows.append((label, split, list(rs)))
+        if best is not None:
+            split = best[0]
+            paper = paper_split.get(workload)
+            note = f"{split} (searched over {sum(1 for l, _ in variants if l == 'best-static')}; D.1: {paper or '-'})"
+            rows.append(("best-static (searched)", note, list(variants[("best-static", split)])))
+        for label, split, rs in rows:
+            f = [figures(r) for r in rs]
+            x = _mean([v["x"] for v in f])
+            ratio = f"{ours / x:.2f}" if ours is not None and x else "-"
+            out.append(f"| {label} | {split} | {len(rs)} | {_cell([v['x'] for v in f])} "
+                       f"| {_cell([v['e2e'] for v in f], digits=1)} | {_cell([v['ttft'] for v in f], digits=1)} "
+                       f"| {_cell([v['ttft_p95'] for v in f], digits=1)} | {_cell([v['lost'] for v in f], 100.0)} "
+                       f"| {ratio} |")  # fmt: skip
+        if best is not None and len([1 for l, _ in variants if l == "best-static"]) > 1:
+            xs = {s: _mean([figures(r)["x"] for r in rs]) for (l, s), rs in variants.items() if l == "best-static"}
+            out.append("")
+            out.append("Best static search (mean X req/s per split): " + ", ".join(
+                f"{s} {v:.2f}" if v is not None else f"{s} -" for s, v in sorted(xs.items())))
+        oracle = _oracle(variants)
+        if oracle is not None:
+            out.append("")
+            out.append(f"Per-window oracle (best static split per 600 s window): {oracle.throughput:.2f} req/s; "
+                       f"windows {' '.join(oracle.splits())}")  # fmt: skip
+        out.append("")
+    sweep = render_sweep(records)
+    if sweep:
+        out += ["#### Open loop: the highest rate each system sustains (appendix D.3 targets)", "", sweep, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _oracle(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> Any:
+    """The per-window oracle over the `best-static` runs of one group (seed 0's series where several seeds ran)."""
+    series: dict[str, list[int]] = {}
+    bucket = start = end = None
+    for (label, split), rs in variants.items():
+        if label != "best-static":
+            continue
+        r = min(rs, key=lambda r: r["spec"]["seed"])
+        s = r.get("series")
+        if not s:
+            continue
+        series[split] = list(s["finished"])
+        bucket = float(s["bucket_s"])
+        start = float(r["spec"]["warmup_s"])
+        end = start + float(r["spec"]["duration_s"]) * (3 if r["spec"]["workload"] == "shift" else 1)
+    if len(series) < 2 or bucket is None or start is None or end is None:
+        return None
+    return window_oracle(series, bucket, start, end)
+
+
+def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
+    """Open-loop runs: per system and rate whether D.3's targets hold (seed means), and the rate sustained."""
+    runs: dict[str, dict[float, list[dict[str, float | None]]]] = {}
+    for r in records:
+        spec = r["spec"]
+        if spec.get("arrival_rate") is None:
+            continue
+        runs.setdefault(spec.get("label") or spec["system"], {}).setdefault(spec["arrival_rate"], []).append(figures(r))
+    if not runs:
+        return ""
+    lines = ["| system | " + " | ".join(f"{rate:g}/min" for rate in OPEN_LOOP_RATES) + " | sustained |",
+             "|---|" + "---|" * (len(OPEN_LOOP_RATES) + 1)]  # fmt: skip
+    for system, by_rate in sorted(runs.items()):
+        ok: dict[float, bool] = {}
+        cells = []
+        for rate in OPEN_LOOP_RATES:
+            fs = by_rate.get(rate)
+            if not fs:
+                cells.append("-")
+                continue
+            mean = {k: _mean([f[k] for f in fs]) for k in ("ttft_p50", "ttft_p95", "e2e_p50")}
+            ok[rate] = sustains(mean)
+            cells.append(("**" if ok[rate] else "") + f"{_f(mean['ttft_p50'])} / {_f(mean['ttft_p95'])} / "
+                         f"{_f(mean['e2e_p50'])}" + ("**" if ok[rate] else ""))  # fmt: skip
+        rate = sustained_rate(ok)
+        lines.append(f"| {system} | " + " | ".join(cells) + f" | {'-' if rate is None else f'{rate:g}/min'} |")
+    return "\n".join(lines)
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"

@@ -1,0 +1,134 @@
+"""The evaluation protocol (evolving_infra/evaluation): the searched best static split, the per-window oracle,
+means over seeds with 95 % intervals, the open-loop sustained rate, the protocol's matrices, and one tiny
+open-loop run through the runner."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolving_infra.cli.evaluate import BEST_SPLIT, RunSpec, completion_series, matrix, run_spec
+from evolving_infra.evaluation.protocol import ABLATIONS, render_protocol
+from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
+from evolving_infra.evaluation.stats import mean_interval
+
+
+def record(system: str, split: str, x: float, seed: int = 0, label: str = "", finished: list[int] | None = None,
+           workload: str = "cc", agents: int = 90) -> dict[str, Any]:  # fmt: skip
+    spec = RunSpec(workload, agents, system, split, 600.0, 1200.0, seed, label=label)
+    overall = {"throughput_rps": x, "ttft_s": {"mean": 1.0, "p95": 3.0, "p50": 0.5},
+               "e2e_s": {"mean": 9.0, "p50": 6.0}, "lost_kv_reuse": 0.01}  # fmt: skip
+    out: dict[str, Any] = {"spec": asdict(spec), "metrics": {"overall": overall}}
+    if finished is not None:
+        out["series"] = {"bucket_s": 600.0, "finished": finished}
+    return out
+
+
+def test_all_splits_run_from_one_prefill_node_to_one_decode_node() -> None:
+    assert all_splits(9) == ["1P8D", "2P7D", "3P6D", "4P5D", "5P4D", "6P3D", "7P2D", "8P1D"]
+    with pytest.raises(ValueError):
+        all_splits(1)
+
+
+@given(st.dictionaries(st.sampled_from(all_splits(9)), st.floats(0, 100) | st.none(), min_size=1))
+def test_best_static_picks_the_split_with_the_highest_throughput_among_all_it_ran(xs: dict[str, float | None]) -> None:
+    ran = {k: v for k, v in xs.items() if v is not None}
+    if not ran:
+        with pytest.raises(ValueError):
+            best_split(xs)
+        return
+    split, x = best_split(xs)
+    assert x == max(ran.values()) and ran[split] == x
+    assert split == next(k for k, v in ran.items() if v == x)  # ties: the first listed
+
+
+def test_the_searched_best_static_row_is_the_best_mean_over_seeds_and_shows_the_paper_split() -> None:
+    recs = [record("best-static", s, x, seed) for s, xs in {"2P7D": (5.0, 5.4), "4P5D": (5.2, 5.1),
+                                                            "3P6D": (5.3, 5.0)}.items()
+            for seed, x in enumerate(xs)]  # fmt: skip
+    recs += [record("evolving", "6P3D", 6.0, 0), record("evolving", "6P3D", 6.4, 1)]
+    text = render_protocol(recs, BEST_SPLIT)
+    row = next(line for line in text.splitlines() if line.startswith("| best-static (searched)"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2P7D (searched over 3; D.1: 4P5D)"  # mean 5.2 beats 5.15 and 5.15
+    assert cells[2] == "2" and cells[3].startswith("5.20 ± ")
+    assert cells[-1] == f"{6.2 / 5.2:.2f}"  # ours over the searched best static
+    ours = next(line for line in text.splitlines() if line.startswith("| evolving |"))
+    assert "6.20 ± " in ours
+    assert "Best static search (mean X req/s per split): 2P7D 5.20, 3P6D 5.15, 4P5D 5.15" in text
+
+
+def test_the_per_window_oracle_takes_the_best_split_of_every_window() -> None:
+    series = {"2P7D": [9, 10, 3, 1], "6P3D": [2, 4, 8, 9]}
+    oracle = window_oracle(series, 600.0, 600.0, 2400.0, 600.0)
+    assert oracle.splits() == ["2P7D", "6P3D", "6P3D"]
+    assert oracle.throughput == pytest.approx((10 + 8 + 9) / 1800.0)
+    static = max(sum(s[1:]) for s in series.values()) / 1800.0
+    assert oracle.throughput >= static  # never below the best static split over the same span
+    with pytest.raises(ValueError):
+        window_oracle(series, 600.0, 300.0, 2400.0)
+    recs = [record("best-static", s, 1.0, finished=f) for s, f in series.items()]
+    assert "Per-window oracle (best static split per 600 s window): " in render_protocol(recs, BEST_SPLIT)
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=20))
+def test_the_interval_holds_the_mean_and_shrinks_to_nothing_for_equal_values(values: list[float]) -> None:
+    iv = mean_interval(values)
+    assert iv.half is not None and iv.half >= 0 and min(values) - 1e-6 <= iv.mean <= max(values) + 1e-6
+    assert mean_interval([values[0]] * len(values)).half == pytest.approx(0.0, abs=1e-6)
+
+
+def test_three_seeds_give_the_t_interval() -> None:
+    iv = mean_interval([1.0, 2.0, 3.0])
+    assert iv.mean == 2.0 and iv.half == pytest.approx(4.302653 * 1.0 / 3**0.5, rel=1e-6)
+    assert mean_interval([4.0]).half is None and mean_interval([4.0]).text() == "4.00"
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def test_a_rate_is_sustained_only_below_every_target_and_with_every_lower_rate() -> None:
+    assert sustains({"ttft_p50": 1.0, "ttft_p95": 14.9, "e2e_p50": 9.0})
+    assert not sustains({"ttft_p50": 1.0, "ttft_p95": 15.1, "e2e_p50": 9.0})
+    assert not sustains({"ttft_p50": 1.0, "ttft_p95": None, "e2e_p50": 9.0})
+    assert not sustains({"ttft_p50": 1.0, "ttft_p95": 2.0, "e2e_p50": 9.0}, admitted=0.8)
+    assert sustained_rate({0.5: True, 0.75: True, 1.0: False, 1.25: True}) == 0.75
+    assert sustained_rate({0.5: False}) is None
+
+
+def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
+    specs = matrix("protocol", 1800.0, 3600.0, 0)
+    assert len(set(specs)) == len(specs) and all(s.warmup_s == 1800.0 and s.duration_s == 3600.0 for s in specs)
+    stationary = {(s.workload, s.agents) for s in specs if s.arrival_rate is None and s.period_s is None}
+    assert {("cc", 90), ("cc", 108), ("cc", 126), ("putnam", 224), ("osworld", 128)} <= stationary
+    for workload, agents in (("cc", 90), ("putnam", 224), ("osworld", 128)):
+        searched = {s.split for s in specs if (s.workload, s.agents, s.system) == (workload, agents, "best-static")}
+        assert searched == set(all_splits(9))
+        systems = {s.label or s.system for s in specs if (s.workload, s.agents) == (workload, agents)}
+        assert {"evolving", "dynamo", "arrow", "cache-aware", "cache-aware -pool"} <= systems
+    assert {s.arrival_rate for s in specs if s.arrival_rate} == {0.5, 0.75, 1.0, 1.25, 1.5}
+    shift = [s for s in specs if s.period_s is not None]
+    assert {s.split for s in shift if s.system == "best-static"} == set(all_splits(9)) and shift[0].profile.startswith("kimi")
+    labels = {s.label for s in specs if s.workload == "cc" and s.agents == 126}
+    assert {k for k in ABLATIONS if k != "evolving"} <= labels and any(s.system == "thunderagent" for s in specs)
+    assert len({s.key() for s in specs}) == len(specs)  # every run has its own cache file
+
+
+def test_an_open_loop_run_goes_through_the_runner_with_its_series() -> None:
+    spec = RunSpec("putnam", 8, "best-static", "2P7D", 30.0, 60.0, 0, arrival_rate=6.0)
+    rec = run_spec(spec)
+    assert rec["metrics"]["config"]["agents"] is None and rec["metrics"]["config"]["max_active"] == 8
+    assert rec["series"]["bucket_s"] == 60.0 and sum(rec["series"]["finished"]) > 0
+    assert "-r6" in rec["key"] and "open loop" in rec["command"]
+
+
+def test_the_completion_series_counts_each_finished_request_once() -> None:
+    class R:
+        def __init__(self, issued: float, first: float, finish: float) -> None:
+            self.issued, self.first_token, self.finish = issued, first, finish
+
+    s = completion_series([R(0, 1, 5), R(50, 51, 70), R(70, 72, 130), R(10, 11, 999)], 180.0)
+    assert s["finished"] == [1, 1, 1] and s["ttft_mean"][0] == pytest.approx(1.0) and s["ttft_mean"][2] is None
