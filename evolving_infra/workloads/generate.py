@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from evolving_infra.workloads import cc, osworld, putnam
+from evolving_infra.workloads import cc, fleet, osworld, putnam
 from evolving_infra.workloads.common import Record, agent_rng
 from evolving_infra.workloads.compose import (
     MixedParams,
@@ -45,6 +45,8 @@ KINDS: dict[str, Kind] = {
     "osworld": Kind("osworld", osworld.OSWorldParams, "computer-use agent: prefill-heavy screenshots, ~1 s pauses"),
     "mixed": Kind("mixed", MixedParams, "Putnam and OSWorld agents at a fixed ratio (144:72)"),
     "shift": Kind("shift", ShiftParams, "section 6.3: Putnam, then mixed, then OSWorld over three hours"),
+    "fleet": Kind("fleet", fleet.FleetParams, "appendix D.2: CC-like and codex-like users in regions of partitions, "
+                  "local PD shifts under a constant aggregate; --agents is the fleet's concurrency"),
 }
 
 _AGENT: dict[str, tuple[Callable[..., list[Record]], Callable[[Any], dict[str, int]]]] = {
@@ -79,6 +81,8 @@ def generate_with(kind: str, agents: int, seed: int, params: Any) -> list[Record
         raise ValueError(f"agents must be an integer >= 1, got {agents!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    if kind == "fleet":
+        return fleet.generate_fleet(params, agents, seed)
     arrivals = random.Random(f"evolving-infra/{seed}/{kind}/arrivals")
     header: Record = {
         "kind": "header",

@@ -1,0 +1,239 @@
+"""The fleet's figures (appendix D.2) from partition results: tables, a JSON-ready summary and a PNG.
+
+Definitions, over the scored window `[warmup, warmup + duration)` cut into the results' buckets (only buckets
+wholly inside the window count):
+
+- **PD demand ratio** of a bucket: uncached prompt tokens of the prefills that started in it over the output
+  tokens of the requests that finished in it. Its **variation** over the window is `(max - min) / mean` of the
+  bucket values; the fleet's aggregate ratio sums the tokens of every partition first.
+- **Total work** of a bucket: requests issued (the closed loop's demand); its variation is defined the same way.
+- **Queueing**: prefill queueing time (`prefill_start - queued`). A partition's figure relative to the fleet's
+  is its mean over the window divided by the fleet's pooled mean (sums and counts carried, never averaged
+  averages); the peak is the largest ratio over buckets, bucket by bucket.
+- **Throughput**: each partition's scored throughput (`sim.metrics`), summed for the fleet. Adaptive over static
+  compares two runs of the same fleet and workload that differ only in the planner.
+- **Split over time**: prefill and decode nodes at each bucket's end.
+
+Boundary: pure functions of `PartitionResult`s, plus `write_figure` (matplotlib, a file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from evolving_infra.fleet.sim import FleetResult, PartitionResult
+
+
+def _window(result: FleetResult) -> tuple[float, float]:
+    m = result.partitions[0].metrics
+    window = m.get("window") or {}
+    return float(window.get("start", 0.0)), float(window.get("end") or result.partitions[0].sim_end_s)
+
+
+def _in_window(rows: Sequence[Mapping[str, Any]], start: float, end: float) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r["t0"] >= start - 1e-9 and r["t1"] <= end + 1e-9]
+
+
+def variation(values: Sequence[float]) -> float | None:
+    """`(max - min) / mean`, or None for an empty or zero-mean series."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    mean = sum(vals) / len(vals)
+    return None if mean <= 0 else (max(vals) - min(vals)) / mean
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def short_name(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
+
+
+def partition_rows(result: FleetResult) -> list[dict[str, Any]]:
+    """Per partition: throughput, queueing relative to the fleet, PD and work variation, splits seen."""
+    start, end = _window(result)
+    windows = [_in_window(p.series, start, end) for p in result.partitions]
+    n = min((len(w) for w in windows), default=0)
+    fleet_q = sum(r["queue_s_sum"] for w in windows for r in w)
+    fleet_n = sum(r["prefills"] for w in windows for r in w)
+    fleet_mean = _ratio(fleet_q, fleet_n)
+    bucket_fleet = [_ratio(sum(w[i]["queue_s_sum"] for w in windows), sum(w[i]["prefills"] for w in windows))
+                    for i in range(n)]
+    rows: list[dict[str, Any]] = []
+    for p, w in zip(result.partitions, windows, strict=True):
+        q = sum(r["queue_s_sum"] for r in w)
+        k = sum(r["prefills"] for r in w)
+        mean = _ratio(q, k)
+        peaks = [_ratio(_ratio(w[i]["queue_s_sum"], w[i]["prefills"]) or 0.0, f) for i, f in enumerate(bucket_fleet)
+                 if f and f > 0 and w[i]["prefills"] > 0]
+        pd = [_ratio(r["uncached_tokens"], r["output_tokens"]) for r in w]
+        splits = []
+        for r in w:
+            label = f"{r['prefill_nodes']}P{r['decode_nodes']}D" if r["prefill_nodes"] is not None else "-"
+            if not splits or splits[-1] != label:
+                splits.append(label)
+        rows.append({
+            "partition": short_name(p.key), "nodes": p.nodes, "agents": p.concurrency, "users": p.users,
+            "throughput_rps": p.metrics["overall"].get("throughput_rps"),
+            "queue_mean_s": mean,
+            "queue_vs_fleet": None if mean is None or not fleet_mean else mean / fleet_mean,
+            "queue_peak_vs_fleet": max((x for x in peaks if x is not None), default=None),
+            "pd_ratio_variation": variation([x for x in pd if x is not None]),
+            "work_variation": variation([float(r["issued"]) for r in w]),
+            "splits": splits,
+            "switches": (p.metrics.get("switches") or {}).get("count"),
+        })
+    return rows
+
+
+def fleet_summary(result: FleetResult) -> dict[str, Any]:
+    """The fleet's aggregate PD ratio per bucket and its variation, total throughput and queueing."""
+    start, end = _window(result)
+    windows = [_in_window(p.series, start, end) for p in result.partitions]
+    n = min((len(w) for w in windows), default=0)
+    pd = [_ratio(sum(w[i]["uncached_tokens"] for w in windows), sum(w[i]["output_tokens"] for w in windows))
+          for i in range(n)]
+    work = [float(sum(w[i]["issued"] for w in windows)) for i in range(n)]
+    q = sum(r["queue_s_sum"] for w in windows for r in w)
+    k = sum(r["prefills"] for w in windows for r in w)
+    return {
+        "window": [start, end],
+        "partitions": len(result.partitions),
+        "gpus_nodes": sum(p.nodes for p in result.partitions),
+        "throughput_rps": sum(p.metrics["overall"].get("throughput_rps") or 0.0 for p in result.partitions),
+        "requests": sum(p.requests for p in result.partitions),
+        "queue_mean_s": _ratio(q, k),
+        "pd_ratio_series": pd,
+        "pd_ratio_variation": variation([x for x in pd if x is not None]),
+        "work_variation": variation(work),
+        "wall_s": result.wall_s,
+    }
+
+
+def compare(adaptive: FleetResult, static: FleetResult) -> dict[str, Any]:
+    """Throughput of adaptive over static per partition and for the fleet (same partitions, same order)."""
+    rows = []
+    for a, s in zip(adaptive.partitions, static.partitions, strict=True):
+        xa, xs = a.metrics["overall"].get("throughput_rps"), s.metrics["overall"].get("throughput_rps")
+        rows.append({"partition": short_name(a.key), "adaptive_rps": xa, "static_rps": xs,
+                     "ratio": None if not xa or not xs else xa / xs})
+    fa, fs = fleet_summary(adaptive)["throughput_rps"], fleet_summary(static)["throughput_rps"]
+    return {"partitions": rows, "fleet": {"adaptive_rps": fa, "static_rps": fs, "ratio": _ratio(fa, fs)}}
+
+
+def _f(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) -> str:
+    """The tables of docs/evaluation.md's fleet section."""
+    lines: list[str] = []
+    fa = fleet_summary(adaptive)
+    lines += ["| run | requests | fleet req/s | aggregate PD ratio variation | aggregate work variation | "
+              "mean prefill queue s | wall s |", "|---|---|---|---|---|---|---|"]
+    runs = [("adaptive", adaptive, fa)] + ([("static", static, fleet_summary(static))] if static else [])
+    for name, _res, f in runs:
+        lines.append(f"| {name} | {f['requests']:,} | {_f(f['throughput_rps'])} | {_f(_pct(f['pd_ratio_variation']), 1, ' %')} "
+                     f"| {_f(_pct(f['work_variation']), 1, ' %')} | {_f(f['queue_mean_s'])} | {f['wall_s']:,.0f} |")
+    lines.append("")
+    header = ("| partition | agents | users | PD ratio variation | work variation | queue vs fleet (static) | "
+              "peak (static) | queue vs fleet (adaptive) | peak (adaptive) | splits (adaptive) | req/s static | "
+              "req/s adaptive | adaptive / static |")
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
+    ra = partition_rows(adaptive)
+    rs = partition_rows(static) if static else [None] * len(ra)
+    cmp_rows = compare(adaptive, static)["partitions"] if static else [None] * len(ra)
+    for a, s, c in zip(ra, rs, cmp_rows, strict=True):
+        base = s or a
+        lines.append(
+            f"| {a['partition']} | {a['agents']} | {a['users']} | {_f(_pct(base['pd_ratio_variation']), 1, ' %')} | "
+            f"{_f(_pct(base['work_variation']), 1, ' %')} | {_f(s and s['queue_vs_fleet'])} | "
+            f"{_f(s and s['queue_peak_vs_fleet'])} | {_f(a['queue_vs_fleet'])} | {_f(a['queue_peak_vs_fleet'])} | "
+            f"{' → '.join(a['splits'])} | {_f(c and c['static_rps'])} | {_f(a['throughput_rps'])} | "
+            f"{_f(c and c['ratio'])} |")
+    if static:
+        fleet = compare(adaptive, static)["fleet"]
+        lines.append(f"| **fleet** | | | | | 1.00 | | 1.00 | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
+                     f"| **{_f(fleet['ratio'])}** |")
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else 100.0 * value
+
+
+def write_figure(adaptive: FleetResult, static: FleetResult | None, path: str | Path,
+                 highlight: Sequence[str] = ()) -> Path:
+    """A PNG like figure D.2: split over time, PD demand ratio, queueing relative to the fleet, throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    start, end = _window(adaptive)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    names = [short_name(p.key) for p in adaptive.partitions]
+    marked = set(highlight)
+
+    def color(name: str) -> str:
+        return "tab:red" if name in marked else "0.6"
+
+    ax = axes[0][0]
+    for p, name in zip(adaptive.partitions, names, strict=True):
+        w = _in_window(p.series, 0.0, float("inf"))
+        xs = [r["t1"] / 60 for r in w if r["prefill_nodes"] is not None]
+        ys = [r["prefill_nodes"] / max(1, r["prefill_nodes"] + r["decode_nodes"] + (r["collocated_nodes"] or 0))
+              for r in w if r["prefill_nodes"] is not None]
+        ax.step(xs, ys, where="post", color=color(name), lw=2 if name in marked else 1, label=name)
+    ax.axvspan(0, start / 60, color="0.92")
+    ax.set(title="(a) prefill share of each partition's nodes (adaptive)", xlabel="minute", ylabel="prefill nodes / nodes")
+    ax.legend(fontsize=7, ncol=4)
+
+    ax = axes[0][1]
+    fleet = fleet_summary(adaptive)
+    for p, name in zip(adaptive.partitions, names, strict=True):
+        w = _in_window(p.series, start, end)
+        ratios = [_ratio(r["uncached_tokens"], r["output_tokens"]) for r in w]
+        vals = [x for x in ratios if x is not None]
+        mean = sum(vals) / len(vals) if vals else 1.0
+        ax.plot([r["t1"] / 60 for r in w], [None if x is None else x / mean for x in ratios], color=color(name),
+                lw=2 if name in marked else 1)
+    agg = fleet["pd_ratio_series"]
+    vals = [x for x in agg if x is not None]
+    mean = sum(vals) / len(vals) if vals else 1.0
+    w0 = _in_window(adaptive.partitions[0].series, start, end)
+    ax.plot([r["t1"] / 60 for r in w0][: len(agg)], [None if x is None else x / mean for x in agg], color="k", lw=3,
+            label="fleet aggregate")
+    ax.set(title="(b) PD demand ratio (uncached / output tokens), relative to its mean", xlabel="minute")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][0]
+    ra = partition_rows(adaptive)
+    xs = list(range(len(names)))
+    if static is not None:
+        rs = partition_rows(static)
+        ax.bar([x - 0.2 for x in xs], [r["queue_vs_fleet"] or 0 for r in rs], width=0.4, label="static", color="0.5")
+    ax.bar([x + 0.2 for x in xs], [r["queue_vs_fleet"] or 0 for r in ra], width=0.4, label="adaptive", color="tab:blue")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(xs, names)
+    ax.set(title="(c) mean prefill queueing / fleet average", ylabel="ratio")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][1]
+    if static is not None:
+        c = compare(adaptive, static)
+        vals = [r["ratio"] or 0 for r in c["partitions"]] + [c["fleet"]["ratio"] or 0]
+        ax.bar(list(range(len(vals))), vals, color=[color(n) for n in names] + ["k"])
+        ax.set_xticks(list(range(len(vals))), [*names, "fleet"])
+        ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(title="(d) throughput, adaptive planners / static split", ylabel="ratio")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,254 @@
+"""The fleet workload of appendix D.2: users of two coding-agent workloads in regions, with local shifts.
+
+A fleet trace is an ordinary trace (format version 1) whose agent records carry two extra keys, ignored by every
+other reader: `user` (the user the task belongs to; a global router binds users, not tasks) and `requires` (the
+partition labels the user is constrained to, here its region). Two workloads share the fleet:
+
+- `cc`: the CC generator (`workloads.cc`) with shorter tasks, so that agents turn over within the compressed span;
+- `codex`: the same generator with a decode-heavier shape (shorter prompts, smaller tool results, longer outputs),
+  standing in for the paper's Codex traces (assumption: the paper gives no Codex figures).
+
+Each region is served by some number of partitions and has a schedule of its CC share among running agents: flat,
+then a linear move from `cc_share_start` to `cc_share_end` between `shift_start` and `shift_end` (fractions of the
+span), then flat. With the defaults one region's partition moves towards CC while another's moves away from it, so
+the fleet's aggregate mix stays constant while those two partitions see a local shift (figure D.2).
+
+`agents` is the fleet's **concurrency** (the number of agents running at once, e.g. 3,840 at 1/8 scale: ~10 per
+GPU); the trace holds as many tasks as closed-loop replay needs to keep that concurrency busy for `span_s` at the
+estimated task durations (plus a tail at the final mix). Within each region, the agents are in file order of the
+schedule: replaying a partition's agents in file order at its concurrency follows the region's shift.
+
+Boundary: pure generation (seeded `random.Random` streams per agent), like the other kinds; binding users to
+partitions and simulating them is `evolving_infra.fleet`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from evolving_infra.workloads import cc
+from evolving_infra.workloads.common import Record, agent_rng
+from evolving_infra.workloads.dist import LogNormal, apportion, interleave
+from evolving_infra.workloads.params import param
+
+LABELS = ("cc", "codex")
+REGION_LABEL = "evolving-infra.io/region"
+"""The partition label a fleet user's region constrains (`requires` of its agent records)."""
+
+_CC_FLEET = cc.CCParams(
+    main_steps=LogNormal(30, 0.7, lo=2, hi=150),
+)
+_CODEX = cc.CCParams(
+    first_prompt_tokens=LogNormal(8_000, 0.8, lo=50, hi=60_000),
+    main_steps=LogNormal(30, 0.7, lo=2, hi=150),
+    tool_result_tokens=LogNormal(500, 1.0, lo=10, hi=20_000),
+    output_tokens=LogNormal(2_500, 0.8, lo=20, hi=16_000),
+    subagent_call_prob=0.004,
+)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A group of users constrained to the partitions labelled with its name, and its CC share over time."""
+
+    name: str
+    partitions: int
+    cc_share_start: float
+    cc_share_end: float
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a region needs a name")
+        if self.partitions < 1:
+            raise ValueError(f"region {self.name!r}: partitions must be >= 1, got {self.partitions}")
+        for name in ("cc_share_start", "cc_share_end"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"region {self.name!r}: {name} must be in [0, 1], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class FleetParams:
+    """The D.2 fleet: regions of partitions, two workloads, the span the local shifts are compressed into."""
+
+    cc: cc.CCParams = param(_CC_FLEET, "the cc kind with 30 main-branch steps per task (assumption: tasks of "
+                            "~15 minutes, so agents turn over several times in the compressed span)")
+    codex: cc.CCParams = param(_CODEX, "assumption: a decode-heavier coding agent (8K first prompts, 500-token tool "
+                               "results, 2,500-token outputs, few sub-agents) for the paper's Codex traces")
+    regions: tuple[Region, ...] = param(
+        (Region("main", 6, 0.5, 0.5), Region("east", 1, 0.2, 0.8), Region("west", 1, 0.8, 0.2)),
+        "appendix D.2: 8 partitions, of which 2 see a local shift while the aggregate stays nearly constant "
+        "(assumption: the two shifts mirror each other; the other six serve a steady half-and-half mix)",
+    )
+    span_s: float = param(7_200.0, "the issue's 1/8-scale run: the local shifts compressed into 2 simulated hours")
+    shift_start: float = param(0.3, "assumption: the shift starts at 30 % of the span (after a warmup)")
+    shift_end: float = param(0.7, "assumption: and ends at 70 %")
+    slices: int = param(16, "the schedule is laid out in this many equal slices of the span")
+    task_estimate_s: dict[str, float] = param(
+        {"cc": 900.0, "codex": 1_100.0},
+        "assumption: mean task duration (30 steps x (E2E + pause)), used only to size each slice's block of tasks",
+    )
+    tail: float = param(0.5, "extra tasks at the final mix, as a fraction of the span's, so replay never runs out")
+    arrival_rate_per_min: float = param(1.0, "unused by closed-loop replay; start_s follows the schedule")
+
+    def __post_init__(self) -> None:
+        if not self.regions:
+            raise ValueError("a fleet needs at least one region")
+        if len({r.name for r in self.regions}) != len(self.regions):
+            raise ValueError("region names must be unique")
+        if not self.span_s > 0:
+            raise ValueError(f"span_s must be > 0, got {self.span_s}")
+        if not 0.0 <= self.shift_start <= self.shift_end <= 1.0:
+            raise ValueError("need 0 <= shift_start <= shift_end <= 1")
+        if self.slices < 1:
+            raise ValueError(f"slices must be >= 1, got {self.slices}")
+        for label in LABELS:
+            if not self.task_estimate_s.get(label, 0.0) > 0:
+                raise ValueError(f"task_estimate_s needs a value > 0 for {label!r}")
+        if self.tail < 0:
+            raise ValueError(f"tail must be >= 0, got {self.tail}")
+
+    @property
+    def partitions(self) -> int:
+        return sum(r.partitions for r in self.regions)
+
+    def cc_share(self, region: Region, at_fraction: float) -> float:
+        """The region's CC share among running agents at a fraction of the span."""
+        if self.shift_end <= self.shift_start:
+            return region.cc_share_end if at_fraction >= self.shift_start else region.cc_share_start
+        x = min(1.0, max(0.0, (at_fraction - self.shift_start) / (self.shift_end - self.shift_start)))
+        return region.cc_share_start + x * (region.cc_share_end - region.cc_share_start)
+
+    def region_concurrency(self, concurrency: int) -> list[int]:
+        """Concurrency per region, proportional to its partitions."""
+        return apportion(concurrency, [r.partitions for r in self.regions])
+
+    def params_of(self, label: str) -> cc.CCParams:
+        return self.cc if label == "cc" else self.codex
+
+
+@dataclass(frozen=True)
+class AgentSlot:
+    """One task of the fleet trace before its requests are generated (cheap to bind and to split)."""
+
+    index: int
+    region: str
+    label: str
+    user: str
+    start_s: float
+
+    @property
+    def agent(self) -> str:
+        return f"a{self.index}"
+
+    @property
+    def requires(self) -> dict[str, str]:
+        return {REGION_LABEL: self.region}
+
+
+def fleet_plan(p: FleetParams, concurrency: int, seed: int) -> list[AgentSlot]:
+    """Every task of the fleet trace in file order: per region, slice by slice, labels interleaved."""
+    if concurrency < len(p.regions):
+        raise ValueError(f"fleet concurrency must be >= {len(p.regions)} (one agent per region), got {concurrency}")
+    slots: list[AgentSlot] = []
+    width = p.span_s / p.slices
+    users = random.Random(f"evolving-infra/{seed}/fleet/users")
+    for region, conc in zip(p.regions, p.region_concurrency(concurrency), strict=True):
+        pools = {label: max(1, round(conc * (p.cc_share(region, 0.5) if label == "cc" else
+                                             1 - p.cc_share(region, 0.5)))) for label in LABELS}
+        blocks: list[tuple[float, float, dict[str, int]]] = []
+        for i in range(p.slices):
+            share = p.cc_share(region, (i + 0.5) / p.slices)
+            demand = {"cc": conc * share * width / p.task_estimate_s["cc"],
+                      "codex": conc * (1 - share) * width / p.task_estimate_s["codex"]}
+            if i == 0:  # the agents that start at t=0, at the first slice's mix
+                demand = {"cc": demand["cc"] + conc * share, "codex": demand["codex"] + conc * (1 - share)}
+            blocks.append((i * width, width, _counts(demand)))
+        share = p.cc_share(region, 1.0)
+        tail_s = p.tail * p.span_s
+        if tail_s > 0:
+            blocks.append((p.span_s, tail_s, _counts({
+                "cc": conc * share * tail_s / p.task_estimate_s["cc"],
+                "codex": conc * (1 - share) * tail_s / p.task_estimate_s["codex"]})))
+        times = random.Random(f"evolving-infra/{seed}/fleet/{region.name}/times")
+        for start, span, counts in blocks:
+            labels = interleave({k: v for k, v in counts.items() if v > 0})
+            starts = sorted(start + times.random() * span for _ in labels)
+            for label, start_s in zip(labels, starts, strict=True):
+                user = f"{region.name}.{label}.u{users.randrange(pools[label])}"
+                slots.append(AgentSlot(len(slots), region.name, label, user, round(start_s, 3)))
+    return slots
+
+
+def _counts(demand: dict[str, float]) -> dict[str, int]:
+    """Whole task counts for a block (largest remainder of the total)."""
+    total = round(sum(demand.values()))
+    if total <= 0:
+        return {k: 0 for k in demand}
+    return dict(zip(demand, apportion(total, list(demand.values())), strict=True))
+
+
+def prefix_records(p: FleetParams) -> list[Record]:
+    """The shared prefixes of both workloads (each workload's own system prompt)."""
+    out: list[Record] = []
+    for label in LABELS:
+        for name, tokens in cc.prefixes(p.params_of(label)).items():
+            out.append({"kind": "prefix", "name": _prefix_name(label, name), "tokens": tokens})
+    return out
+
+
+def agent_records(p: FleetParams, slot: AgentSlot, seed: int) -> list[Record]:
+    """One task's records (its agent record carries `user` and `requires`); the same for the same slot and seed."""
+    records = cc.cc_agent(p.params_of(slot.label), agent_rng(seed, f"fleet/{slot.label}", slot.index), slot.agent,
+                          slot.start_s, slot.label)
+    for record in records:
+        if record["kind"] == "agent":
+            record["user"] = slot.user
+            record["requires"] = slot.requires
+        elif record["kind"] == "request":
+            shared = record["input"].get("shared")
+            if shared is not None:
+                record["input"] = {**record["input"], "shared": _prefix_name(slot.label, shared)}
+    return records
+
+
+def _prefix_name(label: str, name: str) -> str:
+    """`cc:system` stays; the codex workload's prefixes are its own (`codex:system`)."""
+    return name if label == "cc" else name.replace("cc:", f"{label}:", 1)
+
+
+def fleet_header(p: FleetParams, concurrency: int, seed: int, slots: list[AgentSlot]) -> Record:
+    from evolving_infra.workloads.params import to_jsonable
+
+    per_region = dict(zip((r.name for r in p.regions), p.region_concurrency(concurrency), strict=True))
+    return {
+        "kind": "header",
+        "version": 1,
+        "name": f"fleet-synthetic-{concurrency}-seed{seed}",
+        "source": f"evolving_infra.workloads.generate(kind='fleet', agents={concurrency}, seed={seed})",
+        "notes": (
+            f"Fleet workload (appendix D.2): {concurrency} concurrent agents in {len(p.regions)} regions "
+            f"({', '.join(f'{r.name}: {r.partitions} partitions' for r in p.regions)}), CC-like and codex-like "
+            f"tasks; {len(slots)} tasks. Agent records carry 'user' and 'requires' (partition labels, key "
+            f"{REGION_LABEL!r}). Replay each partition's agents in file order in closed loop at its share of the "
+            "fleet concurrency (fleet.concurrency) to follow the regions' CC share over time (fleet.schedule)."
+        ),
+        "fleet": {
+            "concurrency": concurrency,
+            "region_concurrency": per_region,
+            "span_s": p.span_s,
+            "schedule": {r.name: [round(p.cc_share(r, i / p.slices), 4) for i in range(p.slices + 1)]
+                         for r in p.regions},
+            "region_label": REGION_LABEL,
+        },
+        "generator": {"kind": "fleet", "agents": concurrency, "seed": seed, "params": to_jsonable(p)},
+    }
+
+
+def generate_fleet(p: FleetParams, concurrency: int, seed: int) -> list[Record]:
+    """The whole fleet trace: header, both workloads' prefixes, every task in file order."""
+    slots = fleet_plan(p, concurrency, seed)
+    records: list[Record] = [fleet_header(p, concurrency, seed, slots), *prefix_records(p)]
+    for slot in slots:
+        records.extend(agent_records(p, slot, seed))
+    return records
