@@ -144,6 +144,10 @@ class NodeAgent:
         if s.transfer.kind is TransportKind.MOONCAKE_TCP:
             self.mooncake_address = getattr(self._transport, "address", None)
         self.executor = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix=f"kv-{self.node}")
+        # Pages served to peers stream on threads of their own: a node whose transfer threads all wait on peers'
+        # streams must still serve its own pages, or two nodes reading from each other deadlock until the
+        # transfers' deadline (tests/node_agent/test_service_transfers.py).
+        self.serve_executor = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix=f"serve-{self.node}")
         l2 = self.engine.pool.l2
         self.sync = ArenaSync(self.arena, l2.contains, l2.is_writing)
         self.clock = NodeClock(s.speed_up)
@@ -219,6 +223,8 @@ class NodeAgent:
             self.channels.close()
         if hasattr(self, "executor"):
             self.executor.shutdown(wait=False, cancel_futures=True)
+        if hasattr(self, "serve_executor"):
+            self.serve_executor.shutdown(wait=False, cancel_futures=True)
 
     # --- operations (called by the servicer) ---------------------------------------------------------
     def _check_accepting(self, work: bool = True) -> None:

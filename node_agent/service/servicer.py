@@ -165,7 +165,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     async def ReadPages(  # noqa: N802
         self, request: pb.ReadPagesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PageChunk]:
-        executor = self.node.executor
+        executor = self.node.serve_executor  # never the transfer threads (see NodeAgent._start)
         thread_context = _ThreadContext()
         stream = self.pages.ReadPages(request, thread_context)
         pending: Future[pb.PageChunk | None] | None = None
