@@ -76,6 +76,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, requests.jsonl and PNG plots (split, latency CDF, KV lost) into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    from evolving_infra.fleet.sim_cli import add_fleet_arguments  # --fleet: a fleet of partitions (fleet.sim_cli)
+
+    add_fleet_arguments(p)
     p.set_defaults(handler=_run)
 
 
@@ -105,6 +108,10 @@ def _config(args: argparse.Namespace) -> SimConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "fleet", None):
+        from evolving_infra.fleet.sim_cli import run_fleet
+
+        return run_fleet(args)
     if (args.trace is None) == (args.workload is None):
         raise CliError("give either a TRACE file or --workload KIND (not both)", USAGE_ERROR)
     cfg = _config(args)

@@ -1,0 +1,163 @@
+"""`evolving-infra simulate --fleet DIR_OR_FILE ...`: simulate a fleet of partitions from its AgentServingCluster files.
+
+    evolving-infra simulate --fleet examples/fleet-d2/fleet-mini.yaml --workload fleet --agents 192 \\
+        --warmup 600 --duration 3000 --compare-static --out runs/fleet
+    evolving-infra simulate --fleet manifests/examples/fleet-3072-gpus/ fleet-trace.jsonl --executor ray \\
+        --ray-address auto --duration 3600
+
+The partitions are the AgentServingClusters in the files (a directory: its YAML files); each runs as its own
+simulated cluster (router, planner, KV directory) with its CR's nodes, profile, split, planner and routing. Tasks
+are bound to partitions by user with the global router's binding (`fleet.binding`). The workload is a fleet trace
+file (agent records with `user` and `requires`) or `--workload fleet` (generated; `--agents` is the fleet's
+concurrency, and the generated schedule spans warmup + duration). `--planner static` runs every partition at its
+initial split; `--compare-static` runs the fleet twice (the CRs' planners, then static) and reports both.
+Partitions run on `--executor processes` (default, `--workers` processes), `ray` (`--ray-address`, or a private
+local instance on loopback) or `inline`; the result does not depend on the executor or the worker count.
+
+Output: a table per partition (or `--json`); `--out DIR` writes `fleet.json` (every partition's metrics and time
+series, the fleet summary), `fleet.md` (the tables of docs/evaluation.md) and `fleet.png` (like figure D.2).
+
+Boundary: argument handling, progress and printing; the simulation is `fleet.sim`, the figures `fleet.sim_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
+from evolving_infra.fleet.partitions import FleetFileError, load_partitions
+from evolving_infra.fleet.sim import (
+    FleetOptions,
+    FleetResult,
+    FleetRunError,
+    FleetWorkload,
+    PartitionResult,
+    simulate_fleet,
+)
+from evolving_infra.fleet.sim_report import compare, fleet_summary, partition_rows, render_markdown, write_figure
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    """The fleet flags of `simulate` (the other flags keep their meaning; `--agents` is the fleet's concurrency)."""
+    g = p.add_argument_group("fleet (simulate --fleet)")
+    g.add_argument("--fleet", metavar="DIR_OR_FILE", action="append",
+                   help="simulate a fleet: AgentServingCluster YAML files or directories (repeatable)")
+    g.add_argument("--executor", choices=[k.value for k in ExecutorKind], default=ExecutorKind.PROCESSES.value,
+                   help="where partitions run: processes (default), ray, inline")
+    g.add_argument("--workers", type=int, help="worker processes or local Ray CPUs (default: this machine's CPUs)")
+    g.add_argument("--ray-address", metavar="ADDRESS",
+                   help="run on this Ray cluster (ray.init address, e.g. auto or ray://head:10001); implies "
+                   "--executor ray")
+    g.add_argument("--compare-static", action="store_true",
+                   help="run the fleet twice: the CRs' planners, then every partition static at its initial split")
+    g.add_argument("--bucket", type=float, default=300.0, help="seconds per time-series bucket (default 300)")
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """The `simulate --fleet` command."""
+    err = Console(stderr=True, quiet=args.quiet)
+    if args.trace is not None and args.workload is not None:
+        raise CliError("give either a fleet TRACE file or --workload fleet (not both)", USAGE_ERROR)
+    if args.workload not in (None, "fleet"):
+        raise CliError(f"--fleet needs a fleet trace or --workload fleet, not --workload {args.workload}", USAGE_ERROR)
+    kind = ExecutorKind.RAY if args.ray_address else ExecutorKind(args.executor)
+    try:
+        partitions = load_partitions(args.fleet)
+    except FleetFileError as exc:
+        raise CliError(f"cannot use the fleet files:\n{exc}", USAGE_ERROR) from None
+    try:
+        opts = FleetOptions(duration_s=args.duration, warmup_s=args.warmup, planner=args.planner,
+                            agents=args.agents, seed=args.seed, bucket_s=args.bucket)
+        workload = _workload(args, opts)
+    except FleetRunError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    runs = [opts] + ([replace(opts, planner="static")] if args.compare_static else [])
+    results: list[FleetResult] = []
+    start = time.perf_counter()
+    try:
+        with open_executor(kind, args.workers, args.ray_address) as executor:
+            for run in runs:
+                label = run.planner or "the CRs' planners"
+                err.print(f"simulating {len(partitions)} partitions ({label}) on {kind.value}...")
+
+                def done(r: PartitionResult) -> None:
+                    err.print(f"  {r.key}: {r.requests:,} requests, {r.sim_end_s:,.0f} simulated s in "
+                              f"{r.wall_s:,.0f} s wall")
+
+                results.append(simulate_fleet(partitions, workload, run, executor, on_done=done))
+    except ExecutorUnavailable as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    except FleetRunError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    adaptive = results[0]
+    static = results[1] if len(results) > 1 else None
+    report = fleet_report(adaptive, static)
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "fleet.json").write_text(json.dumps(report, indent=1))
+        (folder / "fleet.md").write_text(render_markdown(adaptive, static) + "\n")
+        shifting = [r["partition"] for r in partition_rows(static or adaptive)
+                    if (r["pd_ratio_variation"] or 0) > 2 * (fleet_summary(static or adaptive)["pd_ratio_variation"] or 0)]
+        write_figure(adaptive, static, folder / "fleet.png", highlight=shifting)
+        err.print(f"wrote {folder / 'fleet.json'}, fleet.md, fleet.png")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_markdown(adaptive, static))
+    err.print(f"{len(partitions)} partitions simulated in {time.perf_counter() - start:,.1f} s wall")
+    return 0
+
+
+def _workload(args: argparse.Namespace, opts: FleetOptions) -> FleetWorkload:
+    if args.trace is not None:
+        import gzip
+
+        from evolving_infra.traces.errors import TraceError
+        from evolving_infra.traces.loader import load_trace
+
+        try:
+            load_trace(args.trace)  # refuses a broken trace with its line and rule before anything runs
+            with open(args.trace, "rb") as raw:
+                gz = raw.read(2) == b"\x1f\x8b"
+            with (gzip.open(args.trace, "rt", encoding="utf-8") if gz else
+                  open(args.trace, encoding="utf-8")) as handle:
+                return FleetWorkload.from_records(json.loads(line) for line in handle if line.strip())
+        except TraceError as exc:
+            raise FleetRunError(f"cannot load trace: {exc}") from None
+        except OSError as exc:
+            raise FleetRunError(f"cannot read {args.trace!r}: {exc.strerror or exc}") from None
+    if args.workload != "fleet":
+        raise FleetRunError("--fleet needs a fleet TRACE file or --workload fleet")
+    if args.agents is None:
+        raise FleetRunError("--workload fleet needs --agents (the fleet's concurrent agents)")
+    from evolving_infra.workloads.fleet import FleetParams
+
+    params = FleetParams()
+    if args.duration is not None:
+        warmup = args.warmup if args.warmup is not None else 0.0
+        params = replace(params, span_s=warmup + args.duration)
+    return FleetWorkload.generated(params, args.agents, args.seed)
+
+
+def fleet_report(adaptive: FleetResult, static: FleetResult | None) -> dict[str, Any]:
+    """Everything `--json` prints and `fleet.json` holds."""
+    def one(result: FleetResult) -> dict[str, Any]:
+        return {"options": asdict(result.options), "summary": fleet_summary(result),
+                "rows": partition_rows(result),
+                "partitions": [{k: v for k, v in asdict(p).items() if k != "records"} for p in result.partitions]}
+
+    out: dict[str, Any] = {"adaptive" if static else "run": one(adaptive)}
+    if static is not None:
+        out["static"] = one(static)
+        out["comparison"] = compare(adaptive, static)
+    return out
+
