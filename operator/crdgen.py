@@ -5,6 +5,10 @@
 its copy in the kustomize base, the reference section of docs/operator.md) and `--check ROOT` reports the
 stale ones (exit status 1). Tests run the check, so schema, settings model and docs cannot drift apart.
 
+The policy fields (planner, prefill routing, decode binding, eviction order) take their allowed values and
+descriptions from the policy declarations (`core/plugins.py` registries), so a built-in policy's summary is written
+once, in its declaration.
+
 Boundary: rendering only; the models are in `spec` and `status`, the schema conversion in `schema`.
 """
 
@@ -18,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from evolving_infra.core.plugins import PolicyKind, PolicyRegistry, PolicySpec
 from evolving_infra.operator import meta
 from evolving_infra.operator.schema import Schema, structural_problems, to_structural
 from evolving_infra.operator.spec import AgentServingClusterSpec, AgentServingClusterStatus
@@ -52,8 +57,50 @@ PRINTER_COLUMNS = (
 )
 
 
+POLICY_FIELDS: tuple[tuple[tuple[str, ...], PolicyKind, str], ...] = (
+    (("planner", "policy"), PolicyKind.PLANNER,
+     "Planner in adaptive mode; unset means ours, and static mode allows only static or unset."),
+    (("routing", "prefillPolicy"), PolicyKind.PREFILL_ROUTING, "Prefill routing policy."),
+    (("routing", "decodePolicy"), PolicyKind.DECODE_BINDING, "Decode binding policy."),
+    (("eviction", "policy"), PolicyKind.EVICTION, "Host KV eviction order."),
+)  # fmt: skip
+"""The spec fields naming a policy: their enum and description come from the policy declarations."""
+
+
+def _registries() -> dict[PolicyKind, PolicyRegistry[Any]]:
+    from evolving_infra.core.eviction import EVICTION
+    from evolving_infra.router.planner.registry import PLANNERS
+    from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
+
+    return {r.kind: r for r in (PLANNERS, PREFILL_ROUTING, DECODE_BINDING, EVICTION)}
+
+
+def built_in(registry: PolicyRegistry[Any]) -> list[PolicySpec[Any]]:
+    """The project's own declarations (plugins loaded in the same process are not part of the CRD)."""
+    return [s for s in registry.specs if s.module.startswith("evolving_infra.")]
+
+
+def _policies_from_declarations(schema: Schema) -> Schema:
+    """Each policy field's enum and description, from its registry's built-in declarations (name: summary). The
+    spec model's enum must name exactly those (else the CRD and the model would disagree: an error here)."""
+    registries = _registries()
+    for path, kind, lead in POLICY_FIELDS:
+        node = schema
+        for key in path:
+            node = node["properties"][key]
+        declared = built_in(registries[kind])
+        names = [s.name for s in declared]
+        if sorted(names) != sorted(node.get("enum", [])):
+            raise ValueError(f"spec.{'.'.join(path)}: the model allows {sorted(node.get('enum', []))} but the "
+                             f"{kind.value} declarations are {sorted(names)}")  # fmt: skip
+        node["enum"] = names
+        node["description"] = f"{lead} " + "; ".join(f"{s.name}: {s.summary}" for s in declared) + "."
+    return schema
+
+
 def spec_schema() -> Schema:
-    return to_structural(AgentServingClusterSpec.model_json_schema(by_alias=True, mode="validation"))
+    schema = to_structural(AgentServingClusterSpec.model_json_schema(by_alias=True, mode="validation"))
+    return _policies_from_declarations(schema)
 
 
 def status_schema() -> Schema:

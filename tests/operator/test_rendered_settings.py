@@ -232,6 +232,32 @@ def test_the_crd_names_exactly_the_declared_built_in_policies() -> None:
     assert [n.value for n in DecodePolicyName] == builtin(DECODE_BINDING)
 
 
+def test_the_crds_policy_fields_are_generated_from_the_declarations() -> None:
+    """Each policy field of the CRD lists the built-in declarations' names, and its description their summaries;
+    a built-in declared without a value in the CR's enum fails the generation, naming the field."""
+    from evolving_infra.core.plugins import PolicyKind, PolicySpec
+    from evolving_infra.operator import crdgen
+
+    registries = crdgen._registries()
+    schema = crdgen.spec_schema()
+    for path, kind, _ in crdgen.POLICY_FIELDS:
+        node = schema
+        for key in path:
+            node = node["properties"][key]
+        declared = crdgen.built_in(registries[kind])
+        assert node["enum"] == [s.name for s in declared], path
+        assert all(f"{s.name}: {s.summary}" in node["description"] for s in declared), path
+    eviction = registries[PolicyKind.EVICTION]
+    extra = PolicySpec(PolicyKind.EVICTION, "fifo", "first in, first out", dict, lambda s, r: None, frozenset(),
+                       "evolving_infra.core.extra")  # fmt: skip
+    eviction.specs.append(extra)
+    try:
+        with pytest.raises(ValueError, match=r"spec.eviction.policy: the model allows .* declarations are .*fifo"):
+            crdgen.spec_schema()
+    finally:
+        eviction.specs.remove(extra)
+
+
 def test_an_unknown_planner_or_routing_policy_in_a_cr_is_refused_naming_it(nine_nodes: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
