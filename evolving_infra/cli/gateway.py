@@ -85,8 +85,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("--request-timeout-s", "longest a forwarded request may take"),
     ):
         serve.add_argument(flag, type=float, default=None, help=help_text)
+    serve.add_argument(
+        "--upstream", metavar="URL", help="send every request here with its partition header (a Gateway API listener)"
+    )
     serve.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
     serve.set_defaults(handler=_serve)
+
+    routes = actions.add_parser("httproutes", help="print one Gateway API HTTPRoute per partition (the --upstream setup)")
+    add_source_arguments(routes)
+    routes.add_argument("--gateway-name", required=True, help="the Gateway (parentRef) the routes attach to")
+    routes.add_argument("--gateway-namespace", help="its namespace, if not the partitions' own")
+    routes.set_defaults(handler=_httproutes)
 
 
 def _settings(args: argparse.Namespace) -> object:
@@ -110,6 +119,7 @@ def _settings(args: argparse.Namespace) -> object:
         "user_idle_s": args.user_idle_s,
         "branch_idle_s": args.branch_idle_s,
         "request_timeout_s": args.request_timeout_s,
+        "upstream_url": args.upstream,
     }
     try:
         return GatewaySettings(**{k: v for k, v in given.items() if v is not None})
@@ -152,4 +162,20 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), USAGE_ERROR) from None
     except OSError as exc:
         raise CliError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from None
+    return 0
+
+
+def _httproutes(args: argparse.Namespace) -> int:
+    import sys
+
+    import yaml
+
+    from evolving_infra.gateway.httproutes import build_httproutes
+
+    source = make_source(args)
+    try:
+        partitions = asyncio.run(source.load())
+    except FleetFileError as exc:
+        raise CliError(f"the partitions cannot be used:\n{exc}", USAGE_ERROR) from None
+    sys.stdout.write(yaml.safe_dump_all(build_httproutes(partitions, args.gateway_name, args.gateway_namespace), sort_keys=False))
     return 0

@@ -203,7 +203,7 @@ async def _forward_to(
             state.session,
             request,
             body,
-            base_url=target.router_url,
+            base_url=state.settings.upstream_url or target.router_url,
             partition=partition,
             request_id=request[REQUEST_ID],
             connect_timeout_s=state.settings.connect_timeout_s,

@@ -32,6 +32,12 @@ class GatewaySettings(BaseModel):
     cluster_namespace: str | None = Field(
         default=None, description="Namespace of those AgentServingClusters (None: every namespace)."
     )
+    upstream_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/]+$",
+        description="Send every request here (a Gateway API listener, whose HTTPRoutes match the partition header) "
+        "instead of the partition's router. None: straight to the partition router.",
+    )
     refresh_s: float = Field(default=30.0, gt=0, le=3600, description="How often the partition set is re-read, seconds.")
     user_header: str = Field(
         default="x-evolving-user", min_length=1, max_length=128, description="Request header naming the user."

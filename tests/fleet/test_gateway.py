@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from evolving_infra.fleet.source import FileSource
@@ -204,3 +205,30 @@ def test_a_down_partition_gets_503_with_a_retry_hint(tmp_path: Path) -> None:
         assert "agents/p0" in table and "fleet: 2 partitions, 8 nodes, 32 GPUs" in table
 
     run(tmp_path, scenario, retry_after_s=7.0)
+
+
+def test_upstream_mode_sets_the_partition_header_for_httproutes(tmp_path: Path) -> None:
+    """With --upstream every request goes to one listener (a Gateway API implementation) carrying the
+    partition header its HTTPRoutes match; the body and the client's headers arrive unchanged."""
+    seen: list[tuple[str, bytes, dict[str, str]]] = []
+
+    async def listener(request: web.Request) -> web.StreamResponse:
+        seen.append((request.path, await request.read(), dict(request.headers)))
+        return web.json_response({"ok": True}, headers={"x-from": "listener"})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", listener)
+        async with TestServer(app, host="127.0.0.1") as upstream:
+            async with fleet(tmp_path, upstream_url=str(upstream.make_url("")).rstrip("/")) as f:
+                raw = json.dumps(CHAT, separators=(",", ":")).encode()
+                headers = {"content-type": "application/json", "x-evolving-user": "carol", "x-evolving-branch-id": "b9"}
+                async with f.session.post(f.url("/v1/chat/completions"), data=raw, headers=headers) as r:
+                    assert r.status == 200 and r.headers["x-from"] == "listener"
+                    partition = r.headers["x-evolving-partition"]
+        path, body, got = seen[0]
+        assert path == "/v1/chat/completions" and body == raw
+        assert got["x-evolving-partition"] == partition
+        assert got["x-evolving-user"] == "carol" and got["x-evolving-branch-id"] == "b9"
+
+    asyncio.run(main())
