@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 PARTITION_HEADER = "x-evolving-partition"
 HOP_BY_HOP = frozenset(
@@ -41,9 +41,9 @@ class UpstreamTimeout(Exception):
     """The partition router sent no answer head within the deadline."""
 
 
-def _outgoing(headers: CIMultiDict[str] | object, partition: str, request_id: str) -> CIMultiDict[str]:
+def _outgoing(headers: CIMultiDictProxy[str], partition: str, request_id: str) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
-    for key, value in headers.items():  # type: ignore[attr-defined]  # a (CI)MultiDictProxy of the request
+    for key, value in headers.items():
         if key.lower() not in HOP_BY_HOP and key.lower() != PARTITION_HEADER:
             out.add(key, value)
     out[PARTITION_HEADER] = partition

@@ -131,6 +131,7 @@ async def _middleware(request: web.Request, handler: Handler) -> web.StreamRespo
     request_id = _request_id(request)
     request[REQUEST_ID] = request_id
     request[KEY_NAME] = None
+    response: web.StreamResponse
     try:
         if state.api_keys is not None and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization")
