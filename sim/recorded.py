@@ -5,19 +5,43 @@ cluster's did.
 The models file (`router.recording.models_document`) holds per node the prefill coefficients c0..c3 (eq. 1)
 and the decode coefficients d0..d2 with the MoE shape (eq. 2). Nodes are one hardware type, so each
 coefficient is the median over the nodes that fitted it; sizes, bandwidths and t_acc stay the base profile's.
-A file with no fitted node (the router ran on the profile's models) is refused: it holds nothing to replay.
+A file with no fitted node (the router ran on the profile's models) and no live-path section is refused: it
+holds nothing to replay.
+
+**The live path's overheads** (`LivePathOverheads`, the file's optional `live_path` section, written by
+`evolving-infra local --record`): what a live request spends outside the engine model, per request and per
+decode iteration, calibrated from the recording's own timestamps against a replay that charges nothing
+(`calibrate_overheads`):
+- `iteration_s + token_s * B`: per decode iteration of a batch of B requests: the engine loop's wake-up and
+  publication time (per iteration) and each token's way through gRPC, the router and HTTP (per request in the
+  batch; on a machine of few cores, concurrent streams contend). Per request, (recorded decode span - replayed
+  decode span) / iterations is regressed on the request's mean decode batch in the replay (Theil-Sen: the median
+  of pairwise slopes, then the median intercept). Charged inside the simulation as costs added to eq. 2's d0
+  and d2, so they delay every request that shares the node.
+- `request_s`: per request, the median over requests of (recorded TTFT - replayed TTFT) once the iteration
+  cost is charged: HTTP and routing on the router, the prefill and decode gRPC calls, the decode node's pull
+  of the prompt's KV (real bytes over gRPC instead of the profile's link), and the first token's way back
+  (the client sees it from the decode node, after its first iteration; the simulator's TTFT ends at the
+  prefill). Charged on each replayed request's first token and end (`charge_records`).
+Medians keep a few cold requests (first connections, requests that arrived together on a busy machine) from
+setting the constant; what they cost beyond it stays uncharged, and the fidelity check shows it.
 
 Boundary: pure conversion (plus reading the JSON file in `load_models`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evolving_infra.node_agent.profile import DecodeModel, HardwareProfile, PrefillModel
+from evolving_infra.sim.records import RequestRecord
 
 MODELS_KIND = "evolving-infra-node-models"
 
@@ -36,11 +60,142 @@ def load_models(path: str | Path) -> dict[str, Any]:
         raise ModelsFileError(f"{path}: not a node-models file (kind {MODELS_KIND!r}, version 1)")
     if not isinstance(doc.get("nodes"), dict):
         raise ModelsFileError(f"{path}: 'nodes' must be an object")
+    if doc.get("live_path") is not None:
+        LivePathOverheads.from_dict(doc["live_path"], source=str(path))
     return doc
 
 
+@dataclass(frozen=True)
+class LivePathOverheads:
+    """The live path's costs outside the engine model (module docstring), in emulated seconds."""
+
+    request_s: float
+    """Per request: added to the replayed first token and end."""
+    iteration_s: float
+    """Per decode iteration: added to eq. 2's fixed cost d0."""
+    requests: int
+    """Requests the medians were taken over."""
+    token_s: float = 0.0
+    """Per request in a decode batch, per iteration: added to eq. 2's per-request cost d2."""
+
+    def __post_init__(self) -> None:
+        for name in ("request_s", "iteration_s", "token_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"live_path.{name} must be finite, got {value}")
+        if self.requests < 1:
+            raise ValueError(f"live_path.requests must be >= 1, got {self.requests}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "method": "robust residuals of the recording against an uncharged replay"}
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "live_path") -> LivePathOverheads:
+        if not isinstance(doc, dict):
+            raise ModelsFileError(f"{source}: 'live_path' must be an object")
+        try:
+            return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]), float(doc.get("token_s", 0.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelsFileError(f"{source}: bad live_path: {exc}") from None
+
+
+def decode_iterations(output_tokens: int, t_acc: float) -> int:
+    """Decode iterations that produce `output_tokens` at `t_acc` accepted tokens per iteration."""
+    return max(1, math.ceil(output_tokens / t_acc - 1e-9))
+
+
+def decode_batches(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Each request's mean decode batch: the requests of its decode node whose decode (first token to end)
+    overlaps its own, weighted by the overlap (itself included, so >= 1)."""
+    by_node: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_node.setdefault(r.decode_node, []).append(r)
+    out: dict[str, float] = {}
+    for group in by_node.values():
+        for r in group:
+            span = r.finish - r.first_token
+            if span <= 0:
+                out[r.request_id] = 1.0
+                continue
+            shared = sum(max(0.0, min(r.finish, o.finish) - max(r.first_token, o.first_token)) for o in group)
+            out[r.request_id] = max(1.0, shared / span)
+    return out
+
+
+def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope): the median of pairwise slopes (0 when every x is equal), then the median intercept."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
+              if abs(xs[j] - xs[i]) > 1e-9]  # fmt: skip
+    slope = statistics.median(slopes) if slopes else 0.0
+    return statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True)), slope
+
+
+def calibrate_overheads(
+    recorded: Sequence[Mapping[str, Any]], uncharged: Sequence[RequestRecord], charged_iterations: Sequence[RequestRecord],
+    t_acc: float,
+) -> LivePathOverheads:  # fmt: skip
+    """The live path's overheads from the recording's own timestamps (`recorded_ttft_s`, `recorded_e2e_s` of its
+    request rows, emulated seconds): the per-iteration costs against the replay that charges nothing
+    (`uncharged`), `request_s` against the replay that charges only those (`charged_iterations`). Replay records
+    are matched to rows by request id; rows without both times, or not replayed, are left out. Negative
+    estimates are charged as 0."""
+    rows = {str(r["id"]): r for r in recorded if r.get("recorded_ttft_s") is not None and r.get("recorded_e2e_s") is not None}
+    matched = [s for s in uncharged if s.request_id in rows]
+    batches = decode_batches(uncharged)
+    per_iteration = [
+        ((float(rows[s.request_id]["recorded_e2e_s"]) - float(rows[s.request_id]["recorded_ttft_s"]))
+         - (s.finish - s.first_token)) / decode_iterations(s.output_tokens, t_acc)
+        for s in matched
+    ]  # fmt: skip
+    per_request = [float(rows[s.request_id]["recorded_ttft_s"]) - (s.first_token - s.issued)
+                   for s in charged_iterations if s.request_id in rows]  # fmt: skip
+    if not per_iteration or not per_request:
+        raise ValueError("no recorded request with its TTFT and E2E was replayed: nothing to calibrate on")
+    intercept, slope = _theil_sen([batches[s.request_id] for s in matched], per_iteration)
+    slope = max(0.0, slope)
+    if slope == 0.0:
+        intercept = statistics.median(per_iteration)
+    return LivePathOverheads(
+        request_s=max(0.0, statistics.median(per_request)),
+        iteration_s=max(0.0, intercept),
+        requests=len(per_request),
+        token_s=slope,
+    )
+
+
+def with_iteration_cost(profile: HardwareProfile, overheads: LivePathOverheads, source: str = "live path") -> HardwareProfile:
+    """`profile` with the live path's per-iteration costs added to every decode iteration (d0, d2)."""
+    if overheads.iteration_s == 0 and overheads.token_s == 0:
+        return profile
+    d = profile.decode
+    decode = d.model_copy(update={"d0": d.d0 + overheads.iteration_s, "d2": d.d2 + overheads.token_s})
+    sources = {
+        **profile.sources,
+        "decode.d0": f"{profile.sources.get('decode.d0', 'profile')} + {source} per-iteration cost",
+        "decode.d2": f"{profile.sources.get('decode.d2', 'profile')} + {source} per-token cost",
+    }
+    return profile.model_copy(update={"decode": decode, "sources": sources})
+
+
+def charge_records(records: Sequence[RequestRecord], overheads: LivePathOverheads) -> list[RequestRecord]:
+    """Replayed requests with the live path's per-request cost added to their first token and end."""
+    d = overheads.request_s
+    return [dataclasses.replace(r, first_token=r.first_token + d, finish=r.finish + d) for r in records]
+
+
 def profile_with_models(base: HardwareProfile, doc: dict[str, Any], source: str = "recorded models") -> HardwareProfile:
-    """`base` with the recorded coefficients (median over nodes) in place of its own."""
+    """`base` with the recorded coefficients (median over nodes) in place of its own, and the live path's
+    per-iteration cost when the file has one (a file with a live path and no fitted node keeps `base`'s
+    coefficients: the router ran on the profile's models)."""
+    live = doc.get("live_path")
+    overheads = LivePathOverheads.from_dict(live, source=source) if live is not None else None
+    if overheads is not None and not doc["nodes"]:
+        return with_iteration_cost(base.model_copy(update={"name": f"{base.name}+live-path"}), overheads, source)
+    fitted_profile = _fitted(base, doc, source)
+    return fitted_profile if overheads is None else with_iteration_cost(fitted_profile, overheads, source)
+
+
+def _fitted(base: HardwareProfile, doc: dict[str, Any], source: str) -> HardwareProfile:
     nodes = [n for n in doc["nodes"].values() if isinstance(n, dict)]
     prefill = [n["prefill"] for n in nodes if isinstance(n.get("prefill"), dict)]
     decode = [n["decode"] for n in nodes if isinstance(n.get("decode"), dict)]

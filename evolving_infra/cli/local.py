@@ -30,10 +30,11 @@ from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.local.agents import ClientSettings
-from evolving_infra.local.cluster import ClusterSpec, check_policies, parse_split
+from evolving_infra.local.cluster import ClusterSpec, Gateway, check_policies, parse_split
 from evolving_infra.local.presets import PRESETS, Preset, PresetName, preset
 from evolving_infra.local.report import write_report
 from evolving_infra.local.run import LocalRunConfig, LocalRunError, RunStatus, run_local
+from evolving_infra.node_agent.service.sglang_http import ServerIdentity
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.routing import PrefillPolicyName
 from evolving_infra.sim.replay import ReplayMode
@@ -69,6 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--work-dir", type=Path, default=None, help="keep settings files and process logs here")
     p.add_argument("--record", type=Path, default=None, metavar="DIR",
                    help="the router records the run into DIR: trace.jsonl (what it served) and models.json")
+    p.add_argument("--gateway", choices=[g.value for g in Gateway], default=Gateway.OURS.value,
+                   help="what fronts the node agents: our router (default), or smg, SGLang's model gateway in PD mode "
+                   "with cache-aware prefill routing at the static split (scripts/peers/setup-smg.sh)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workload and the cluster")
     p.add_argument("--quiet", action="store_true", help="no live progress")
     p.set_defaults(handler=_run)
@@ -103,6 +107,13 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
     if not trace.requests:
         raise CliError(f"{label} has no requests to replay", USAGE_ERROR)
     nodes = args.nodes or base.nodes
+    gateway = Gateway(args.gateway)
+    if gateway is Gateway.SMG:
+        if args.planner != "ours" or args.warmup:
+            raise CliError("--gateway smg runs at the static split with no warmup (no --planner, no --warmup)", USAGE_ERROR)
+        if args.routing not in ("ttft", "cache-aware"):
+            raise CliError("--gateway smg routes prefill with smg's cache_aware policy (no --routing)", USAGE_ERROR)
+        args.planner, args.warmup, args.routing = "static", 0.0, "cache-aware"
     try:
         if args.split is not None:
             prefill, _ = parse_split(args.split, nodes if args.nodes else None)
@@ -116,11 +127,14 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
             cooldown_s=args.cooldown if args.cooldown is not None else base.cooldown_s, seed=args.seed,
             warmup_s=args.warmup if args.warmup is not None else base.warmup_s,
             plugins=tuple(str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin),
+            gateway=gateway, record_dir=args.record,
         )  # fmt: skip
         check_policies(cluster)
     except ValueError as exc:
         raise CliError(str(exc), USAGE_ERROR) from exc
     client = ClientSettings(speed_up=speed, max_in_flight=args.max_in_flight)
+    if gateway is Gateway.SMG:  # SGLang's API: text prompts (one word per token), a model name, no branch calls
+        client = dataclasses.replace(client, text_prompts=True, finish_branches=False, model=ServerIdentity().model)
     config = LocalRunConfig(cluster=cluster, mode=mode, client=client, duration_s=duration, workdir=args.work_dir)
     return config, trace, label
 
@@ -183,8 +197,13 @@ def _fidelity(report: dict[str, Any], record_dir: Path, console: Console) -> Non
 
 def _run(args: argparse.Namespace) -> int:
     config, trace, label = _configure(args)
-    if args.record is not None:
-        config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, record_dir=args.record))
+    if config.cluster.gateway is Gateway.SMG:
+        from evolving_infra.peers.smg_local import SmgUnavailable, require_smg
+
+        try:
+            require_smg()
+        except SmgUnavailable as exc:
+            raise CliError(f"--gateway smg: {exc}", 1) from exc
     out = args.out or Path("runs") / f"local-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)
     command = "evolving-infra local " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["local"] else "evolving-infra local"

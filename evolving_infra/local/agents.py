@@ -62,6 +62,13 @@ class ClientSettings:
     retries: int = 5
     drain_s: float = 20.0
     """Wall seconds requests in flight may take to finish once issuing stops."""
+    text_prompts: bool = False
+    """Send each prompt as text, one word `t<id>` per token id (a gateway that takes no token ids, e.g. SGLang's:
+    its workers make one token per word, so word prefixes are the same token prefixes)."""
+    finish_branches: bool = True
+    """Call `POST /v1/branches/{id}/finish` when a branch ends (our router's API; other gateways have none)."""
+    model: str | None = None
+    """The `model` field of each request (None: not sent; SGLang's gateway requires one)."""
 
 
 @dataclass
@@ -180,7 +187,8 @@ class AgentClients:
             if isinstance(effect, IssueRequest):
                 self._spawn(self._request(effect))
             elif isinstance(effect, BranchEnded):
-                self._spawn(self._finish_branch(effect.branch))
+                if self.settings.finish_branches:
+                    self._spawn(self._finish_branch(effect.branch))
             elif isinstance(effect, AgentStarted):
                 self.progress.agents_started += 1
             elif isinstance(effect, AgentFinished):
@@ -238,8 +246,9 @@ class AgentClients:
         assert self._session is not None
         ids = self.prompts.token_ids(spec.id)
         body = json.dumps({
-            "prompt": ids, "max_tokens": spec.output_tokens, "stream": True,
+            "prompt": " ".join(f"t{i}" for i in ids) if self.settings.text_prompts else ids, "max_tokens": spec.output_tokens, "stream": True,
             "stream_options": {"include_usage": True},
+            **({"model": self.settings.model} if self.settings.model else {}),
         })  # fmt: skip
         headers = {"content-type": "application/json", BRANCH_HEADER: spec.branch, "x-request-id": _request_id(spec.id)}
         parent = self.prompts.parent_branch(spec.branch)

@@ -14,12 +14,21 @@ which are the same on either clock, so the spec keeps windows in emulated second
 `window / speed_up` wall seconds (and likewise the cooldown): a window then covers the same emulated time on the
 router as on the nodes.
 
+Gateway: with `gateway=Gateway.SMG` the SGLang gateway (`smg`, from its side venv) stands where the router
+stands: the node agents serve SGLang's worker API (`peers.smg_local node`; prefill nodes first, so that each decode
+node is started with the prefill nodes as its peers: the gateway's bootstrap addresses), and `peers.smg_local
+gateway` runs `smg` in PD mode with cache-aware prefill routing in front of them, at the static split (no planner,
+no warmup, no recording: those are our router's). Without `smg`, `start` raises `SmgUnavailable` (the message
+says how to install it).
+
 Boundary: process orchestration and settings files; what runs inside is `evolving-infra node-agent serve` and
-`evolving-infra router serve`.
+`evolving-infra router serve` (or `peers.smg_local`).
 """
 
 from __future__ import annotations
 
+import enum
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +45,13 @@ from evolving_infra.core.types import NodeMode, Phase
 from evolving_infra.local.processes import Child, StartError, python_command, stop_all
 from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing.registry import PREFILL_ROUTING
+
+
+class Gateway(enum.Enum):
+    """What fronts the node agents: our router, or SGLang's model gateway (`smg`)."""
+
+    OURS = "ours"
+    SMG = "smg"
 
 
 @dataclass(frozen=True)
@@ -79,8 +95,13 @@ class ClusterSpec:
     """Extra settings per node id (tests use it to break one node)."""
     record_dir: Path | None = None
     """The router records what it served into `trace.jsonl` and its fitted models into `models.json` here."""
+    gateway: Gateway = Gateway.OURS
+    """What fronts the nodes (module docstring)."""
 
     def __post_init__(self) -> None:
+        if self.gateway is Gateway.SMG and (self.warmup_s > 0 or self.record_dir is not None):
+            raise ValueError("--gateway smg runs SGLang's gateway instead of our router: no warmup and no recording "
+                             "(both are our router's)")  # fmt: skip
         if self.nodes < 2:
             raise ValueError(f"a local cluster needs at least 2 nodes (one per phase), got {self.nodes}")
         if not 1 <= self.prefill <= self.nodes - 1:
@@ -192,6 +213,9 @@ class LocalCluster:
     def start(self) -> None:
         """Start the nodes, then the router; raises `StartError` naming the process that failed."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.spec.gateway is Gateway.SMG:
+            self._start_smg()
+            return
         try:
             for i, node in enumerate(self.spec.node_ids()):
                 path = self._write(f"node-{node}", self.node_settings(i))
@@ -213,6 +237,49 @@ class LocalCluster:
             self.router_url = str(info["url"]).rstrip("/")
             self.router_metrics_url = str(info.get("metrics_url") or "")
             self._wait_router_ready(time.monotonic() + self.spec.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_smg(self) -> None:
+        """Prefill nodes, then decode nodes (peers: the prefill nodes), then the gateway (module docstring)."""
+        from evolving_infra.peers.smg_local import GatewaySpec, require_smg
+
+        smg = require_smg()
+        entry = (sys.executable, "-P", "-m", "evolving_infra.peers.smg_local")
+        urls: dict[str, str] = {}
+        try:
+            ids = self.spec.node_ids()
+            for group in (ids[: self.spec.prefill], ids[self.spec.prefill :]):
+                for node in group:
+                    settings = self.node_settings(ids.index(node))
+                    if node not in ids[: self.spec.prefill]:
+                        settings["peers"] = {n: self.node_addresses[n] for n in ids[: self.spec.prefill]}
+                    path = self._write(f"node-{node}", {**settings, "insecure": True})
+                    peer_urls = [f"--peer-url={self.node_addresses[n]}={urls[n]}" for n in ids[: self.spec.prefill] if n in urls]
+                    child = Child(f"node-agent {node}", (*entry, "node", "--settings", str(path), *peer_urls), self.workdir)
+                    self.nodes[node] = child
+                    child.start()
+                deadline = time.monotonic() + self.spec.start_timeout_s
+                for node in group:
+                    info = self.nodes[node].wait_ready(deadline)
+                    self.node_addresses[node] = str(info["address"])
+                    urls[node] = str(info["url"])
+                    if info.get("metrics_address"):
+                        self.node_metrics[node] = f"http://{info['metrics_address']}/metrics"
+            prefill = ids[: self.spec.prefill]
+            spec = GatewaySpec(
+                smg, tuple((urls[n], int(self.node_addresses[n].rsplit(":", 1)[1])) for n in prefill),
+                tuple(urls[n] for n in ids if n not in prefill), start_timeout_s=self.spec.start_timeout_s,
+                request_timeout_s=self.spec.request_timeout_s,
+                **{k: v for k, v in self.spec.routing_settings.items() if k in _SMG_ROUTING},
+            )  # fmt: skip
+            path = self._write("gateway", spec.to_dict())
+            self.router = Child("smg", (*entry, "gateway", "--settings", str(path)), self.workdir)
+            self.router.start()
+            info = self.router.wait_ready(time.monotonic() + self.spec.start_timeout_s + 5.0)
+            self.router_url = str(info["url"]).rstrip("/")
+            self.router_metrics_url = ""  # smg's metrics are its own (info["metrics_url"]), not the router's
         except BaseException:
             self.stop()
             raise
@@ -260,4 +327,7 @@ class LocalCluster:
         self.stop()
 
 
-__all__ = ["ClusterSpec", "LocalCluster", "StartError", "check_policies", "parse_split"]
+_SMG_ROUTING = ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
+"""Cache-aware settings the gateway takes from `routing_settings` (the same names as our policy's)."""
+
+__all__ = ["ClusterSpec", "Gateway", "LocalCluster", "StartError", "check_policies", "parse_split"]

@@ -1,10 +1,12 @@
 """`evolving-infra local --record DIR`: the router's recording of a real local run validates, holds what was
 served (the lengths and pauses of the replayed trace), and its simulator replay is compared with the live run
-(`fidelity.json`): the KV hit rate within the 10 % bound; mean TTFT and E2E are reported, and miss it (see
-docs/traces.md), which the strict xfail below records."""
+(`fidelity.json`): with the live path's overheads calibrated from the recording and charged, the KV hit rate and
+mean E2E within the 10 % bound; mean TTFT misses it (the first connection of each agent, seen only by the client,
+see docs/traces.md), which the strict xfail below records."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evolving_infra.local.presets import PRESETS, PresetName
+from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.sim.recorded import (
+    LivePathOverheads, ModelsFileError, calibrate_overheads, charge_records, decode_iterations, load_models,
+    profile_with_models,
+)  # fmt: skip
+from evolving_infra.sim.records import RequestRecord
 from evolving_infra.traces.loader import load_trace
 
 LOCAL = [sys.executable, "-P", "-m", "evolving_infra", "local", "--quiet"]
@@ -47,6 +57,8 @@ def test_the_recording_validates_and_holds_what_was_served(recorded_run: tuple[P
     assert "recorded_ttft_s" in (record / "trace.jsonl").read_text()
     models = json.loads((record / "models.json").read_text())
     assert models["kind"] == "evolving-infra-node-models" and models["nodes"] == {}  # no warmup: profile models
+    live_path = models["live_path"]  # calibrated from the recording after the run
+    assert live_path["requests"] == len(trace.requests) and live_path["request_s"] > 0 and live_path["iteration_s"] > 0
 
 
 def test_the_replay_reproduces_the_kv_hit_rate(recorded_run: tuple[Path, dict[str, Any], dict[str, Any]]) -> None:
@@ -56,10 +68,81 @@ def test_the_replay_reproduces_the_kv_hit_rate(recorded_run: tuple[Path, dict[st
     assert fidelity["replay_command"].startswith("evolving-infra simulate ")
 
 
-@pytest.mark.xfail(strict=True, reason="the simulator leaves out the live path's per-request overheads (HTTP, "
-                   "gRPC, the router's event loop): on the tiny preset at speed-up 1 the replay's mean TTFT is about "
-                   "half the live one and its mean E2E about a quarter lower (docs/traces.md)")  # fmt: skip
-def test_the_replay_reproduces_mean_ttft_and_e2e(recorded_run: tuple[Path, dict[str, Any], dict[str, Any]]) -> None:
+def _figure(fidelity: dict[str, Any], name: str, key: str = "figures") -> dict[str, Any]:
+    return next(f for f in fidelity[key] if f["name"] == name)
+
+
+def test_charging_the_live_path_brings_mean_e2e_within_the_bound(
+    recorded_run: tuple[Path, dict[str, Any], dict[str, Any]],
+) -> None:  # fmt: skip
+    _, report, fidelity = recorded_run
+    e2e, bare = _figure(fidelity, "mean E2E (s)"), _figure(fidelity, "mean E2E (s)", "uncharged")
+    assert e2e["live"] == report["latency_s"]["e2e"]["mean"]
+    assert e2e["relative_error"] <= fidelity["bound"], fidelity
+    assert e2e["replay"] > bare["replay"]  # the charges lengthen the replay, never shorten it
+    assert fidelity["replay_command"].count("--models-from") == 1
+
+
+@pytest.mark.xfail(strict=True, reason="mean TTFT: the charged replay stays about a third under the live one on "
+                   "the tiny preset; the live mean is dominated by each agent's first request (four arriving "
+                   "together on a cold cluster, with the client's connection set-up the router never sees), "
+                   "which a per-request median does not cover (docs/traces.md)")  # fmt: skip
+def test_the_replay_reproduces_mean_ttft(recorded_run: tuple[Path, dict[str, Any], dict[str, Any]]) -> None:
     _, _, fidelity = recorded_run
-    for figure in fidelity["figures"]:
-        assert figure["relative_error"] <= fidelity["bound"], figure
+    ttft = _figure(fidelity, "mean TTFT (s)")
+    assert ttft["relative_error"] <= fidelity["bound"], ttft
+
+
+# -- the calibration, without a live run ------------------------------------------------------------------
+def _record(rid: str, issued: float, ttft: float, decode: float, output: int = 100) -> RequestRecord:
+    return RequestRecord(request_id=rid, agent="a", workload="w", branch="b", issued=issued, prefill_node="n0",
+                         decode_node="n1", queued=issued, prefill_start=issued, first_token=issued + ttft,
+                         finish=issued + ttft + decode, prompt_tokens=500, cached_tokens=0, fetched_tokens=0,
+                         output_tokens=output)  # fmt: skip
+
+
+@given(
+    request_s=st.floats(0.0, 0.5), iteration_s=st.floats(0.0, 0.01),
+    engine=st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.01, 5.0), st.integers(1, 400)), min_size=1, max_size=12),
+)  # fmt: skip
+def test_calibration_recovers_the_overheads_a_recording_carries(
+    request_s: float, iteration_s: float, engine: list[tuple[float, float, int]],
+) -> None:  # fmt: skip
+    """A recording whose every request is its replay plus `request_s` on the first token and `iteration_s` per
+    decode iteration gives back exactly those two costs."""
+    t_acc = 2.0
+    uncharged = [_record(f"r{i}", float(i), ttft, decode, out) for i, (ttft, decode, out) in enumerate(engine)]
+    rows = [{"id": r.request_id, "recorded_ttft_s": r.first_token - r.issued + request_s,
+             "recorded_e2e_s": r.finish - r.issued + request_s + iteration_s * decode_iterations(r.output_tokens, t_acc)}
+            for r in uncharged]  # fmt: skip
+    charged_iterations = [
+        dataclasses.replace(r, finish=r.finish + iteration_s * decode_iterations(r.output_tokens, t_acc)) for r in uncharged
+    ]
+    got = calibrate_overheads(rows + [{"id": "never-replayed", "recorded_ttft_s": 9.0, "recorded_e2e_s": 9.0}],
+                              uncharged, charged_iterations, t_acc)  # fmt: skip
+    assert got.request_s == pytest.approx(request_s, abs=1e-9)
+    assert got.iteration_s == pytest.approx(iteration_s, abs=1e-9)
+    assert got.requests == len(engine)
+    charged = charge_records(charged_iterations, got)
+    for row, r in zip(rows, charged, strict=True):
+        assert r.first_token - r.issued == pytest.approx(row["recorded_ttft_s"], abs=1e-9)
+        assert r.finish - r.issued == pytest.approx(row["recorded_e2e_s"], abs=1e-9)
+
+
+def test_a_models_file_with_a_live_path_charges_each_decode_iteration(tmp_path: Path) -> None:
+    base = load_profile("deepseek-v4-flash-4xh200-tp4")
+    live = LivePathOverheads(request_s=0.02, iteration_s=0.0005, requests=7)
+    doc = {"kind": "evolving-infra-node-models", "version": 1, "profile": base.name, "nodes": {}, "live_path": live.to_dict()}
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(doc))
+    profile = profile_with_models(base, load_models(path))
+    assert profile.decode.d0 == pytest.approx(base.decode.d0 + 0.0005) and profile.prefill == base.prefill
+    assert "per-iteration cost" in profile.sources["decode.d0"]
+    without = {**doc, "live_path": None}
+    with pytest.raises(ModelsFileError, match="no node has a fitted prefill"):
+        profile_with_models(base, without)
+    path.write_text(json.dumps({**doc, "live_path": {"request_s": "soon"}}))
+    with pytest.raises(ModelsFileError, match="bad live_path"):
+        load_models(path)
+    with pytest.raises(ValueError, match="nothing to calibrate"):
+        calibrate_overheads([], [], [], 1.0)
