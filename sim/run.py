@@ -69,8 +69,13 @@ def simulate(
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 20_000,
     keep_state: bool = False,
+    prepare: Callable[[ClusterState], None] | None = None,
 ) -> SimResult:
+    """Run `cfg` on `trace`; `prepare` may adjust the built cluster before it starts (experiments that vary
+    what the config does not name, e.g. the control core's settings)."""
     state = build_cluster(cfg, trace)
+    if prepare is not None:
+        prepare(state)
     kernel = Kernel(progress=progress, progress_every=progress_every)
     kernel.apply(initial_commands(state))
     end = cfg.scored_end

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,8 @@ class RunSpec:
     """Open loop: agents arrive at this rate per minute (Poisson) and `agents` caps the active ones."""
     period_s: float | None = None
     """The `shift` workload: each period after the warmup lasts this long (replayed open loop)."""
+    warmup_exit: str = ""
+    """How the nodes leave the collocated warmup (`WarmupExit` value; "": the control core's default)."""
 
     @property
     def profile(self) -> str:
@@ -187,6 +189,8 @@ class RunSpec:
             base += f"-r{self.arrival_rate:g}"
         if self.period_s is not None:
             base += f"-p{self.period_s:g}"
+        if self.warmup_exit:
+            base += f"-e{self.warmup_exit}"
         return base
 
     def command(self) -> str:
@@ -203,6 +207,8 @@ class RunSpec:
         if self.arrival_rate is not None or self.period_s is not None:
             cmd = cmd.replace(f"--agents {self.agents} --trace-agents {trace_agents(self.workload, self.agents, span)} ", "")
             cmd += f"  # open loop: {self.spec_trace_note()}"
+        if self.warmup_exit:
+            cmd += f"  # warmup exit {self.warmup_exit} (control settings, set by the runner)"
         if self.sim:
             cmd += f"  # simulator settings over the preset (build_config overrides): {dict(self.sim)}"
         return cmd + (f"  # generator overrides {dict(self.overrides)}" if self.overrides else "")
@@ -280,8 +286,17 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
         count = trace_agents(spec.workload, spec.agents, spec.warmup_s + spec.duration_s)
         trace = trace_from_records(generate(spec.workload, count, spec.seed, **dict(spec.overrides)),
                                    source=f"workload:{spec.workload}")
+    prepare = None
+    if spec.warmup_exit:
+        from evolving_infra.router.core.control import WarmupExit
+
+        exit_mode = WarmupExit(spec.warmup_exit)
+
+        def prepare(state: Any) -> None:
+            state.control.settings = replace(state.control.settings, warmup_exit=exit_mode)
+
     start = time.perf_counter()
-    result = simulate(cfg, trace)
+    result = simulate(cfg, trace, prepare=prepare)
     wall = time.perf_counter() - start
     return {"spec": asdict(spec), "key": spec.key(), "command": spec.command(), "metrics": result.metrics.to_dict(),
             "wall_s": wall, "events": result.events, "sim_end_s": result.end_time, "trace_agents": count,
@@ -420,7 +435,8 @@ def render_evaluation(records: Iterable[Mapping[str, Any]]) -> str:
                 ref = "-"
             switches = "-" if s["switches"] is None else f"{s['switches']} ({_f(s['switch_s'], 1)})"
             switches += f"; {s['decided']} / {s['decided_total']}"
-            name = f"{system} (trace ran out)" if s["short"] else system
+            label = r["spec"].get("label") or system
+            name = f"{label} (trace ran out)" if s["short"] else label
             out.append(f"| {name} | {_f(s['x'])} | {_f(s['e2e'], 1)} | {_f(s['ttft_p95'], 1)} | {_f(s['ttft'], 1)} "
                        f"| {_pct(s['lost'])} | {_pct(s['hit'])} | {switches} | {s['final_split'] or '-'} | {ref} "
                        f"| {_f(s['wall_s'], 0)} |")
@@ -441,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2: the paper's protocol); overrides --seed")
     run.add_argument("--workloads", help="comma-separated subset of the matrix's workloads (e.g. putnam,osworld)")
     run.add_argument("--splits", help="comma-separated subset of the matrix's initial splits")
+    run.add_argument("--warmup-exit", choices=["at-once", "staged"],
+                     help="how the nodes leave the collocated warmup (default: the control core's, staged); "
+                     "at-once is the behaviour before #13 step 6, for before/after runs")
     run.add_argument("--systems", help="comma-separated subset of the matrix's systems")
     run.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
@@ -486,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             specs = [s for s in specs if s.workload in set(args.workloads.split(","))]
         if args.splits:
             specs = [s for s in specs if s.split in set(args.splits.split(","))]
+        if args.warmup_exit:
+            specs = [replace(s, warmup_exit=args.warmup_exit, label=f"{s.label or s.system} (exit {args.warmup_exit})")
+                     for s in specs]  # fmt: skip
         run_matrix(specs, cache, args.jobs, args.force)
         return 0
     records = load_records(cache)
