@@ -15,7 +15,8 @@ API (kept small and stable; the fleet simulator imports it):
 - `Binder(partitions, load_factor=1.25)`:
   - `bind(user_key, requirements=Requirements(), branch_id=None, parent_branch_id=None, avoid=()) -> Binding`;
   - `finish_branch(branch_id)`, `release(user_key)`;
-  - `add_partition(partition) -> list[Move]`, `remove_partition(name) -> list[Move]`;
+  - `add_partition(partition) -> list[Move]`, `remove_partition(name) -> list[Move]`,
+    `update_partition(partition) -> list[Move]` (new labels or weight, same name);
   - `partition_of(user_key)`, `branch_partition(branch_id)`, `loads()`, `partitions`.
 - Errors: `NoEligiblePartition` (no partition satisfies the requirements: permanent for that request),
   `BindingError` (bad partition set or argument).
@@ -50,7 +51,8 @@ I3 Bounded load: when a user is bound, its partition's load, the user included, 
 I4 Minimal movement: adding a partition moves users only onto the new partition (those that rank it above
    their current partition, while it is below its cap); removing one moves only its own users.
 I5 An active branch never changes partition: only `finish_branch` or the removal of its partition ends its
-   pin (a removed partition's branches are lost and reported as moves with `branch_id` set).
+   pin (a removed partition's branches are lost and reported as moves with `branch_id` set); a partition
+   whose labels or weight change (`update_partition`) keeps its pins.
 
 Left open, and chosen here: a user already bound whose partition is down is told to retry, not moved, so
 its KV stays useful when the partition returns (only new users avoid a down partition); the gateway
@@ -329,6 +331,25 @@ class Binder:
                 moves.append(Move(user_key, state.partition, partition.name))
             else:
                 self._load[state.partition] += 1
+        return moves
+
+    def update_partition(self, partition: Partition) -> list[Move]:
+        """Change a partition's labels or weight in place. Its branch pins stay, and so do its users that
+        still meet their requirements; the others are bound again (in key order)."""
+        if partition.name not in self._partitions:
+            raise BindingError(f"no partition named {partition.name!r}")
+        self._partitions[partition.name] = partition
+        moves: list[Move] = []
+        for user_key in sorted(k for k, s in self._users.items() if s.partition == partition.name):
+            state = self._users[user_key]
+            if state.requirements.admits(partition):
+                continue
+            self.release(user_key)
+            try:
+                target: str | None = self._bind_user(user_key, state.requirements).partition
+            except NoEligiblePartition:
+                target = None
+            moves.append(Move(user_key, partition.name, target))
         return moves
 
     def remove_partition(self, name: str) -> list[Move]:

@@ -7,8 +7,8 @@
 - `finish(branch)`: the explicit branch-finished call.
 - `sweep(now)`: unbinds users unseen for `user_idle_s`, unpins branches idle for `branch_idle_s` with no
   request in flight (a branch in flight is never unpinned, so it cannot change partition mid-use).
-- `reconcile(partitions)`: brings the binder's partitions in line with the current set (removed,
-  added, or changed labels/weight = removed then added); returns the moves.
+- `reconcile(partitions)`: brings the binder's partitions in line with the current set (removed, changed
+  labels/weight updated in place, added); returns the moves.
 
 Boundary: pure (the clock is a parameter); the server calls it on its event loop.
 """
@@ -86,11 +86,13 @@ class BindingTable:
         wanted = {p.name: p for p in partitions}
         current = {p.name: p for p in self.binder.partitions}
         moves: list[Move] = []
-        for name, p in sorted(current.items()):
-            if name not in wanted or wanted[name] != p:
-                moves += self.binder.remove_partition(name)
+        for name in sorted(set(current) - set(wanted)):
+            moves += self.binder.remove_partition(name)
         for name, p in sorted(wanted.items()):
-            if name not in current or current[name] != p:
+            if name in current and current[name] != p:
+                moves += self.binder.update_partition(p)
+        for name, p in sorted(wanted.items()):
+            if name not in current:
                 moves += self.binder.add_partition(p)
         for move in moves:
             if move.branch_id is not None:

@@ -241,3 +241,27 @@ def test_new_users_avoid_down_partitions_within_the_bound(
     first = users[0]
     home = binder.partition_of(first)
     assert home is not None and binder.bind(first, avoid={home}).partition == home
+
+
+@given(partition_sets(min_size=2), users_st, st.data())
+def test_updating_a_partition_keeps_pins_and_users_that_still_fit(
+    partitions: list[Partition], users: list[str], data: st.DataObject
+) -> None:
+    binder = Binder(partitions)
+    reqs = {}
+    for i, user in enumerate(users):
+        reqs[user] = req = data.draw(requirements_st)
+        if any(req.admits(p) for p in partitions):
+            binder.bind(user, req, branch_id=f"b{i}")
+    target = data.draw(st.sampled_from(partitions))
+    changed = Partition(target.name, {"region": data.draw(st.sampled_from(REGIONS)), "hardware": "gb300"}, 3.0)
+    pins, before = binder.active_branches(), {u: binder.partition_of(u) for u in users}
+    moves = binder.update_partition(changed)
+    assert binder.active_branches() == pins
+    assert {m.user_key for m in moves} == {u for u in users if before[u] != binder.partition_of(u)}
+    assert all(m.source == target.name for m in moves)
+    for user in users:
+        if before[user] == target.name and binder.partition_of(user) == target.name:
+            assert reqs[user].admits(changed)
+        elif before[user] == target.name:
+            assert not reqs[user].admits(changed)  # moved only because it no longer fits
