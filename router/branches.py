@@ -277,6 +277,19 @@ class BranchTable:
                 self._count(branch, b, node, current - hit)
         return dropped
 
+    def restore(self, branch: BranchId, state: BranchState) -> None:
+        """Persistence hook (`router.branch_snapshot`): recreate `branch` as a snapshot recorded it. Its pages
+        are counted again on each node with a phase (so invariant 2 holds by construction); copies on nodes
+        without one are dropped, with the targets naming them. Raises ValueError for a branch already here."""
+        if branch in self._branches:
+            raise ValueError(f"branch {branch!r} is already in the table")
+        b = self._branches[branch] = _Branch(state.version, tuple(state.path), frozenset(state.path))
+        for node, pages in state.counted.items():
+            if node in self._phase and pages:
+                self._count(branch, b, node, frozenset(pages))
+        b.targets = {phase: node for phase, node in state.targets.items() if self._phase.get(node) is phase}
+        b.unsettled = set(state.unsettled)
+
     # --------------------------------------------------------------------------------------- queries
     def _row(self, branch: BranchId, action: str) -> _Branch:
         b = self._branches.get(branch)
@@ -305,6 +318,10 @@ class BranchTable:
 
     def __contains__(self, branch: object) -> bool:
         return branch in self._branches
+
+    def __len__(self) -> int:
+        """Active branches."""
+        return len(self._branches)
 
     def state(self, branch: BranchId) -> BranchState:
         b = self._row(branch, "read")

@@ -42,6 +42,7 @@ from evolving_infra.core.eviction import uses_branch_counts
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.router.branch_snapshot import BranchSnapshots
 from evolving_infra.router.core import CoreSettings, FetchRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
 from evolving_infra.router.core.control import ControlCore, ControlSettings
 from evolving_infra.router.core.models import ModelBook, ModelOrigin
@@ -124,6 +125,10 @@ class LiveRouter:
         self.reports = NodeReports(self)
         for node in self.endpoints:
             self.core.nodes[node] = NodeTrack(node, None)
+        self.snapshots: BranchSnapshots | None = None
+        """Keeps the branch table in `branch_snapshot_file` across restarts (`router.branch_snapshot`)."""
+        if settings.branch_snapshot_file is not None:
+            self.snapshots = BranchSnapshots(self.core.branches, settings.branch_snapshot_file, settings.branch_snapshot_interval_s)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -131,6 +136,9 @@ class LiveRouter:
         return time.monotonic() - self._t0
 
     async def start(self) -> None:
+        if self.snapshots is not None:  # before the nodes connect: each node's `on_up` pushes its restored counts
+            self.metrics.branches_restored.set(self.snapshots.load(self.endpoints))
+            self.snapshots.start()
         for endpoint in self.endpoints.values():
             client = NodeClient(
                 endpoint, rpc_timeout_s=self.settings.rpc_timeout_s, on_event=self.reports.on_event,
@@ -153,6 +161,8 @@ class LiveRouter:
             flight.interrupt("the router is shutting down")
         if self._cancels:
             await asyncio.wait(set(self._cancels), timeout=2.0)
+        if self.snapshots is not None:
+            await self.snapshots.close()
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
 
     # --- RouterBackend --------------------------------------------------------------------------------
@@ -171,6 +181,7 @@ class LiveRouter:
         if scoped not in self.core.branches:
             return FinishOutcome.NOT_FOUND
         self.push(self.core.end_branch(scoped, self.now()))
+        self.metrics.branches.set(len(self.core.branches))
         return FinishOutcome.FINISHED
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:
@@ -448,6 +459,7 @@ class LiveRouter:
         m.split.labels(phase="prefill").set(p)
         m.split.labels(phase="decode").set(d)
         m.split.labels(phase="collocated").set(self.core.collocated_now())
+        m.branches.set(len(self.core.branches))
         m.directory_pages.set(self.core.directory.page_count)
         m.directory_nodes.set(len(self.core.directory.nodes()))
         for track in self.core.nodes.values():

@@ -18,6 +18,8 @@
 | `evolving_router_retries_total` | counter | reason | attempts re-routed before a first token |
 | `evolving_router_prefill_cancels_total` | counter | outcome | abandoned attempts' prefills the router cancelled on their node: `cancelled` (the node dropped it), `not_held` (already finished or handed back), `failed` (no answer) |
 | `evolving_router_node_up` | gauge | node | 1 while the node's event stream is open |
+| `evolving_router_branches` | gauge | | active branches in the branch table |
+| `evolving_router_branches_restored` | gauge | | branches this router restored from its branch snapshot at start |
 | `evolving_router_planner_decisions_total` | counter | outcome | planner decisions |
 
 Node ids are bounded labels (the cluster's nodes); request and branch ids never are labels.
@@ -70,6 +72,10 @@ class RouterServiceMetrics:
             ["source"], registry=r,
         )
         self.retries = Counter("evolving_router_retries_total", "Attempts re-routed before a first token.", ["reason"], registry=r)
+        self.branches = Gauge("evolving_router_branches", "Active branches in the branch table.", registry=r)
+        self.branches_restored = Gauge(
+            "evolving_router_branches_restored", "Branches restored from the branch snapshot at start.", registry=r
+        )
         self.prefill_cancels = Counter(
             "evolving_router_prefill_cancels_total", "Abandoned prefills cancelled on their node.", ["outcome"], registry=r
         )
