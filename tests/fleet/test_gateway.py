@@ -232,3 +232,27 @@ def test_upstream_mode_sets_the_partition_header_for_httproutes(tmp_path: Path) 
         assert got["x-evolving-user"] == "carol" and got["x-evolving-branch-id"] == "b9"
 
     asyncio.run(main())
+
+
+def test_api_keys_identify_users_and_carry_their_requirements(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("alice:alice-key-0123456789abcdef\nbob:bob-key-0123456789abcdef0\n")
+    key_reqs = tmp_path / "key-requirements.yaml"
+    key_reqs.write_text("alice: region=us\n")
+
+    async def scenario(f: Fleet) -> None:
+        async with f.session.post(f.url("/v1/chat/completions"), json=CHAT) as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        alice = {"Authorization": "Bearer alice-key-0123456789abcdef"}
+        for user in ("u1", "u2", "u3"):  # the key is the user: the user header does not spread it
+            async with f.session.post(f.url("/v1/chat/completions"), json=CHAT, headers={**alice, "x-evolving-user": user}) as r:
+                assert r.status == 200 and r.headers["x-evolving-partition"] == "agents/p1"  # region=us
+        # A request may narrow its key's requirements, never widen them.
+        widen = {**alice, "x-evolving-requirements": "region=eu"}
+        async with f.session.post(f.url("/v1/chat/completions"), json=CHAT, headers=widen) as r:
+            assert r.status == 400 and "region" in (await r.json())["error"]["message"]
+        assert f.gateway.state.table.binder.partition_of("key:alice") == "agents/p1"
+        async with f.session.get(f.url("/healthz")) as r:
+            assert r.status == 200  # probes need no key
+
+    run(tmp_path, scenario, api_key_file=keys, key_requirements_file=key_reqs)
