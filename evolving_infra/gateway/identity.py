@@ -116,9 +116,9 @@ def resolve_identity(
     if key_name is not None:
         user, source = f"key:{key_name}", UserSource.API_KEY
     elif header_user is not None:
-        user, source = f"user:{check_id_gw(header_user, user_header)}", UserSource.USER_HEADER
+        user, source = f"user:{_checked_id(header_user, user_header)}", UserSource.USER_HEADER
     elif body_user:
-        user, source = f"user:{check_id_gw(body_user, 'user')}", UserSource.BODY_USER
+        user, source = f"user:{_checked_id(body_user, 'user')}", UserSource.BODY_USER
     elif parent is not None:
         user, source = f"branch:{parent}", UserSource.PARENT_BRANCH
     elif branch is not None:
@@ -128,7 +128,7 @@ def resolve_identity(
     return Identity(user, source, branch, parent, resolved.finish_after, requirements)
 
 
-def check_id_gw(value: str, param: str) -> str:
+def _checked_id(value: str, param: str) -> str:
     try:
         return check_id(value, param)
     except ApiError as exc:

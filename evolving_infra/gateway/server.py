@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,7 +33,7 @@ from aiohttp import web
 from evolving_infra.fleet.binding import BindingError, NoEligiblePartition, Requirements
 from evolving_infra.fleet.partitions import FleetFileError, FleetPartition
 from evolving_infra.fleet.source import PartitionSource, fetch_router_loads
-from evolving_infra.fleet.status import fleet_view, partition_row, render_table
+from evolving_infra.fleet.status import FleetView, fleet_view, partition_row, render_table
 from evolving_infra.gateway.errors import GatewayError, GatewayErrorCode, bad_request, partition_unavailable
 from evolving_infra.gateway.health import Health
 from evolving_infra.gateway.identity import Identity, resolve_identity
@@ -55,7 +57,9 @@ CLIENT_CLOSED = 499
 FLEET_SCRAPE_TIMEOUT_S = 2.0
 
 
-class Endpoint:
+class Endpoint(enum.Enum):
+    """The routes forwarded (a bounded metrics label)."""
+
     CHAT = "chat_completions"
     COMPLETIONS = "completions"
     MODELS = "models"
@@ -93,10 +97,10 @@ KEY_NAME: web.RequestKey[str | None] = web.RequestKey("evolving_gateway_key_name
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def load_key_requirements(path: Any) -> dict[str, Requirements]:
+def load_key_requirements(path: Path) -> dict[str, Requirements]:
     """`name: requirements` per API key name (YAML mapping); errors name the file and the key."""
     try:
-        data = yaml.load(open(path, encoding="utf-8").read(), Loader=NoAliasLoader)  # noqa: S506
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)  # noqa: S506
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     if data is None:
@@ -181,7 +185,7 @@ def _no_partitions(state: GatewayState) -> GatewayError:
 
 
 async def _forward_to(
-    state: GatewayState, request: web.Request, body: bytes, partition: str, endpoint: str
+    state: GatewayState, request: web.Request, body: bytes, partition: str, endpoint: Endpoint
 ) -> web.StreamResponse:
     """Forward to `partition` with metrics; 503 when it is down or does not answer."""
     metrics, loop = state.metrics, asyncio.get_running_loop()
@@ -189,7 +193,7 @@ async def _forward_to(
     status = CLIENT_CLOSED
     if partition in state.health.down():
         metrics.unavailable.labels(partition).inc()
-        metrics.requests.labels(partition, endpoint, "503").inc()
+        metrics.requests.labels(partition, endpoint.value, "503").inc()
         raise partition_unavailable(partition, state.settings.retry_after_s, state.health.why(partition) or "down")
     target = state.partitions[partition]
     assert state.session is not None
@@ -197,7 +201,7 @@ async def _forward_to(
     metrics.inflight.labels(partition).inc()
 
     def head(code: int) -> None:
-        metrics.ttfb.labels(partition, endpoint).observe(loop.time() - start)
+        metrics.ttfb.labels(partition, endpoint.value).observe(loop.time() - start)
 
     try:
         response = await forward(
@@ -230,11 +234,11 @@ async def _forward_to(
     finally:
         state.inflight[partition] -= 1
         metrics.inflight.labels(partition).dec()
-        metrics.requests.labels(partition, endpoint, str(status)).inc()
-        metrics.duration.labels(partition, endpoint).observe(loop.time() - start)
+        metrics.requests.labels(partition, endpoint.value, str(status)).inc()
+        metrics.duration.labels(partition, endpoint.value).observe(loop.time() - start)
 
 
-def _completion(endpoint: str) -> Handler:
+def _completion(endpoint: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         raw, body = await _read_json(request)
@@ -250,14 +254,14 @@ def _completion(endpoint: str) -> Handler:
                 requirements_header=state.settings.requirements_header,
             )
         except GatewayError:
-            state.metrics.requests.labels(NO_PARTITION, endpoint, "400").inc()
+            state.metrics.requests.labels(NO_PARTITION, endpoint.value, "400").inc()
             raise
         if not state.partitions:
             raise _no_partitions(state)
         try:
             binding = state.table.route(identity, state.clock(), state.health.down())
         except NoEligiblePartition as exc:
-            state.metrics.requests.labels(NO_PARTITION, endpoint, "400").inc()
+            state.metrics.requests.labels(NO_PARTITION, endpoint.value, "400").inc()
             raise bad_request(str(exc), state.settings.requirements_header, GatewayErrorCode.NO_ELIGIBLE_PARTITION) from None
         state.metrics.bindings.labels(binding.partition, binding.reason.value).inc()
         try:
@@ -305,7 +309,9 @@ async def _finish_branch(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def fleet_rows(state: GatewayState, scrape: bool) -> Any:
+async def fleet_rows(state: GatewayState, scrape: bool) -> FleetView:
+    """The fleet view as the gateway sees it (bound users, requests in flight, up/down), with the routers'
+    queues when `scrape`."""
     parts = [state.partitions[k] for k in sorted(state.partitions)]
     loads: dict[str, Any] = {}
     if scrape and state.session is not None:
