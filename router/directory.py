@@ -38,7 +38,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
+from itertools import repeat
 
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
@@ -213,12 +213,13 @@ class KvDirectory:
         found = list(map(runs.get, pages))
         touched: dict[_Run, Ranges] = {}
         n = len(pages)
-        if found[0] is None and found.count(None) == n and len(set(pages)) == n:  # all new: one fresh run
+        distinct = len(set(pages)) == n
+        if distinct and found[0] is None and found.count(None) == n:  # all new: one fresh run
             fresh = _Run(pages, prev, add, {bit: time})
             runs.update(zip(pages, repeat(fresh)))
             self._holding.setdefault(bit, set()).add(fresh)
             return
-        if len(set(pages)) == n:  # the usual chain: stretches of existing runs and of new pages
+        if distinct:  # the usual chain: stretches of existing runs and of new pages
             at = 0
             while at < n:
                 existing = runs.get(pages[at])
@@ -312,7 +313,8 @@ class KvDirectory:
         if idx is None:
             return 0
         bit = 3 * idx + _TIER_INDEX[tier]
-        touched, held = self._held_ranges(list(pages), 1 << bit, count_repeats=True)
+        pages = list(pages)
+        touched, held = self._held_ranges(pages, 1 << bit, count_repeats=True)
 
         def used(r: _Run) -> None:
             r.times[bit] = time
@@ -325,37 +327,43 @@ class KvDirectory:
         self, pages: list[PageHash], bitmask: int, count_repeats: bool = False
     ) -> tuple[dict[_Run, Ranges], int]:
         """The positions of `pages` held with `bitmask`, per run, and how many of `pages` were held (a page
-        listed twice counts once unless `count_repeats`)."""
+        listed twice counts once unless `count_repeats`).
+
+        Pages are grouped by run first (in the order runs first appear), so a run's positions are found once
+        per call, however the pages interleave (an eviction lists its victims in eviction order, which mixes
+        runs and reverses them)."""
         runs = self._run
         found = list(map(runs.get, pages))
+        by_run: dict[_Run, list[PageHash]] = {}
+        for page, run in zip(pages, found):
+            if run is not None and run.mask & bitmask:
+                chunk = by_run.get(run)
+                if chunk is None:
+                    by_run[run] = [page]
+                else:
+                    chunk.append(page)
         touched: dict[_Run, Ranges] = {}
         held = 0
         distinct = len(set(pages)) == len(pages)
-        at = 0
-        for _, group in groupby(found, key=id):
-            n = len(list(group))
-            run = found[at]
-            chunk = pages[at : at + n]
-            at += n
-            if run is None or not run.mask & bitmask:
-                continue
+        for run, chunk in by_run.items():
+            n = len(chunk)
+            held += n
             rp = run.pages
+            if distinct and n == len(rp):  # every page of the run (each maps to it, none twice)
+                touched[run] = [(0, n)]
+                continue
             o = 0 if rp[0] == chunk[0] else rp.index(chunk[0])
             if distinct and rp[o : o + n] == chunk:
-                touched.setdefault(run, []).append((o, o + n))
-                held += n
+                touched[run] = [(o, o + n)]
                 continue
-            if n > 4:  # e.g. evicted last page first: one position map instead of a scan per page
+            if n > 4:  # one position map instead of a scan per page
                 where = dict(zip(rp, range(len(rp))))
-                positions = sorted(set(map(where.__getitem__, chunk)))
+                touched[run] = _ranges(map(where.__getitem__, chunk))
             else:
-                positions = sorted({rp.index(page) for page in chunk})
-            touched.setdefault(run, []).extend(_ranges(positions))
-            held += n
-        if not distinct:
-            if not count_repeats:
-                held = len({p for p, r in zip(pages, found) if r is not None and r.mask & bitmask})
-        return {run: ranges if len(ranges) == 1 else _merge(ranges) for run, ranges in touched.items()}, held
+                touched[run] = _ranges(map(rp.index, chunk))
+        if not distinct and not count_repeats:
+            held = len({p for p, r in zip(pages, found) if r is not None and r.mask & bitmask})
+        return touched, held
 
     def _register(self, run: _Run) -> None:
         holding = self._holding

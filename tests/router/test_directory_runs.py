@@ -63,6 +63,15 @@ class RunsAgainstPages(RuleBasedStateMachine):
     def evict_any(self, node: NodeId, tier: Tier, pages: list[PageHash]) -> None:
         self.both(KvRemoved(node, tier, tuple(pages), self.clock))
 
+    @rule(node=node_st, tier=tier_st, paths=st.lists(st.tuples(path_st, span_st), min_size=1, max_size=3),
+          order=st.randoms(use_true_random=False))  # fmt: skip
+    def evict_mixed(self, node: NodeId, tier: Tier, paths: list[tuple[tuple[PageHash, ...], tuple[int, int]]],
+                    order: object) -> None:  # fmt: skip
+        """Victims of several stretches in eviction order (shuffled, runs interleaved and reversed)."""
+        pages = [p for path, span in paths for p in path[min(span) : max(span)]]
+        order.shuffle(pages)  # type: ignore[attr-defined]
+        self.both(KvRemoved(node, tier, tuple(pages), self.clock))
+
     @rule(node=node_st, tier=tier_st, path=path_st, span=span_st, scattered=st.lists(st.sampled_from(ALL_PAGES),
                                                                                   max_size=4))  # fmt: skip
     def touch(self, node: NodeId, tier: Tier, path: tuple[PageHash, ...], span: tuple[int, int],
