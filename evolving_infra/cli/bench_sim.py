@@ -4,9 +4,19 @@
     evolving-infra bench sim --duration 600 --json
 
 One run of `evolving_infra.sim.run.simulate` on the generated CC workload; printed are the wall time (trace
-generation excluded), the simulated requests finished per wall-clock second, kernel events per second and
-simulated seconds per wall-clock second. `--warmup 0` (the default) uses the profile's node models, as
-`simulate --warmup 0` does; the whole simulated span is warmup + duration.
+generation excluded), the simulated requests finished per wall-clock second, kernel events per second,
+simulated seconds per wall-clock second and the process's peak resident memory. `--warmup 0` (the default) uses
+the profile's node models, as `simulate --warmup 0` does; the whole simulated span is warmup + duration. Without
+`--split`, nine nodes start as 4P5D and other sizes at the same 4:5 ratio (one partition: `--nodes 96 --agents
+3840` starts as 43P53D).
+
+    evolving-infra bench sim --against-dynamo --json   # the Mooncake conversation trace, ours and Dynamo's replay
+
+`--against-dynamo` replays one Mooncake trace (`--mooncake`, default the conversation trace of the shared
+traces; `--mooncake-rows N` for its first N rows) open loop through our simulator (`--system`: evolving,
+dynamo or dynamo-kv, at `--split`) and through Dynamo's own replay (its KV router and mocker workers, the side
+environment of `scripts/peers/setup-dynamo.sh`), in one run (`peers.judge.judge_dynamo`): both rates in
+requests per wall-clock second and their ratio. Without the side environment it prints why and exits 0.
 
 Boundary: measurement and printing only; the figures are never asserted in tests.
 """
@@ -15,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -33,12 +46,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--system", default="evolving", help="system preset (default evolving)")
     parser.add_argument("--agents", type=int, default=90, help="closed-loop concurrency (default 90)")
     parser.add_argument("--nodes", type=int, default=9, help="nodes (default 9)")
-    parser.add_argument("--split", default="4P5D", help="initial split (default 4P5D)")
+    parser.add_argument("--split", help="initial split (default 4P5D at nine nodes, the same 4:5 ratio otherwise)")
     parser.add_argument("--warmup", type=float, default=0.0, help="simulated warmup seconds (default 0)")
     parser.add_argument("--duration", type=float, default=3600.0, help="simulated scored seconds (default 3600)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("--against-dynamo", action="store_true",
+                        help="replay a Mooncake trace through our simulator and Dynamo's replay; both rates")
+    parser.add_argument("--mooncake", default=str(MOONCAKE), help=f"Mooncake trace (default {MOONCAKE})")
+    parser.add_argument("--mooncake-rows", type=int, help="replay only the first N rows (default all)")
+    parser.add_argument("--dynamo-timeout", type=float, default=600.0, help="seconds allowed for Dynamo's replay")
     parser.set_defaults(handler=_run)
+
+
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+PEER_PROFILE = "glm-5.2-4xgb300-tp4"
+
+
+def default_split(nodes: int) -> str:
+    """4P5D at nine nodes, the same 4:5 ratio at other sizes (at least one node of each phase)."""
+    prefill = min(nodes - 1, max(1, round(nodes * 4 / 9)))
+    return f"{prefill}P{nodes - prefill}D"
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def bench_config(args: argparse.Namespace) -> SimConfig:
@@ -51,7 +85,8 @@ def bench_config(args: argparse.Namespace) -> SimConfig:
         raise CliError(f"--duration must be > 0 simulated seconds, got {args.duration:g}", USAGE_ERROR)
     if args.warmup < 0:
         raise CliError(f"--warmup must be >= 0 simulated seconds, got {args.warmup:g}", USAGE_ERROR)
-    overrides: dict[str, Any] = {"agents": args.agents, "nodes": args.nodes, "split": args.split, "seed": args.seed,
+    split = args.split or default_split(args.nodes)
+    overrides: dict[str, Any] = {"agents": args.agents, "nodes": args.nodes, "split": split, "seed": args.seed,
                                  "warmup_s": args.warmup, "duration_s": args.duration}
     if args.warmup == 0:
         overrides["models"] = "profile"
@@ -62,6 +97,8 @@ def bench_config(args: argparse.Namespace) -> SimConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.against_dynamo:
+        return _against_dynamo(args)
     cfg = bench_config(args)
     console = Console(stderr=True, quiet=args.json)
     with console.status(f"generating {2 * args.agents} {args.workload} agents..."):
@@ -75,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         "workload": args.workload, "system": args.system, "agents": args.agents, "nodes": args.nodes,
         "simulated_s": result.end_time, "wall_s": wall, "requests": requests, "events": result.events,
         "requests_per_wall_s": requests / wall, "events_per_wall_s": result.events / wall,
-        "simulated_s_per_wall_s": result.end_time / wall,
+        "simulated_s_per_wall_s": result.end_time / wall, "split": cfg.split, "peak_rss_mib": peak_rss_mib(),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -89,5 +126,58 @@ def _run(args: argparse.Namespace) -> int:
     table.add_row("simulated requests per wall second", f"{figures['requests_per_wall_s']:,.1f}")
     table.add_row("events per wall second", f"{figures['events_per_wall_s']:,.0f}")
     table.add_row("simulated seconds per wall second", f"{figures['simulated_s_per_wall_s']:,.1f}")
+    table.add_row("peak resident memory (MiB)", f"{figures['peak_rss_mib']:,.0f}")
     Console().print(table)
+    return 0
+
+
+def _against_dynamo(args: argparse.Namespace) -> int:
+    """The Mooncake trace through our simulator and Dynamo's replay (see the module docstring)."""
+    from evolving_infra.peers.dynamo_replay import DynamoReplayError, dynamo_ready
+    from evolving_infra.peers.judge import OurSide, judge_dynamo
+    from evolving_infra.traces.loader import trace_from_records
+    from evolving_infra.traces.mooncake import MooncakeError, convert_mooncake, read_mooncake
+
+    try:
+        side = OurSide(args.system)
+    except ValueError:
+        known = ", ".join(s.value for s in OurSide)
+        raise CliError(f"--against-dynamo compares one of {known} with Dynamo's replay, not {args.system!r}",
+                       USAGE_ERROR) from None  # fmt: skip
+    if args.mooncake_rows is not None and args.mooncake_rows < 1:
+        raise CliError(f"--mooncake-rows must be >= 1, got {args.mooncake_rows}", USAGE_ERROR)
+    split = args.split or default_split(args.nodes)
+    reason = dynamo_ready()
+    if reason is not None:
+        message = f"Dynamo's replay is not installed, comparison skipped: {reason}"
+        print(json.dumps({"against_dynamo": {"skipped": message}}) if args.json else message)
+        return 0
+    try:
+        rows = read_mooncake(args.mooncake)[: args.mooncake_rows]
+    except (OSError, MooncakeError) as exc:
+        raise CliError(f"cannot read the Mooncake trace {args.mooncake}: {exc}", USAGE_ERROR) from None
+    records, _ = convert_mooncake(rows, name=f"mooncake-{Path(args.mooncake).stem}", source=str(args.mooncake))
+    trace = trace_from_records(records)
+    try:
+        report = judge_dynamo(trace, profile=PEER_PROFILE, split=split, sides=(side,), seed=args.seed,
+                              timeout_s=args.dynamo_timeout)  # fmt: skip
+    except DynamoReplayError as exc:
+        raise CliError(str(exc)) from None
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    speed = report["speed"]
+    ours, theirs = speed[side.value], speed["dynamo-replay"]
+    figures = {
+        "trace": args.mooncake, "requests": len(trace.requests), "split": split, "profile": PEER_PROFILE,
+        "system": side.value, "ours_wall_s": ours["wall_s"], "ours_requests_per_wall_s": ours["requests_per_wall_s"],
+        "dynamo_wall_s": theirs["wall_s"], "dynamo_requests_per_wall_s": theirs["requests_per_wall_s"],
+        "ratio_ours_to_dynamo": ours["requests_per_wall_s"] / theirs["requests_per_wall_s"],
+        "matched_requests": report["matched_requests"], "peak_rss_mib": peak_rss_mib(),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps({"against_dynamo": figures}, indent=2))
+        return 0
+    print(f"{figures['requests']:,} requests of {args.mooncake} at {split}: ours ({side.value}) "
+          f"{figures['ours_requests_per_wall_s']:,.1f} req/wall-s, Dynamo's replay "
+          f"{figures['dynamo_requests_per_wall_s']:,.1f} req/wall-s, ratio {figures['ratio_ours_to_dynamo']:.3f}")
     return 0
