@@ -258,7 +258,71 @@ def render_reference() -> str:
     ]
     _object_sections("spec", spec_schema(), out)
     _object_sections("status", status_schema(), out)
+    _policy_settings_sections(out)
     return "\n".join(out).rstrip() + "\n"
+
+
+POLICY_SETTINGS_FIELDS = {
+    PolicyKind.PLANNER: "planner.settings",
+    PolicyKind.PREFILL_ROUTING: "routing.prefillSettings",
+    PolicyKind.DECODE_BINDING: "routing.decodeSettings",
+}
+"""Where a CR sets each kind's declared settings (eviction orders take none)."""
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The docstrings written under a class's annotated attributes (settings dataclasses document their fields
+    so); empty when the source is not available."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, following in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):  # fmt: skip
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _policy_settings_sections(out: list[str]) -> None:
+    """One table per built-in policy with settings: its declared fields, defaults and descriptions, from the
+    declaration's settings type (the same type the router, the simulator and the operator validate against)."""
+    from pydantic import TypeAdapter
+
+    out += ["### Policy settings", "",
+            "Keys (snake_case, as declared) each policy accepts in the field named; unknown keys or bad values make "
+            "the cluster `Invalid`, naming the key. Fields of the spec above (e.g. `planner.windowSeconds`, "
+            "`routing.fetch`) fill some of them first.", ""]  # fmt: skip
+    registries = _registries()
+    for kind, field in POLICY_SETTINGS_FIELDS.items():
+        for spec in built_in(registries[kind]):
+            schema = TypeAdapter(spec.settings).json_schema(mode="validation")
+            properties: dict[str, Schema] = schema.get("properties", {})
+            if not properties:
+                continue
+            out += [f"#### `{field}` of {kind.value.replace('_', ' ')} `{spec.name}`", "", _cell(spec.summary), "",
+                    "| key | type | default | description |", "| --- | --- | --- | --- |"]  # fmt: skip
+            docs = {}
+            for cls in reversed(getattr(spec.settings, "__mro__", ())):
+                docs.update(_attribute_docs(cls) if cls.__module__.startswith("evolving_infra") else {})
+            defs: dict[str, Schema] = schema.get("$defs", {})
+            for name, node in properties.items():
+                ref = node.get("$ref", "")
+                if ref:  # an enum (or a nested type) declared once under $defs
+                    target = defs.get(ref.rsplit("/", 1)[-1], {})
+                    node = {**node, "type": "one of " + ", ".join(map(str, target["enum"])) if "enum" in target
+                            else ref.rsplit("/", 1)[-1]}  # fmt: skip
+                node = {**node, "description": node.get("description") or docs.get(name, "")}
+                kind_text = node.get("type") or " or ".join(str(a.get("type", "?")) for a in node.get("anyOf", [])) or "?"
+                default = f"`{node['default']}`" if "default" in node else "required"
+                out.append(f"| `{name}` | {kind_text} | {default} | {_cell(node['description']) or '–'} |")
+            out.append("")
 
 
 def replace_reference(doc: str) -> str:

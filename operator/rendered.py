@@ -11,11 +11,17 @@ Per-pod values are not in the shared file: the DaemonSet sets `EVOLVING_NODE_NOD
 the file. Node agents find each other by the addresses in KV events and fetch runs; the router finds them
 through the headless Service (`nodes_dns`).
 
+Credentials (docs/security.md): unless `security.insecure`, both services get the cluster token file (and the
+mutual TLS files when `security.tlsSecret` is set) and the router its API key file, at the paths where the
+workloads mount those Secrets (`credential_mounts`); `insecure` is rendered only when the CR asks for it.
+
 Boundary: pure; ports and file names the workloads agree on are constants here.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from evolving_infra.node_agent.profile import HardwareProfile
@@ -45,7 +51,70 @@ NODE_AGENT_ENV = (("EVOLVING_NODE_NODE", "spec.nodeName"), ("EVOLVING_NODE_HOST"
 
 
 ANY_ADDRESS = ("0.0.0.0/0", "::/0")
-"""Peer networks of rendered node agents: every address (pod IPs are not known in advance)."""
+"""Peer networks of rendered node agents unless `security.peerNetworks` names the pod network."""
+
+SECRETS_DIR = "/etc/evolving-infra-secrets"
+"""Where the credential Secrets are mounted, one folder each (`CredentialMount`)."""
+TOKEN_KEY = "token"
+API_KEYS_KEY = "api-keys"
+TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+"""The keys of a cert-manager Certificate's Secret (also of `kubectl create secret tls` plus `ca.crt`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialMount:
+    """One credential Secret as the pods see it: the volume, the Secret, its keys, and where they appear."""
+
+    volume: str
+    secret: str
+    keys: tuple[str, ...]
+    directory: str
+
+    def path(self, key: str) -> str:
+        return f"{self.directory}/{key}"
+
+
+def credential_mounts(cluster: ClusterRef, spec: AgentServingClusterSpec) -> dict[str, CredentialMount]:
+    """The Secrets a secure cluster's pods mount, by role (`token`, `tls`, `api-keys`); none when insecure."""
+    sec = spec.security
+    if sec.insecure:
+        return {}
+    out = {
+        "token": CredentialMount(
+            "cluster-token", sec.cluster_token_secret or cluster.child_name("cluster-token"), (TOKEN_KEY,), f"{SECRETS_DIR}/cluster-token"
+        ),
+        "api-keys": CredentialMount(
+            "api-keys", sec.api_keys_secret or cluster.child_name("api-keys"), (API_KEYS_KEY,), f"{SECRETS_DIR}/api-keys"
+        ),
+    }
+    if sec.tls_secret is not None:
+        out["tls"] = CredentialMount("cluster-tls", sec.tls_secret, TLS_KEYS, f"{SECRETS_DIR}/tls")
+    return out
+
+
+def _credential_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -> dict[str, Any]:
+    """The credential fields both services share (the same names in `RouterSettings` and `NodeAgentSettings`)."""
+    mounts = credential_mounts(cluster, spec)
+    if not mounts:
+        return {"insecure": True}
+    out: dict[str, Any] = {"cluster_token_file": mounts["token"].path(TOKEN_KEY)}
+    tls = mounts.get("tls")
+    if tls is not None:
+        out |= {"tls_cert_file": tls.path("tls.crt"), "tls_key_file": tls.path("tls.key"), "tls_ca_file": tls.path("ca.crt")}
+    return out
+
+
+def peer_networks(spec: AgentServingClusterSpec) -> list[str]:
+    """`security.peerNetworks` checked as CIDRs (ValueError naming the field), or every address."""
+    networks = spec.security.peer_networks
+    if not networks:
+        return list(ANY_ADDRESS)
+    for i, cidr in enumerate(networks):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as error:
+            raise ValueError(f"security.peerNetworks[{i}]: {error}") from None
+    return list(networks)
 
 
 def node_agent_service_host(cluster: ClusterRef) -> str:
@@ -95,27 +164,31 @@ def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -
         "metrics_port": ROUTER_METRICS_PORT,
         "nodes_dns": f"{node_agent_service_host(cluster)}:{NODE_AGENT_GRPC_PORT}",
         "planner": planner.effective_policy.value,
-        "planner_settings": planner_settings(spec),
+        "planner_settings": {**planner_settings(spec), **(planner.settings or {})},
         "window_s": float(planner.window_seconds),
         "slices": planner.slices,
         "warmup_s": float(planner.warmup_seconds),
         "prefill_routing": spec.routing.prefill_policy.value,
-        "routing_settings": prefill_settings(spec),
+        "routing_settings": {**prefill_settings(spec), **(spec.routing.prefill_settings or {})},
         "decode_routing": spec.routing.decode_policy.value,
+        "decode_settings": dict(spec.routing.decode_settings or {}),
         "eviction": spec.eviction.policy.value,
         "applier": "none" if planner.mode is PlannerMode.STATIC else "kubernetes",
         "cluster_name": cluster.name,
         "namespace": cluster.namespace,
-        "insecure": True,  # see render_node_agent_settings: credentials are not wired into Kubernetes yet
+        **_credential_settings(cluster, spec),
     }
+    mounts = credential_mounts(cluster, spec)
+    if mounts:
+        out["api_key_file"] = mounts["api-keys"].path(API_KEYS_KEY)
     if spec.engine.profile is not None:
         out["profile"] = spec.engine.profile
     if spec.engine.model is not None:
         out["model_name"] = spec.engine.model
     # the settings the router will check at load, checked here too: a mismatch fails the reconcile, never runs
-    PLANNERS.validate(out["planner"], out["planner_settings"], "planner_settings")
-    PREFILL_ROUTING.validate(out["prefill_routing"], out["routing_settings"], "routing_settings")
-    DECODE_BINDING.get(out["decode_routing"], "decode_routing")
+    PLANNERS.validate(out["planner"], out["planner_settings"], "planner.settings")
+    PREFILL_ROUTING.validate(out["prefill_routing"], out["routing_settings"], "routing.prefillSettings")
+    DECODE_BINDING.validate(out["decode_routing"], out["decode_settings"], "routing.decodeSettings")
     return out
 
 
@@ -128,17 +201,13 @@ def render_node_agent_settings(
     the profile's page size (the node agent's pages are the profile's), at least one page and at most the
     node agent's `MAX_PAGES`; unset, the node agent sizes them from the profile.
     """
-    del cluster  # the same for every agent; nothing in the node agent's settings names it
     page_tokens = profile.page_tokens if profile is not None else effective_kv(spec, profile).page_tokens
     out: dict[str, Any] = {
         "grpc_port": NODE_AGENT_GRPC_PORT,
         "metrics_port": NODE_AGENT_METRICS_PORT,
         "eviction": spec.eviction.policy.value,
-        # Credentials are not wired into Kubernetes yet (a Secret mounted into the pods, the operator's own calls
-        # sending the token: docs/security.md): rendered clusters run without them, explicitly, and take peer
-        # fetches from any pod address, as before the node agents required credentials.
-        "insecure": True,
-        "peer_networks": list(ANY_ADDRESS),
+        **_credential_settings(cluster, spec),
+        "peer_networks": peer_networks(spec),
     }
     if spec.engine.profile is not None:
         out["profile"] = spec.engine.profile

@@ -107,6 +107,8 @@ def _convert(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
 
 
 def _ordered(node: Schema) -> Schema:
+    if node.get("x-kubernetes-preserve-unknown-fields") and node.get("additionalProperties") is True:
+        node = {k: v for k, v in node.items() if k != "additionalProperties"}  # a free-form object: the flag says it
     rank = {key: i for i, key in enumerate(_KEY_ORDER)}
     return dict(sorted(node.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 

@@ -15,7 +15,7 @@ Boundary: data and validation only; no I/O.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StringConstraints
 
@@ -204,6 +204,12 @@ class PlannerSpec(KubeModel):
     cooldown_seconds: int = Field(default=120, ge=0, le=86400, description="Seconds after a switch completes during which no decision is made and no slice is used.")
     min_prefill: int = Field(default=1, ge=0, le=MAX_NODES, description="Fewest prefill nodes any split may have.")
     min_decode: int = Field(default=1, ge=0, le=MAX_NODES, description="Fewest decode nodes any split may have.")
+    settings: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="More settings of the chosen planner: its declared fields (see Policy settings), over those "
+        "the fields above give it. Checked against the planner's declaration; a bad field makes the cluster Invalid.",
+    )
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -256,6 +262,18 @@ class RoutingSpec(KubeModel):
     fetch: FetchSpec = Field(default_factory=FetchSpec, description="Peer KV fetch cost model (used by the ttft policy).")
     copy_price_seconds_per_token: float = Field(
         default=1e-6, ge=0, le=1, description="Price per fetched token of the duplicate copy a fetch leaves behind (ttft policy)."
+    )
+    prefill_settings: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="More settings of the prefill routing policy: its declared fields (see Policy settings), over "
+        "those the fields above give it. Checked against its declaration; a bad field makes the cluster Invalid.",
+    )
+    decode_settings: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="Settings of the decode binding policy: its declared fields (see Policy settings). Checked "
+        "against its declaration; a bad field makes the cluster Invalid.",
     )
 
 
@@ -346,6 +364,46 @@ class NetworkPolicySpec(KubeModel):
     )
 
 
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A Secret's name: a DNS subdomain."""
+
+
+class SecuritySpec(KubeModel):
+    """Credentials of the cluster's gRPC API and of the router's HTTP API, from Secrets in the cluster's namespace.
+
+    The Secrets are the user's (or cert-manager's, or an external-secrets controller's): the operator mounts them
+    into the router and node agent pods, reads the cluster token itself for its own calls to the node agents,
+    and never writes them.
+    """
+
+    insecure: bool = Field(
+        default=False,
+        description="Run without credentials: node agents accept unauthenticated calls from any pod address and the "
+        "router serves the API without keys. For test clusters only; every Secret below is then ignored.",
+    )
+    cluster_token_secret: Annotated[str, StringConstraints(pattern=SECRET_NAME_PATTERN)] | None = Field(
+        default=None,
+        description="Secret whose key `token` is the cluster token (16-4096 printable characters) the router, the "
+        "node agents and the operator send on every gRPC call; unset means `<cluster name>-cluster-token`.",
+    )
+    tls_secret: Annotated[str, StringConstraints(pattern=SECRET_NAME_PATTERN)] | None = Field(
+        default=None,
+        description="Secret with mutual TLS material in cert-manager's layout (`tls.crt`, `tls.key`, `ca.crt`), "
+        "mounted into the router and every node agent; its certificate must name the node agents' Service "
+        "(`<cluster name>-node-agent.<namespace>.svc`). Unset: the token alone.",
+    )
+    api_keys_secret: Annotated[str, StringConstraints(pattern=SECRET_NAME_PATTERN)] | None = Field(
+        default=None,
+        description="Secret whose key `api-keys` holds the router's API keys (one `name:key` per line); unset means "
+        "`<cluster name>-api-keys`.",
+    )
+    peer_networks: list[Annotated[str, StringConstraints(min_length=2, max_length=64)]] | None = Field(
+        default=None,
+        max_length=32,
+        description="CIDRs node agents may fetch KV pages from (set the pod network's); unset means any address.",
+    )
+
+
 class AgentServingClusterSpec(KubeModel):
     """An agent-serving cluster: its nodes, engine, initial split, planner, routing and workloads."""
 
@@ -362,6 +420,7 @@ class AgentServingClusterSpec(KubeModel):
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Container images.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Container resources.")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec, description="Opt-in NetworkPolicy.")
+    security: SecuritySpec = Field(default_factory=SecuritySpec, description="Credentials of the gRPC and HTTP APIs.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(

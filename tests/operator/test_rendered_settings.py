@@ -270,3 +270,33 @@ def test_an_unknown_planner_or_routing_policy_in_a_cr_is_refused_naming_it(nine_
             AgentServingClusterSpec.model_validate(spec)
         assert any(tuple(e["loc"][:2]) == path for e in info.value.errors()), info.value
         assert bad in str(info.value)
+
+
+def test_a_crs_policy_settings_reach_the_router_and_bad_ones_make_the_cluster_invalid(nine_nodes: dict[str, Any]) -> None:
+    """planner.settings, routing.prefillSettings and routing.decodeSettings carry a policy's declared fields to
+    the router's settings file; a key the declaration lacks, or a bad value, is an `Invalid` problem naming it."""
+    from evolving_infra.operator.rendered import render_router_settings
+    from evolving_infra.operator.semantics import validate_spec_semantics
+    from evolving_infra.router.service.settings import RouterSettings
+
+    raw = copy.deepcopy(nine_nodes["spec"])
+    raw["routing"] = {"prefillPolicy": "cache-aware", "prefillSettings": {"balance_abs_threshold": 8, "gate": "global"},
+                      "decodePolicy": "power-of-two"}  # fmt: skip
+    raw["planner"] = {**raw.get("planner", {}), "policy": "dynamo", "settings": {"interval_s": 2.5}}
+    spec = AgentServingClusterSpec.model_validate(raw)
+    assert validate_spec_semantics(spec) == []
+    rendered = render_router_settings(ClusterRef("default", "c", "uid-1"), spec)
+    assert rendered["routing_settings"] == {"balance_abs_threshold": 8, "gate": "global"}
+    assert rendered["planner_settings"]["interval_s"] == 2.5
+    router = RouterSettings(**rendered)
+    assert router.routing_settings["balance_abs_threshold"] == 8 and router.planner == "dynamo"
+
+    for where, settings, message in (
+        ("prefillSettings", {"nonsense": 1}, r"routing.prefillSettings: unknown setting\(s\) nonsense"),
+        ("prefillSettings", {"balance_abs_threshold": -1}, r"routing.prefillSettings.*balance_abs_threshold must be >= 0"),
+        ("decodeSettings", {"x": 1}, r"routing.decodeSettings: unknown setting\(s\) x"),
+    ):
+        bad = copy.deepcopy(raw)
+        bad["routing"][where] = settings
+        problems = validate_spec_semantics(AgentServingClusterSpec.model_validate(bad))
+        assert len(problems) == 1 and __import__("re").search(message, problems[0]), problems
