@@ -91,6 +91,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
     serve.set_defaults(handler=_serve)
 
+    bench = actions.add_parser("bench", help="measure binding (binds/s, balance, movement) and forwarding overhead")
+    bench.add_argument("--users", type=int, default=30_720, help="users to bind (the D.2 fleet: 30,720)")
+    bench.add_argument("--partitions", type=int, default=8, help="equal partitions")
+    bench.add_argument("--load-factor", type=float, default=1.25, help="bounded-load factor c")
+    bench.add_argument("--requests", type=int, default=400, help="completions sent, directly and through the gateway")
+    bench.add_argument("--concurrency", type=int, default=8, help="completions in flight at a time")
+    bench.add_argument("--json", action="store_true", help="print JSON (the default prints it too, indented)")
+    bench.set_defaults(handler=_bench)
+
     routes = actions.add_parser("httproutes", help="print one Gateway API HTTPRoute per partition (the --upstream setup)")
     add_source_arguments(routes)
     routes.add_argument("--gateway-name", required=True, help="the Gateway (parentRef) the routes attach to")
@@ -178,4 +187,20 @@ def _httproutes(args: argparse.Namespace) -> int:
     except FleetFileError as exc:
         raise CliError(f"the partitions cannot be used:\n{exc}", USAGE_ERROR) from None
     sys.stdout.write(yaml.safe_dump_all(build_httproutes(partitions, args.gateway_name, args.gateway_namespace), sort_keys=False))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from evolving_infra.gateway.bench import run_bench
+
+    if not (1 <= args.users <= 10_000_000 and 1 <= args.partitions <= 4096 and 1 <= args.requests <= 100_000):
+        raise CliError("--users 1..10M, --partitions 1..4096, --requests 1..100k", USAGE_ERROR)
+    if not (1 <= args.concurrency <= 256 and args.load_factor > 1):
+        raise CliError("--concurrency 1..256 and --load-factor > 1", USAGE_ERROR)
+    logging.basicConfig(level=logging.WARNING)
+    figures = run_bench(args.users, args.partitions, args.load_factor, args.requests, args.concurrency)
+    sys.stdout.write(json.dumps(figures, indent=None if args.json else 2) + "\n")
     return 0
