@@ -14,6 +14,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "evolving_infra.cli.bench_engine",
     "evolving_infra.cli.bench_sim",
     "evolving_infra.cli.bench_router",
+    "evolving_infra.cli.bench_fleet",
 )
 
 

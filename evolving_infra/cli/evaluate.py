@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -305,12 +305,15 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
 
 
 def run_matrix(specs: Sequence[RunSpec], cache: Path, jobs: int, force: bool = False,
-               log: Any = sys.stderr) -> list[dict[str, Any]]:
+               log: Any = sys.stderr, executor: str = "processes",
+               ray_address: str | None = None) -> list[dict[str, Any]]:
     """Run every spec not yet cached in `cache` on `jobs` processes; returns all records (cached and new)."""
     cache.mkdir(parents=True, exist_ok=True)
     todo = [s for s in specs if force or not (cache / f"{s.key()}.json").exists()]
     print(f"{len(specs) - len(todo)} cached, {len(todo)} to run on {jobs} processes", file=log)
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    from evolving_infra.fleet.executors import open_executor  # processes (default) or ray: fleet.executors
+
+    with open_executor(executor, max(1, jobs), ray_address) as pool:
         futures = {pool.submit(run_spec, s): s for s in todo}
         for fut in as_completed(futures):
             spec = futures[fut]
@@ -462,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "at-once is the behaviour before #13 step 6, for before/after runs")
     run.add_argument("--systems", help="comma-separated subset of the matrix's systems")
     run.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    run.add_argument("--executor", choices=["processes", "ray"], default="processes",
+                     help="where runs execute: worker processes (default) or Ray tasks (evolving_infra.fleet.executors)")
+    run.add_argument("--ray-address", help="Ray cluster of --executor ray (default: a private local instance)")
     run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
     run.add_argument("--force", action="store_true", help="rerun cached runs")
     run.add_argument("--trace", action="append", metavar="FILE",
@@ -508,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.warmup_exit:
             specs = [replace(s, warmup_exit=args.warmup_exit, label=f"{s.label or s.system} (exit {args.warmup_exit})")
                      for s in specs]  # fmt: skip
-        run_matrix(specs, cache, args.jobs, args.force)
+        run_matrix(specs, cache, args.jobs, args.force, executor=args.executor, ray_address=args.ray_address)
         return 0
     records = load_records(cache)
     if args.table == "protocol":

@@ -1,0 +1,222 @@
+"""The fleet simulator: partitions from CR files, users bound by the gateway's binder, identical results everywhere.
+
+A small fleet (three partitions of two nodes; regions `main`, `main`, `east`) runs a short generated fleet
+workload. Checked: the fleet equals its partitions simulated one by one with `sim.run.simulate` on the bound
+traces; the inline, process (1 and 2 workers) and Ray executors give identical results; bindings respect the
+users' region; malformed fleet files are refused naming the file and the field. The Ray test runs Ray in a
+private loopback-only network namespace (`unshare -n`), bounded in time, and skips where Ray or namespaces are
+missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evolving_infra.cli.bench_transfer import netns_unavailable, private_netns_command
+from evolving_infra.cli.errors import USAGE_ERROR
+from evolving_infra.cli.main import main as cli_main
+from evolving_infra.fleet.executors import ExecutorKind, map_ordered, open_executor, ray_unavailable
+from evolving_infra.fleet.partitions import load_partitions
+from evolving_infra.fleet.sim import (
+    FleetOptions,
+    FleetRunError,
+    FleetWorkload,
+    bind_tasks,
+    partition_concurrency,
+    partition_config,
+    simulate_fleet,
+)
+from evolving_infra.sim.run import simulate
+from evolving_infra.traces.loader import trace_from_records
+from evolving_infra.workloads import generate_with
+from evolving_infra.workloads.fleet import REGION_LABEL, FleetParams, Region, fleet_plan
+
+PARTITION = """\
+---
+apiVersion: serving.evolving-infra.io/v1alpha1
+kind: AgentServingCluster
+metadata:
+  name: tiny-{name}
+  labels:
+    evolving-infra.io/region: {region}
+spec:
+  nodeSelector:
+    matchLabels:
+      evolving-infra.io/partition: {selector}
+  nodeCount: 2
+  gpusPerNode: 4
+  engine:
+    backend: emulated
+    profile: {profile}
+  initialSplit:
+    prefill: 1
+    decode: 1
+  planner:
+    mode: adaptive
+    windowSeconds: 60
+    slices: 6
+    cooldownSeconds: 10
+"""
+PARAMS = FleetParams(
+    regions=(Region("main", 2, 0.5, 0.5), Region("east", 1, 0.2, 0.8)), span_s=150.0, slices=3, tail=0.2,
+    task_estimate_s={"cc": 400.0, "codex": 400.0},
+)
+OPTS = FleetOptions(duration_s=120.0, warmup_s=0.0, seed=3, bucket_s=30.0, drain_s=30.0)
+AGENTS = 6
+
+
+def write_fleet(folder: Path, *, profile: str = "glm-5.2-4xgb300-tp4", overlap: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, region in enumerate(("main", "main", "east")):
+        selector = "p0" if overlap and i == 1 else f"p{i}"
+        (folder / f"p{i}.yaml").write_text(PARTITION.format(name=f"p{i}", region=region, selector=selector,
+                                                            profile=profile if i == 2 else "glm-5.2-4xgb300-tp4"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fleet(tmp_path_factory.mktemp("fleet") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def inline_result(fleet_dir: Path) -> Any:
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    with open_executor(ExecutorKind.INLINE) as executor:
+        return simulate_fleet(partitions, workload, dataclasses.replace(OPTS, keep_records=True), executor)
+
+
+def test_fleet_equals_its_partitions_simulated_one_by_one(fleet_dir: Path, inline_result: Any) -> None:
+    partitions = load_partitions([fleet_dir])
+    # The whole fleet trace as a file would hold it, bound and cut per partition by hand.
+    records = generate_with("fleet", AGENTS, 3, PARAMS)
+    workload = FleetWorkload.from_records(records)
+    binding = bind_tasks(partitions, workload.tasks)
+    concurrency = partition_concurrency(partitions, AGENTS)
+    prefixes = [r for r in records if r["kind"] == "prefix"]
+    assert len(inline_result.partitions) == 3
+    for p, fleet_part in zip(partitions, inline_result.partitions, strict=True):
+        mine = [r for r in records if r["kind"] not in ("header", "prefix") and binding[str(r["agent"])] == p.key]
+        trace = trace_from_records([{"kind": "header", "version": 1, "name": "alone"}, *prefixes, *mine])
+        alone = simulate(partition_config(p, OPTS, concurrency[p.key]), trace)
+        assert fleet_part.key == p.key
+        assert fleet_part.requests == len(alone.records) > 0
+        assert fleet_part.records == alone.records
+        assert fleet_part.metrics == alone.metrics.to_dict()
+
+
+def test_bindings_respect_regions_and_every_task_is_bound(fleet_dir: Path) -> None:
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    binding = bind_tasks(partitions, workload.tasks)
+    labels = {p.key: p.labels for p in partitions}
+    assert set(binding) == {t.agent for t in workload.tasks}
+    for task in workload.tasks:
+        assert labels[binding[task.agent]][REGION_LABEL] == task.requires[REGION_LABEL]
+    users: dict[str, str] = {}
+    for task in workload.tasks:  # a user never spans two partitions
+        assert users.setdefault(task.user, binding[task.agent]) == binding[task.agent]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_process_executor_gives_the_inline_result(fleet_dir: Path, inline_result: Any, workers: int) -> None:
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    with open_executor(ExecutorKind.PROCESSES, workers) as executor:
+        result = simulate_fleet(partitions, workload, OPTS, executor)
+    assert result.same_outcome() == inline_result.same_outcome()
+
+
+RAY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from evolving_infra.cli.bench_transfer import bring_loopback_up
+    bring_loopback_up()  # refuses to run outside a loopback-only namespace
+    sys.path.insert(0, {tests!r})
+    from test_fleet_sim import AGENTS, OPTS, PARAMS
+    from evolving_infra.fleet.executors import open_executor
+    from evolving_infra.fleet.partitions import load_partitions
+    from evolving_infra.fleet.sim import FleetWorkload, simulate_fleet
+    with open_executor("ray", 2) as executor:
+        result = simulate_fleet(load_partitions([{fleet!r}]), FleetWorkload.generated(PARAMS, AGENTS, seed=3),
+                                OPTS, executor)
+    print(json.dumps(result.same_outcome(), sort_keys=True))
+""")
+
+
+def test_ray_executor_gives_the_process_result(fleet_dir: Path, inline_result: Any) -> None:
+    for why in (ray_unavailable(), netns_unavailable()):
+        if why is not None:
+            pytest.skip(why)
+    script = RAY_SCRIPT.format(tests=str(Path(__file__).parent), fleet=str(fleet_dir))
+    done = subprocess.run(private_netns_command([sys.executable, "-c", script]), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = json.loads(json.dumps(inline_result.same_outcome(), sort_keys=True))
+    assert got == expected
+
+
+def test_map_ordered_keeps_item_order_and_raises_the_first_failure() -> None:
+    with open_executor(ExecutorKind.PROCESSES, 2) as executor:
+        assert map_ordered(executor, abs, [-3, 2, -1, 0]) == [3, 2, 1, 0]
+        with pytest.raises(TypeError):
+            map_ordered(executor, abs, [1, "x"])
+
+
+def refused(folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    code = cli_main(["simulate", "--fleet", str(folder), "--workload", "fleet", "--agents", "6", "--duration", "60"])
+    assert code == USAGE_ERROR
+    return capsys.readouterr().err
+
+
+def test_overlapping_selectors_are_refused_naming_file_and_field(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    message = refused(write_fleet(tmp_path / "bad", overlap=True), capsys)
+    assert f"{tmp_path}/bad/p1.yaml: tiny-p1: spec.nodeSelector: overlaps" in message
+
+
+def test_unknown_profiles_are_refused_naming_file_and_field(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    message = refused(write_fleet(tmp_path / "bad", profile="no-such-gpu-profile"), capsys)
+    assert f"{tmp_path}/bad/p2.yaml: tiny-p2: spec.engine.profile:" in message and "no-such-gpu-profile" in message
+
+
+def test_a_task_no_partition_admits_is_refused(fleet_dir: Path) -> None:
+    params = dataclasses.replace(PARAMS, regions=(Region("main", 2, 0.5, 0.5), Region("mars", 1, 0.5, 0.5)))
+    with pytest.raises(FleetRunError, match="mars"):
+        bind_tasks(load_partitions([fleet_dir]), FleetWorkload.generated(params, AGENTS, seed=0).tasks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(total=st.integers(3, 5000), gpus=st.lists(st.integers(1, 64), min_size=1, max_size=3))
+def test_partition_concurrency_adds_up(total: int, gpus: list[int], fleet_dir: Path) -> None:
+    partitions = load_partitions([fleet_dir])[: len(gpus)]
+    partitions = [dataclasses.replace(p, spec=p.spec.model_copy(update={"node_count": g, "gpus_per_node": 1}))
+                  for p, g in zip(partitions, gpus, strict=False)]
+    split = partition_concurrency(partitions, total)
+    assert sum(split.values()) == total and min(split.values()) >= 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(start=st.floats(0, 1), end=st.floats(0, 1), concurrency=st.integers(2, 400))
+def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, concurrency: int) -> None:
+    params = FleetParams(regions=(Region("a", 1, start, end), Region("b", 1, 0.5, 0.5)), span_s=3600.0, slices=4,
+                         task_estimate_s={"cc": 900.0, "codex": 900.0})
+    slots = fleet_plan(params, concurrency, seed=1)
+    assert [s.index for s in slots] == list(range(len(slots)))
+    assert fleet_plan(params, concurrency, seed=1) == slots
+    first = [s for s in slots if s.region == "a"][: params.region_concurrency(concurrency)[0]]
+    # the agents that start at t=0 follow the first slice's share (whole counts: within one agent)
+    share = params.cc_share(params.regions[0], 0.5 / params.slices)
+    assert abs(sum(s.label == "cc" for s in first) - share * len(first)) <= 1.0 + 1e-9
