@@ -477,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agents", type=int, help="closed-loop concurrency of --trace runs")
     render = sub.add_parser("render", help="print the markdown tables of the cached runs")
     render.add_argument("--cache", default="runs/eval")
+    render.add_argument("--plots", metavar="DIR", help="also write PNG figures per group of runs into DIR")
     render.add_argument("--table", choices=["calibration", "evaluation", "both", "protocol"], default="both",
                         help="protocol: seeds aggregated (mean ± 95 %% interval), searched best static, oracle, sweep")
     return parser
@@ -517,6 +518,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_matrix(specs, cache, args.jobs, args.force, executor=args.executor, ray_address=args.ray_address)
         return 0
     records = load_records(cache)
+    if args.plots:
+        from evolving_infra.evaluation.plots import plot_group
+        from evolving_infra.evaluation.protocol import seed_groups
+
+        for key, variants in seed_groups(records).items():
+            workload, agents, rate, period, warmup, duration = key
+            stem = f"{workload}-{agents}" + (f"-r{rate:g}" if rate is not None else "") + f"-w{warmup:g}-d{duration:g}"
+            group = [min(rs, key=lambda r: r["spec"]["seed"]) for rs in variants.values()]
+            for path in plot_group(group, Path(args.plots), stem):
+                print(f"wrote {path}", file=sys.stderr)
     if args.table == "protocol":
         print(render_protocol(records, BEST_SPLIT))
         return 0

@@ -132,3 +132,15 @@ def test_the_completion_series_counts_each_finished_request_once() -> None:
 
     s = completion_series([R(0, 1, 5), R(50, 51, 70), R(70, 72, 130), R(10, 11, 999)], 180.0)
     assert s["finished"] == [1, 1, 1] and s["ttft_mean"][0] == pytest.approx(1.0) and s["ttft_mean"][2] is None
+
+
+def test_the_plots_of_a_group_are_written(tmp_path: Any) -> None:
+    from evolving_infra.evaluation.plots import plot_group
+
+    recs = [record("best-static", s, 1.0, finished=[3, 4, 5]) for s in ("2P7D", "6P3D")]
+    for r in recs:
+        r["series"]["bucket_s"] = 60.0
+        r["metrics"]["split_timeline"] = [{"at": 0.0, "split": "9C"}, {"at": 600.0, "split": r["spec"]["split"]}]
+    paths = plot_group(recs, tmp_path, "cc-90")
+    assert [p.name for p in paths] == ["cc-90-throughput.png", "cc-90-split.png", "cc-90-figures.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
