@@ -265,3 +265,11 @@ def test_updating_a_partition_keeps_pins_and_users_that_still_fit(
             assert reqs[user].admits(changed)
         elif before[user] == target.name:
             assert not reqs[user].admits(changed)  # moved only because it no longer fits
+
+
+def test_the_binding_bench_reports_the_bound_and_the_movement() -> None:
+    from evolving_infra.gateway.bench import bench_binding
+
+    out = bench_binding(users=4000, partitions=4, load_factor=1.25)
+    assert out["max_load_over_share"] <= out["bound"] == 1.25
+    assert abs(out["moved_on_join"] - out["ideal_moved_on_join"]) < 0.05 and out["binds_per_s"] > 0
