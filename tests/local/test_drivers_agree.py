@@ -62,9 +62,8 @@ def _placement(log: list[ControlRecord]) -> set[tuple[str, str | None, str]]:
 
 
 @pytest.mark.skipif(
-    os.environ.get("EVOLVING_DIFFERENTIAL") != "1",
-    reason="opt-in (EVOLVING_DIFFERENTIAL=1): the live run occasionally stalls with requests that never finish "
-    "(an open bug under investigation, see the #10 closing note), which would hang CI for minutes",
+    os.environ.get("EVOLVING_DIFFERENTIAL") == "0",
+    reason="skipped on request (EVOLVING_DIFFERENTIAL=0): two live local clusters, one to two minutes",
 )
 def test_the_simulator_and_the_local_cluster_make_the_same_decisions(tmp_path: Path) -> None:
     trace = _trace()
@@ -89,7 +88,9 @@ def test_the_simulator_and_the_local_cluster_make_the_same_decisions(tmp_path: P
         assert live.replay.completed, live.replay.stopped_by
         # the collocated warmup ran live, then the initial split (as in the simulator)
         assert _placement(live_log) == _placement(sim_log)
-        assert live.splits[0].label == "4C" and live.splits[1].label == "2P2D"
+        labels = [s.label for s in live.splits]
+        # (a busy machine may sample the placement half done, e.g. 1P1D+2C, before it reaches 2P2D)
+        assert labels[0] == "4C" and next(x for x in labels if "C" not in x) == "2P2D", labels
         attempts.append(live_log)
         if _switches(live_log) == expected:
             break
