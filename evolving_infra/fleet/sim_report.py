@@ -71,7 +71,7 @@ def partition_rows(result: FleetResult) -> list[dict[str, Any]]:
         peaks = [_ratio(_ratio(w[i]["queue_s_sum"], w[i]["prefills"]) or 0.0, f) for i, f in enumerate(bucket_fleet)
                  if f and f > 0 and w[i]["prefills"] > 0]
         pd = [_ratio(r["uncached_tokens"], r["output_tokens"]) for r in w]
-        splits = []
+        splits: list[str] = []
         for r in w:
             label = f"{r['prefill_nodes']}P{r['decode_nodes']}D" if r["prefill_nodes"] is not None else "-"
             if not splits or splits[-1] != label:
@@ -151,15 +151,19 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
         base = s or a
         lines.append(
             f"| {a['partition']} | {a['agents']} | {a['users']} | {_f(_pct(base['pd_ratio_variation']), 1, ' %')} | "
-            f"{_f(_pct(base['work_variation']), 1, ' %')} | {_f(s and s['queue_vs_fleet'])} | "
-            f"{_f(s and s['queue_peak_vs_fleet'])} | {_f(a['queue_vs_fleet'])} | {_f(a['queue_peak_vs_fleet'])} | "
-            f"{' → '.join(a['splits'])} | {_f(c and c['static_rps'])} | {_f(a['throughput_rps'])} | "
-            f"{_f(c and c['ratio'])} |")
+            f"{_f(_pct(base['work_variation']), 1, ' %')} | {_f(_get(s, 'queue_vs_fleet'))} | "
+            f"{_f(_get(s, 'queue_peak_vs_fleet'))} | {_f(a['queue_vs_fleet'])} | {_f(a['queue_peak_vs_fleet'])} | "
+            f"{' → '.join(a['splits'])} | {_f(_get(c, 'static_rps'))} | {_f(a['throughput_rps'])} | "
+            f"{_f(_get(c, 'ratio'))} |")
     if static:
         fleet = compare(adaptive, static)["fleet"]
         lines.append(f"| **fleet** | | | | | 1.00 | | 1.00 | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
                      f"| **{_f(fleet['ratio'])}** |")
     return "\n".join(lines)
+
+
+def _get(row: Mapping[str, Any] | None, key: str) -> float | None:
+    return None if row is None else row.get(key)
 
 
 def _pct(value: float | None) -> float | None:

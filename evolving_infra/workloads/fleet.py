@@ -28,6 +28,7 @@ import random
 from dataclasses import dataclass
 
 from evolving_infra.workloads import cc
+from evolving_infra.workloads.cc import CCParams
 from evolving_infra.workloads.common import Record, agent_rng
 from evolving_infra.workloads.dist import LogNormal, apportion, interleave
 from evolving_infra.workloads.params import param
@@ -36,10 +37,10 @@ LABELS = ("cc", "codex")
 REGION_LABEL = "evolving-infra.io/region"
 """The partition label a fleet user's region constrains (`requires` of its agent records)."""
 
-_CC_FLEET = cc.CCParams(
+_CC_FLEET = CCParams(
     main_steps=LogNormal(30, 0.7, lo=2, hi=150),
 )
-_CODEX = cc.CCParams(
+_CODEX = CCParams(
     first_prompt_tokens=LogNormal(8_000, 0.8, lo=50, hi=60_000),
     main_steps=LogNormal(30, 0.7, lo=2, hi=150),
     tool_result_tokens=LogNormal(500, 1.0, lo=10, hi=20_000),
@@ -71,9 +72,9 @@ class Region:
 class FleetParams:
     """The D.2 fleet: regions of partitions, two workloads, the span the local shifts are compressed into."""
 
-    cc: cc.CCParams = param(_CC_FLEET, "the cc kind with 30 main-branch steps per task (assumption: tasks of "
+    cc: CCParams = param(_CC_FLEET, "the cc kind with 30 main-branch steps per task (assumption: tasks of "
                             "~15 minutes, so agents turn over several times in the compressed span)")
-    codex: cc.CCParams = param(_CODEX, "assumption: a decode-heavier coding agent (8K first prompts, 500-token tool "
+    codex: CCParams = param(_CODEX, "assumption: a decode-heavier coding agent (8K first prompts, 500-token tool "
                                "results, 2,500-token outputs, few sub-agents) for the paper's Codex traces")
     regions: tuple[Region, ...] = param(
         (Region("main", 6, 0.5, 0.5), Region("east", 1, 0.2, 0.8), Region("west", 1, 0.8, 0.2)),
@@ -123,7 +124,7 @@ class FleetParams:
         """Concurrency per region, proportional to its partitions."""
         return apportion(concurrency, [r.partitions for r in self.regions])
 
-    def params_of(self, label: str) -> cc.CCParams:
+    def params_of(self, label: str) -> CCParams:
         return self.cc if label == "cc" else self.codex
 
 
@@ -206,9 +207,9 @@ def agent_records(p: FleetParams, slot: AgentSlot, seed: int) -> list[Record]:
             record["user"] = slot.user
             record["requires"] = slot.requires
         elif record["kind"] == "request":
-            shared = record["input"].get("shared")
-            if shared is not None:
-                record["input"] = {**record["input"], "shared": _prefix_name(slot.label, shared)}
+            source = record["input"]
+            if isinstance(source, dict) and isinstance(source.get("shared"), str):
+                record["input"] = {**source, "shared": _prefix_name(slot.label, source["shared"])}
     return records
 
 
