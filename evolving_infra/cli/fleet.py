@@ -52,7 +52,10 @@ async def _from_gateway(url: str, timeout_s: float, as_json: bool) -> str:
 
 async def _from_partitions(args: argparse.Namespace) -> str:
     source = make_source(args)
-    parts = await source.load()
+    try:
+        parts = await source.load()
+    finally:
+        source.close()
     loads: dict[str, Any] = {}
     if args.metrics:
         async with aiohttp.ClientSession() as session:

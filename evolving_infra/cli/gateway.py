@@ -162,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
             await stop.wait()
         finally:
             await gateway.stop()
+            source.close()
 
     try:
         asyncio.run(main())
@@ -186,6 +187,8 @@ def _httproutes(args: argparse.Namespace) -> int:
         partitions = asyncio.run(source.load())
     except FleetFileError as exc:
         raise CliError(f"the partitions cannot be used:\n{exc}", USAGE_ERROR) from None
+    finally:
+        source.close()
     sys.stdout.write(yaml.safe_dump_all(build_httproutes(partitions, args.gateway_name, args.gateway_namespace), sort_keys=False))
     return 0
 

@@ -34,6 +34,8 @@ class PartitionSource(Protocol):
 
     async def load(self) -> list[FleetPartition]: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class FileSource:
@@ -44,6 +46,9 @@ class FileSource:
 
     async def load(self) -> list[FleetPartition]:
         return await asyncio.to_thread(load_partitions, self.paths)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -64,6 +69,9 @@ class KubeSource:
             named.append((f"{md.get('namespace', '?')}/{md.get('name', '?')}", obj))
         named.sort(key=lambda pair: pair[0])
         return partitions_from_objects(named, default_namespace=self.namespace or "default")
+
+    def close(self) -> None:
+        self.api.close()
 
 
 async def fetch_router_load(session: aiohttp.ClientSession, url: str, timeout_s: float) -> RouterLoad | None:

@@ -186,3 +186,43 @@ def test_partition_weight_is_its_gpus() -> None:
 
     (p,) = partitions_from_objects([("x", cluster("a", "ns", {"region": "eu"}))])
     assert p.to_binding() == Partition("ns/a", {"region": "eu", "evolving-infra.io/profile": "glm-5.2-4xgb300-tp4"}, 24.0)
+
+
+def test_fleet_status_reads_the_selected_clusters_through_a_kubeconfig(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def main_() -> None:
+        emulator_mod = _emulator_module()
+        async with emulator_mod.Emulator() as emulator, kmock.Server(emulator) as server:
+            emulator.load_crd(REPO / "crds" / "agentservingclusters.yaml")
+            url = str(server.url).rstrip("/")
+            writer = KubeApi(client_for(url), field_manager="test")
+            try:
+                for name in ("p0", "p1"):
+                    await writer.create(cluster(name, "agents", {"evolving-infra.io/fleet": "f"}))
+                await writer.create(cluster("other", "agents", {}))
+                status = {"split": "3P3D", "prefill": 3, "decode": 3, "adapting": True}
+                head = {k: v for k, v in cluster("p1", "agents", {}).items() if k in ("apiVersion", "kind")}
+                await writer.apply({**head, "metadata": {"name": "p1", "namespace": "agents"}, "status": status}, "status")
+            finally:
+                writer.close()
+            kubeconfig = tmp_path / "kubeconfig"
+            kubeconfig.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1", "kind": "Config", "current-context": "emu",
+                        "clusters": [{"name": "emu", "cluster": {"server": url}}],
+                        "users": [{"name": "u", "user": {"token": "t"}}],
+                        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "u"}}],
+                    }
+                )
+            )  # fmt: skip
+            argv = ["fleet", "status", "--cluster-labels", "evolving-infra.io/fleet=f", "--kubeconfig", str(kubeconfig), "--json"]
+            assert await asyncio.to_thread(main, argv) == 0
+
+    asyncio.run(main_())
+    view = json.loads(capsys.readouterr().out)
+    rows = {r["partition"]: r for r in view["partitions"]}
+    assert set(rows) == {"agents/p0", "agents/p1"}
+    assert rows["agents/p1"]["split"] == "3P3D" and rows["agents/p1"]["adapting"] is True
+    assert rows["agents/p0"]["split"] == "2P4D (initial)" and view["totals"]["adapting"] == 1
