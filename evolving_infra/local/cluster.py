@@ -47,7 +47,7 @@ from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing.registry import PREFILL_ROUTING
 
 
-class Gateway(enum.Enum):
+class Gateway(str, enum.Enum):
     """What fronts the node agents: our router, or SGLang's model gateway (`smg`)."""
 
     OURS = "ours"

@@ -113,7 +113,8 @@ def markdown(report: dict[str, Any]) -> str:
         "| | |",
         "|---|---|",
         f"| cluster | {cfg['nodes']} nodes, initial split {report['config']['split']}, planner {cfg['planner']}, "
-        f"routing {cfg['routing']}, speed-up {cfg['speed_up']:g}x |",
+        f"routing {cfg['routing']}, speed-up {cfg['speed_up']:g}x"
+        + (" (SGLang's gateway smg in front, PD mode, cache_aware prefill)" if cfg.get("gateway") == "smg" else "") + " |",
         f"| planner window | {cfg['window_s']:g} s in {cfg['slices']} slices, cooldown {cfg['cooldown_s']:g} s (emulated) |",
         f"| run | {_f(run['wall_s'], 1)} s wall ({_f(run['emulated_s'], 1)} s emulated), startup {_f(run['startup_wall_s'], 1)} s |",
         f"| requests | {run['finished']} finished, {run['failed']} failed, {run['issued']} issued of {run['trace_requests']} in the trace |",
