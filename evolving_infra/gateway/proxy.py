@@ -6,8 +6,9 @@ request id the gateway resolved (`X-Request-Id`, so the router echoes the same o
 back with its status, headers (less hop-by-hop) and body bytes as they arrive (`iter_any`: each
 server-sent event is written on as soon as it is read), plus `x-evolving-partition`.
 
-A failure to connect, or a connection lost before the answer's head, is `PartitionDown` (nothing was sent
-to the client yet, so the server answers 503). A failure after the head was sent can only end the
+A failure to connect, or a connection lost before the answer's head (twice: a kept-alive connection the
+router closed is retried once on a fresh one), is `PartitionDown` (nothing was sent to the client yet, so
+the server answers 503). A failure after the head was sent can only end the
 stream: the connection is closed.
 
 Boundary: HTTP plumbing; which partition is the caller's.
@@ -65,20 +66,28 @@ async def forward(
 ) -> web.StreamResponse:
     """Send `request` (with `body`) to `base_url` and stream the answer back to the client."""
     timeout = aiohttp.ClientTimeout(total=total_timeout_s, sock_connect=connect_timeout_s)
-    try:
-        upstream = await session.request(
-            request.method,
-            base_url + request.rel_url.path_qs,
-            data=body if body else None,
-            headers=_outgoing(request.headers, partition, request_id),
-            timeout=timeout,
-            allow_redirects=False,
-            auto_decompress=False,
-        )
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        raise PartitionDown(f"{type(exc).__name__}: {exc}") from None
-    except asyncio.TimeoutError:
-        raise UpstreamTimeout() from None
+    headers = _outgoing(request.headers, partition, request_id)
+    for attempt in range(2):
+        try:
+            upstream = await session.request(
+                request.method,
+                base_url + request.rel_url.path_qs,
+                data=body if body else None,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
+                auto_decompress=False,
+            )
+            break
+        except aiohttp.ClientConnectorError as exc:  # nothing listens: the partition is down
+            raise PartitionDown(f"{type(exc).__name__}: {exc}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # A kept-alive connection the router closed (e.g. it restarted): once more on a fresh one.
+            # Safe before the answer's head: the router answers nothing twice and inference has no side effects.
+            if attempt == 1:
+                raise PartitionDown(f"{type(exc).__name__}: {exc}") from None
+        except asyncio.TimeoutError:
+            raise UpstreamTimeout() from None
     try:
         on_head(upstream.status)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)

@@ -178,6 +178,7 @@ def test_a_down_partition_gets_503_with_a_retry_hint(tmp_path: Path) -> None:
         headers = {"x-evolving-user": "bob"}
         async with f.session.post(f.url("/v1/chat/completions"), json=CHAT, headers=headers) as r:
             home = r.headers["x-evolving-partition"]
+        home_port = f.routers[home.split("/")[1]].port
         await f.routers[home.split("/")[1]].close()  # the partition's router goes away
         for _ in range(2):  # the connection failure, then the remembered down state
             async with f.session.post(f.url("/v1/chat/completions"), json=CHAT, headers=headers) as r:
@@ -203,6 +204,23 @@ def test_a_down_partition_gets_503_with_a_retry_hint(tmp_path: Path) -> None:
         async with f.session.get(f.url("/fleet?format=table&scrape=0")) as r:
             table = await r.text()
         assert "agents/p0" in table and "fleet: 2 partitions, 8 nodes, 32 GPUs" in table
+
+        # The router comes back on its port: the next probe marks the partition up, and bob, who was
+        # never moved, is served there again.
+        app = create_app(RouterHttpSettings(tokenize_processes=0), FakeBackend())
+        back = TestServer(app, host="127.0.0.1", port=home_port)
+        await back.start_server()
+        try:
+            state = f.gateway.state
+            await state.health.probe_all(f.session, {k: p.router_url for k, p in state.partitions.items()}, 5.0)
+            async with f.session.post(f.url("/v1/chat/completions"), json=CHAT, headers=headers) as r:
+                assert r.status == 200 and r.headers["x-evolving-partition"] == home, await r.text()
+        finally:
+            await back.close()
+        await f.routers[other.split("/")[1]].close()
+        await state.health.probe_all(f.session, {k: p.router_url for k, p in state.partitions.items()}, 5.0)
+        async with f.session.get(f.url("/readyz")) as r:
+            assert r.status == 503 and (await r.json())["reason"] == "every partition is down"
 
     run(tmp_path, scenario, retry_after_s=7.0)
 
