@@ -242,8 +242,8 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
             ok[rate] = sustains(mean)
             cells.append(("**" if ok[rate] else "") + f"{_f(mean['ttft_p50'])} / {_f(mean['ttft_p95'])} / "
                          f"{_f(mean['e2e_p50'])}" + ("**" if ok[rate] else ""))  # fmt: skip
-        rate = sustained_rate(ok)
-        lines.append(f"| {system} | " + " | ".join(cells) + f" | {'-' if rate is None else f'{rate:g}/min'} |")
+        held = sustained_rate(ok)
+        lines.append(f"| {system} | " + " | ".join(cells) + f" | {'-' if held is None else f'{held:g}/min'} |")
     return "\n".join(lines)
 
 
