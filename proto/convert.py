@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.itermodel import IterationRecord, PrefillItem
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
@@ -238,3 +239,18 @@ def counts_from_proto(message: pb.CountUpdate) -> dict[PageHash, int]:
             "(the arrays are parallel and must have equal length)"
         )
     return {PageHash(p): c for p, c in zip(message.pages, message.counts, strict=True)}
+
+
+def fetch_run_to_proto(run: FetchRun, peer_address: str = "") -> pb.FetchRun:
+    """A bound run as the wire carries it: the peer it is pulled from and its page hashes."""
+    return pb.FetchRun(peer=run.peer, pages=run.pages, peer_address=peer_address)
+
+
+def fetch_runs_from_proto(messages: Iterable[pb.FetchRun], prompt: tuple[PageHash, ...]) -> tuple[FetchRun, ...]:
+    """The runs of `messages`, bound to the request's `prompt` pages: a message's pages must be prompt pages in
+    prompt order; where they skip pages they become several runs. Raises ValueError naming the page otherwise."""
+    return tuple(
+        run
+        for message in messages
+        for run in FetchRun.runs_of(NodeId(message.peer), tuple(PageHash(p) for p in message.pages), prompt)
+    )

@@ -23,6 +23,8 @@ from evolving_infra.node_agent.api.limits import MAX_PROMPT_PAGES, check_count, 
 from evolving_infra.node_agent.engine.tier import TierGauges
 from evolving_infra.node_agent.transfer.base import TransportKind
 from evolving_infra.proto.convert import (  # noqa: F401 - re-exported: the node agent's edge in one place
+    fetch_run_to_proto,
+    fetch_runs_from_proto,
     counts_from_proto,
     counts_to_proto,
     iteration_from_proto,
@@ -133,20 +135,6 @@ def trace_from_proto(message: pb.TraceContext) -> dict[str, str]:
     """The non-empty trace headers."""
     headers = {"traceparent": message.traceparent, "tracestate": message.tracestate}
     return {k: v for k, v in headers.items() if v}
-
-
-def fetch_run_to_proto(run: FetchRun, peer_address: str = "") -> pb.FetchRun:
-    return pb.FetchRun(peer=run.peer, pages=run.pages, peer_address=peer_address)
-
-
-def fetch_runs_from_proto(messages: Iterable[pb.FetchRun], prompt: tuple[PageHash, ...]) -> tuple[FetchRun, ...]:
-    """The runs of `messages`, bound to the request's `prompt` pages: a message's pages must be prompt pages in
-    prompt order; where they skip pages they become several runs."""
-    return tuple(
-        run
-        for message in messages
-        for run in FetchRun.runs_of(NodeId(message.peer), tuple(PageHash(p) for p in message.pages), prompt)
-    )
 
 
 def _generated(message: pb.SubmitPrefillRequest | pb.SubmitDecodeRequest) -> tuple[PageHash, ...] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from evolving_infra.core.types import NodeId
+from evolving_infra.proto.convert import fetch_run_to_proto
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import FetchRun, PoolSnapshot, RoutedRequest
 
@@ -33,7 +34,7 @@ def prefill_to(
         prompt_tokens=r.prompt_tokens,
         output_tokens=0,
         t_acc=r.t_acc,
-        fetch=[pb.FetchRun(peer=run.peer, pages=list(run.pages), peer_address=addresses.get(run.peer, "")) for run in fetch],
+        fetch=[fetch_run_to_proto(run, addresses.get(run.peer, "")) for run in fetch],
         trace=trace,
     )
 
@@ -44,8 +45,9 @@ def decode_to(
     """The decode of `req` under `wire_id`, pulling its prompt KV from its prefill node `source`."""
     r = req.route
     fetch = []
-    if req.prompt_pages:
-        fetch = [pb.FetchRun(peer=source, pages=list(req.prompt_pages), peer_address=source_address)]
+    if req.prompt_pages:  # the whole prompt, from the prefill node
+        whole = FetchRun(0, len(req.prompt_pages), frozenset((source,)), tuple(req.prompt_pages))
+        fetch = [fetch_run_to_proto(whole, source_address)]
     return pb.SubmitDecodeRequest(
         request_id=wire_id,
         branch_id=r.branch,
