@@ -58,8 +58,8 @@ class Fleet:
 
 
 @asynccontextmanager
-async def fleet(tmp: Path, **settings: Any) -> AsyncIterator[Fleet]:
-    backends = {name: FakeBackend() for name in ("p0", "p1")}
+async def fleet(tmp: Path, backend: dict[str, Any] | None = None, **settings: Any) -> AsyncIterator[Fleet]:
+    backends = {name: FakeBackend(**(backend or {})) for name in ("p0", "p1")}
     routers: dict[str, TestServer] = {}
     for name, backend in backends.items():
         app = create_app(RouterHttpSettings(tokenize_processes=0), backend, clock=lambda: 1_700_000_000.0)
@@ -81,9 +81,9 @@ async def fleet(tmp: Path, **settings: Any) -> AsyncIterator[Fleet]:
             await server.close()
 
 
-def run(tmp: Path, scenario: Callable[[Fleet], Awaitable[None]], **settings: Any) -> None:
+def run(tmp: Path, scenario: Callable[[Fleet], Awaitable[None]], backend: dict[str, Any] | None = None, **settings: Any) -> None:
     async def main() -> None:
-        async with fleet(tmp, **settings) as f:
+        async with fleet(tmp, backend, **settings) as f:
             await scenario(f)
 
     asyncio.run(main())
@@ -274,3 +274,19 @@ def test_api_keys_identify_users_and_carry_their_requirements(tmp_path: Path) ->
             assert r.status == 200  # probes need no key
 
     run(tmp_path, scenario, api_key_file=keys, key_requirements_file=key_reqs)
+
+
+def test_a_client_that_goes_away_mid_stream_closes_the_partition_stream(tmp_path: Path) -> None:
+    async def scenario(f: Fleet) -> None:
+        body = {**CHAT, "max_tokens": 200, "stream": True}
+        async with f.session.post(f.url("/v1/chat/completions"), json=body, headers={"x-evolving-user": "dan"}) as r:
+            partition = r.headers["x-evolving-partition"]
+            await r.content.readline()  # the first event arrived; then the client hangs up
+        backend = f.backends[partition.split("/")[1]]
+        for _ in range(100):
+            if backend.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert backend.cancelled == [backend.requests[-1].request_id]
+
+    run(tmp_path, scenario, backend={"inter_token_delay_s": 0.02})
