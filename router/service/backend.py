@@ -65,6 +65,9 @@ from evolving_infra.router.service.wire import decode_to, prefill_to
 
 log = logging.getLogger(__name__)
 
+RETRY_BACKOFF_S = 0.05
+"""Wait before a request's second attempt, doubled for each further one."""
+
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
     grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -205,6 +208,9 @@ class LiveRouter:
                             retry_after_s=1.0,
                         ) from None
                     log.info("request %s: attempt %d failed (%s); routing again", flight.req.id, attempt, retry)
+                    # Back off before routing again: a node that refused (switching, draining) or failed reports
+                    # its new state within moments, and an immediate retry would pick it again on the old view.
+                    await asyncio.sleep(min(RETRY_BACKOFF_S * 2 ** (attempt - 1), max(0.0, deadline - loop.time())))
         finally:
             self._end(flight)
 
