@@ -106,3 +106,10 @@ def test_the_shipped_httproutes_are_current() -> None:
     command = shlex.split(header.lstrip("# "))
     assert command[:3] == ["evolving-infra", "gateway", "httproutes"]
     assert shipped == build_httproutes(load_partitions([FLEET]), "inference")
+
+
+@pytest.mark.parametrize("version", ("1.33.0", "1.37.0"))
+def test_the_component_objects_are_valid_kubernetes(version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
+    for obj in _objects().values():
+        kubernetes_validate.validate(obj, version, strict=True)
