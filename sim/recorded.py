@@ -12,12 +12,12 @@ holds nothing to replay.
 `evolving-infra local --record`): what a live request spends outside the engine model, per request and per
 decode iteration, calibrated from the recording's own timestamps against a replay that charges nothing
 (`calibrate_overheads`):
-- `iteration_s + token_s * B`: per decode iteration of a batch of B requests: the engine loop's wake-up and
-  publication time (per iteration) and each token's way through gRPC, the router and HTTP (per request in the
-  batch; on a machine of few cores, concurrent streams contend). Per request, (recorded decode span - replayed
-  decode span) / iterations is regressed on the request's mean decode batch in the replay (Theil-Sen: the median
-  of pairwise slopes, then the median intercept). Charged inside the simulation as costs added to eq. 2's d0
-  and d2, so they delay every request that shares the node.
+- `iteration_s`: per decode iteration, the median over requests of (recorded decode span - replayed decode span)
+  / iterations: the engine loop's wake-up and publication time, each token's way through gRPC, the router and
+  HTTP. Charged inside the simulation as a cost added to eq. 2's fixed cost d0, so it delays every request
+  that shares the node. (A per-request-in-the-batch term, regressed on the replay's decode batch, was tried:
+  on the tiny preset the concurrent requests are also the cold ones, so the slope took the cold start for
+  contention and overcharged the replay by 18 %.)
 - `request_s`: per request, the median over requests of (recorded TTFT - replayed TTFT) once the iteration
   cost is charged: HTTP and routing on the router, the prefill and decode gRPC calls, the decode node's pull
   of the prompt's KV (real bytes over gRPC instead of the profile's link), and the first token's way back
@@ -75,11 +75,9 @@ class LivePathOverheads:
     """Per decode iteration: added to eq. 2's fixed cost d0."""
     requests: int
     """Requests the medians were taken over."""
-    token_s: float = 0.0
-    """Per request in a decode batch, per iteration: added to eq. 2's per-request cost d2."""
 
     def __post_init__(self) -> None:
-        for name in ("request_s", "iteration_s", "token_s"):
+        for name in ("request_s", "iteration_s"):
             value = getattr(self, name)
             if not math.isfinite(value):
                 raise ValueError(f"live_path.{name} must be finite, got {value}")
@@ -87,14 +85,14 @@ class LivePathOverheads:
             raise ValueError(f"live_path.requests must be >= 1, got {self.requests}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "method": "robust residuals of the recording against an uncharged replay"}
+        return {**dataclasses.asdict(self), "method": "median residuals of the recording against an uncharged replay"}
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "live_path") -> LivePathOverheads:
         if not isinstance(doc, dict):
             raise ModelsFileError(f"{source}: 'live_path' must be an object")
         try:
-            return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]), float(doc.get("token_s", 0.0)))
+            return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelsFileError(f"{source}: bad live_path: {exc}") from None
 
@@ -104,76 +102,38 @@ def decode_iterations(output_tokens: int, t_acc: float) -> int:
     return max(1, math.ceil(output_tokens / t_acc - 1e-9))
 
 
-def decode_batches(records: Sequence[RequestRecord]) -> dict[str, float]:
-    """Each request's mean decode batch: the requests of its decode node whose decode (first token to end)
-    overlaps its own, weighted by the overlap (itself included, so >= 1)."""
-    by_node: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        by_node.setdefault(r.decode_node, []).append(r)
-    out: dict[str, float] = {}
-    for group in by_node.values():
-        for r in group:
-            span = r.finish - r.first_token
-            if span <= 0:
-                out[r.request_id] = 1.0
-                continue
-            shared = sum(max(0.0, min(r.finish, o.finish) - max(r.first_token, o.first_token)) for o in group)
-            out[r.request_id] = max(1.0, shared / span)
-    return out
-
-
-def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """(intercept, slope): the median of pairwise slopes (0 when every x is equal), then the median intercept."""
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
-              if abs(xs[j] - xs[i]) > 1e-9]  # fmt: skip
-    slope = statistics.median(slopes) if slopes else 0.0
-    return statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True)), slope
-
-
 def calibrate_overheads(
     recorded: Sequence[Mapping[str, Any]], uncharged: Sequence[RequestRecord], charged_iterations: Sequence[RequestRecord],
     t_acc: float,
 ) -> LivePathOverheads:  # fmt: skip
     """The live path's overheads from the recording's own timestamps (`recorded_ttft_s`, `recorded_e2e_s` of its
-    request rows, emulated seconds): the per-iteration costs against the replay that charges nothing
-    (`uncharged`), `request_s` against the replay that charges only those (`charged_iterations`). Replay records
+    request rows, emulated seconds): `iteration_s` against the replay that charges nothing (`uncharged`),
+    `request_s` against the replay that charges only that (`charged_iterations`). Replay records
     are matched to rows by request id; rows without both times, or not replayed, are left out. Negative
     estimates are charged as 0."""
     rows = {str(r["id"]): r for r in recorded if r.get("recorded_ttft_s") is not None and r.get("recorded_e2e_s") is not None}
-    matched = [s for s in uncharged if s.request_id in rows]
-    batches = decode_batches(uncharged)
     per_iteration = [
         ((float(rows[s.request_id]["recorded_e2e_s"]) - float(rows[s.request_id]["recorded_ttft_s"]))
          - (s.finish - s.first_token)) / decode_iterations(s.output_tokens, t_acc)
-        for s in matched
+        for s in uncharged if s.request_id in rows
     ]  # fmt: skip
     per_request = [float(rows[s.request_id]["recorded_ttft_s"]) - (s.first_token - s.issued)
                    for s in charged_iterations if s.request_id in rows]  # fmt: skip
     if not per_iteration or not per_request:
         raise ValueError("no recorded request with its TTFT and E2E was replayed: nothing to calibrate on")
-    intercept, slope = _theil_sen([batches[s.request_id] for s in matched], per_iteration)
-    slope = max(0.0, slope)
-    if slope == 0.0:
-        intercept = statistics.median(per_iteration)
     return LivePathOverheads(
         request_s=max(0.0, statistics.median(per_request)),
-        iteration_s=max(0.0, intercept),
+        iteration_s=max(0.0, statistics.median(per_iteration)),
         requests=len(per_request),
-        token_s=slope,
     )
 
 
 def with_iteration_cost(profile: HardwareProfile, overheads: LivePathOverheads, source: str = "live path") -> HardwareProfile:
-    """`profile` with the live path's per-iteration costs added to every decode iteration (d0, d2)."""
-    if overheads.iteration_s == 0 and overheads.token_s == 0:
+    """`profile` with the live path's per-iteration cost added to every decode iteration (d0)."""
+    if overheads.iteration_s == 0:
         return profile
-    d = profile.decode
-    decode = d.model_copy(update={"d0": d.d0 + overheads.iteration_s, "d2": d.d2 + overheads.token_s})
-    sources = {
-        **profile.sources,
-        "decode.d0": f"{profile.sources.get('decode.d0', 'profile')} + {source} per-iteration cost",
-        "decode.d2": f"{profile.sources.get('decode.d2', 'profile')} + {source} per-token cost",
-    }
+    decode = profile.decode.model_copy(update={"d0": profile.decode.d0 + overheads.iteration_s})
+    sources = {**profile.sources, "decode.d0": f"{profile.sources.get('decode.d0', 'profile')} + {source} per-iteration cost"}
     return profile.model_copy(update={"decode": decode, "sources": sources})
 
 
