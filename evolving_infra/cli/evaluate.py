@@ -470,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ray-address", help="Ray cluster of --executor ray (default: a private local instance)")
     run.add_argument("--cache", default="runs/eval", help="folder of cached run records (default runs/eval)")
     run.add_argument("--force", action="store_true", help="rerun cached runs")
+    run.add_argument("--dry-run", action="store_true", help="list the runs (key and command) and how many are cached")
     run.add_argument("--trace", action="append", metavar="FILE",
                      help="replay this trace file (repeatable) instead of the matrix; needs --profile, --split, --agents")
     run.add_argument("--profile", help="hardware profile of --trace runs")
@@ -515,6 +516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.warmup_exit:
             specs = [replace(s, warmup_exit=args.warmup_exit, label=f"{s.label or s.system} (exit {args.warmup_exit})")
                      for s in specs]  # fmt: skip
+        if args.dry_run:
+            for s in specs:
+                cached = (cache / f"{s.key()}.json").exists()
+                print(f"{'cached ' if cached else 'to run '}{s.key()}\t{s.command()}")
+            print(f"{len(specs)} runs, {sum((cache / f'{s.key()}.json').exists() for s in specs)} cached", file=sys.stderr)
+            return 0
         run_matrix(specs, cache, args.jobs, args.force, executor=args.executor, ray_address=args.ray_address)
         return 0
     records = load_records(cache)
