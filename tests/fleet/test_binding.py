@@ -273,3 +273,23 @@ def test_the_binding_bench_reports_the_bound_and_the_movement() -> None:
     out = bench_binding(users=4000, partitions=4, load_factor=1.25)
     assert out["max_load_over_share"] <= out["bound"] == 1.25
     assert abs(out["moved_on_join"] - out["ideal_moved_on_join"]) < 0.05 and out["binds_per_s"] > 0
+
+
+def test_bindings_agree_across_processes() -> None:
+    """Another interpreter (another hash seed) binds the same users to the same partitions."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json; from evolving_infra.fleet.binding import Binder, Partition, Requirements\n"
+        "b = Binder([Partition(f'p{i}', {'region': 'eu' if i % 2 else 'us'}, 1.0 + i) for i in range(6)])\n"
+        "r = Requirements.parse('region=eu')\n"
+        "print(json.dumps([b.bind(f'u{i}', r if i % 3 == 0 else Requirements()).partition for i in range(300)]))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout)
+    here = Binder([Partition(f"p{i}", {"region": "eu" if i % 2 else "us"}, 1.0 + i) for i in range(6)])
+    eu = Requirements.parse("region=eu")
+    assert other == [here.bind(f"u{i}", eu if i % 3 == 0 else Requirements()).partition for i in range(300)]
