@@ -62,6 +62,43 @@ class DecodeModel(_Strict):
         return DecodeCoefficients(self.d0, self.d1, self.d2, self.k, self.experts, self.t_fwd)
 
 
+class GroundTruth(_Strict):
+    """What the emulated engine's true iteration time adds to eq. 1 and 2 (docs/hardware-profiles.md, "Ground truth").
+
+    The fitted models have the form of eq. 1 and 2, so none of these can be captured exactly: the held-out
+    error of a fit measures them together with the noise. All zero (the default for a user's profile) makes
+    the true time eq. 1 and 2 with the profile's coefficients.
+    """
+
+    prefill_chunk_s: float = Field(
+        default=0.0, ge=0, le=1, description="fixed cost of each request's chunk in a prefill iteration (s)"
+    )
+    decode_context_s: float = Field(
+        default=0.0, ge=0, le=1e-6,
+        description="decode time per token of context held by the running batch (s per token; attention reads)",
+    )
+    decode_graph_sizes: tuple[int, ...] = Field(
+        default=(), description="captured decode batch sizes, ascending; a batch runs padded to the next one "
+        "(its per-request term d2 is paid for the padded size); empty or past the last: no padding",
+    )
+    node_slowdown: float = Field(
+        default=0.0, ge=0, le=1, description="largest relative slowdown of a node; each node's factor lies in "
+        "[1, 1 + node_slowdown], fixed by its id",
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> GroundTruth:
+        sizes = self.decode_graph_sizes
+        if any(b < 1 for b in sizes) or any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
+            raise ValueError(f"decode_graph_sizes must be positive and strictly ascending, got {list(sizes)}")
+        return self
+
+    @property
+    def exact(self) -> bool:
+        """Whether the true time is eq. 1 and 2 exactly (no effect set)."""
+        return not (self.prefill_chunk_s or self.decode_context_s or self.decode_graph_sizes or self.node_slowdown)
+
+
 class HardwareProfile(_Strict):
     """One node type: 4 GPUs serving one model with one parallelism, and its KV tiers and links."""
 
@@ -82,6 +119,20 @@ class HardwareProfile(_Strict):
     fetch_latency: float = Field(ge=0, description="fixed setup time of one peer fetch (s)")
     transfer_bandwidth: float = Field(gt=0, description="prefill-to-decode KV transfer bandwidth (bytes/s)")
     load_bandwidth: float = Field(gt=0, description="host-to-GPU load bandwidth within a node (bytes/s)")
+    nic_bandwidth: float | None = Field(
+        default=None, gt=0, description="each direction of a node's network interface, shared fairly by the "
+        "fetches and KV transfers in flight through it (bytes/s; None: the largest of fetch_bandwidth and "
+        "transfer_bandwidth)",
+    )
+    host_memory_bandwidth: float | None = Field(
+        default=None, gt=0, description="host-memory bandwidth of a node available to KV movement, shared fairly "
+        "by the fetches reading or writing it (bytes/s; None: no limit beyond the NIC)",
+    )
+    switch_latency: float = Field(
+        default=0.7, ge=0, le=600, description="seconds a node needs after its drain before it serves its new "
+        "phase (paper: 0.7 s on GPUs)",
+    )
+    truth: GroundTruth = Field(default_factory=GroundTruth, description="effects eq. 1 and 2 leave out")
     sources: dict[str, str] = Field(default_factory=dict, description="where each number comes from")
 
     @model_validator(mode="after")
@@ -110,7 +161,7 @@ class HardwareProfile(_Strict):
             sub = info.annotation
             if isinstance(sub, type) and issubclass(sub, BaseModel):
                 names.extend(f"{name}.{inner}" for inner in sub.model_fields)
-            elif info.annotation in (int, float):
+            elif info.annotation in (int, float, float | None):
                 names.append(name)
         return tuple(names)
 

@@ -53,9 +53,10 @@ def initial_phases(cfg: SimConfig) -> dict[str, Phase]:
 
 def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams) -> Callable[[NodeId, NodeMode], EngineCore]:
     def make(node: NodeId, mode: NodeMode) -> EngineCore:
-        rng = streams.seeded(f"noise/{node}") if cfg.noise > 0 else None
-        return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=cfg.noise, rng=rng,
-                          report_detail=False)
+        noise = cfg.engine_noise
+        rng = streams.seeded(f"noise/{node}") if noise > 0 else None
+        return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=noise, rng=rng,
+                          report_detail=False, exact_models=cfg.exact_models)
 
     return make
 

@@ -97,7 +97,14 @@ class SimConfig(BaseModel):
     agents: int | None = Field(default=None, ge=1, le=1_000_000, description="closed-loop concurrency (None: open loop)")
     max_active: int | None = Field(default=None, ge=1, description="open loop: cap on active agents (None: no cap)")
     seed: int = Field(default=0, ge=0, description="seed of every random stream of the run")
-    noise: float = Field(default=0.0, ge=0, le=1.0, description="relative std. dev. of iteration times, 0..1")
+    noise: float = Field(
+        default=0.05, ge=0, le=1.0, description="relative std. dev. of the engines' log-normal iteration-time noise, "
+        "0..1 (ignored with exact_models)"
+    )
+    exact_models: bool = Field(
+        default=False, description="debugging switch: engines take iteration times from eq. 1 and 2 alone (no ground-"
+        "truth effects, no noise), so fitted models can be exact"
+    )
     pause_rule: PauseRuleName = Field(default=PauseRuleName.NONE, description="agent pause rule (ThunderAgent)")
     context_length_tokens: int = Field(
         default=200_000, ge=1, description="model context length for Dynamo's prefill ratio (workloads cap at 200K)"
@@ -141,9 +148,16 @@ class SimConfig(BaseModel):
                 "models 'fitted' needs a collocated warmup with warmup_s > 0 (the fit needs both phases on every "
                 "node); set collocated_warmup and warmup_s, or use models 'profile'"
             )
+        if self.exact_models and "noise" in self.model_fields_set and self.noise > 0:
+            raise ValueError("exact_models runs the engines without noise; leave noise unset or 0")
         if self.agents is not None and self.max_active is not None:
             raise ValueError("agents (closed loop) and max_active (open loop) exclude each other")
         return self
+
+    @property
+    def engine_noise(self) -> float:
+        """The noise the engines apply: `noise`, or 0 with `exact_models`."""
+        return 0.0 if self.exact_models else self.noise
 
     @property
     def split_counts(self) -> tuple[int, int]:

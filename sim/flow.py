@@ -2,9 +2,13 @@
 
 issue (replayer effect) -> content pages -> BranchTable.request -> KvDirectory.lookup -> prefill routing over the
 accepting prefill nodes' views -> [SGLang: decode bound and KV reserved first] -> engine.submit_prefill with the
-fetch plan -> fetch completion after profile.fetch_time -> prefill started: decode bound (ours) and the branch
-placed -> prefill finished: first token, KV transfer after profile.transfer_time -> engine.submit_decode ->
-decode finished: record, replayer.completed -> next requests; branch ends -> BranchTable.end.
+fetch plan -> fetch runs over the links -> fetch completion (pages evicted at the source meanwhile fail and are
+recomputed) -> prefill started: decode bound (ours) and the branch placed -> prefill finished: first token, KV
+transfer over the links -> engine.submit_decode -> decode finished: record, replayer.completed -> next requests;
+branch ends -> BranchTable.end.
+
+Fetches and KV transfers share each node's NIC and host-memory bandwidth (`sim.links`): one pending kernel event
+(token `LINKS`) follows the next landing at the current rates and is moved whenever a flow starts or ends.
 
 Every handler returns kernel commands; node steps are scheduled with `state.kick`.
 
@@ -16,11 +20,15 @@ Boundary: the request path; iterations are driven by `stepping`, switches and th
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass, field
 from typing import cast
 
-from evolving_infra.core.types import BranchId, Phase, RequestId
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import BranchId, NodeId, Phase, RequestId
 from evolving_infra.node_agent.engine import (
+    DataPlane,
     DecodeFinished,
     DecodeRequest,
     FetchStarted,
@@ -32,6 +40,7 @@ from evolving_infra.router.core.control import RequestFinished
 from evolving_infra.router.routing import RouteRequest
 from evolving_infra.sim.config import DecodeReservation
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority, StopRun
+from evolving_infra.sim.links import Flow, FlowKind, Landed, LinkModel
 from evolving_infra.sim.pause import ProgramRecord
 from evolving_infra.sim.records import RequestRecord
 from evolving_infra.sim.replay import AgentFinished, AgentStarted, BranchEnded, Effect, IssueRequest
@@ -39,6 +48,8 @@ from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, a
 from evolving_infra.sim.views import decode_need, kv_room_tokens
 
 WAKE = "replayer-wake"
+LINKS = "links"
+_flow_ids = itertools.count()
 
 
 # -- replayer effects -------------------------------------------------------------------------------------
@@ -147,33 +158,142 @@ def submit_prefill(state: ClusterState, req: SimRequest, now: float) -> list[Com
     return start_fetches(state, node, effects.fetches, now) + kick(state, node, now)
 
 
+@dataclass(eq=False)
+class FetchGroup:
+    """The fetch runs of one request's attempt on one node: it completes when the last run lands."""
+
+    node: NodeId
+    request: str
+    attempt: int
+    outstanding: int = 0
+    failed: set[PageHash] = field(default_factory=set)
+    flows: list[Flow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRunFlow:
+    """What a fetch flow carries: its group, the pages it pulls and the source engine it reads them from."""
+
+    group: FetchGroup
+    peer: NodeId
+    pages: tuple[PageHash, ...]
+    source_engine: object
+
+
+def links(state: ClusterState) -> LinkModel:
+    model = state.links
+    if model is None:
+        model = state.links = LinkModel(state.profile)
+    assert isinstance(model, LinkModel)
+    return model
+
+
 def start_fetches(state: ClusterState, node: SimNode, fetches: tuple[FetchStarted, ...], now: float) -> list[Command]:
-    """Each request's fetch lands when its slowest peer run has arrived (runs from peers go in parallel)."""
-    due: dict[str, float] = {}
+    """Each run is a flow from its peer over the links; a request's fetch lands when its last run has."""
+    if not fetches:
+        return []
+    model = links(state)
+    groups: dict[str, FetchGroup] = {}
     for f in fetches:
-        due[f.request] = max(due.get(f.request, now), now + state.profile.fetch_time(f.tokens))
         req = state.requests.get(f.request)
         if req is not None:
             req.fetched += f.tokens
         state.stats.fetches += 1
         state.stats.fetched_tokens += f.tokens
-    out: list[Command] = []
-    for rid, at in due.items():
-        attempt = state.requests[rid].attempt if rid in state.requests else -1
-        payload = (node.id, rid, attempt)
-        out.append(Event(at, Priority.COMPLETION, lambda e: on_fetch_done(state, e), label=f"fetch {rid}", payload=payload))
+        group = groups.get(f.request)
+        if group is None:
+            attempt = req.attempt if req is not None else -1
+            group = groups[f.request] = FetchGroup(node.id, f.request, attempt)
+        peer = state.nodes.get(NodeId(f.peer))
+        source = peer.engine if peer is not None else None
+        group.outstanding += 1
+        key = (FlowKind.FETCH, next(_flow_ids))
+        flow = model.start(key, FlowKind.FETCH, str(f.peer), str(node.id), f.bytes, now,
+                           FetchRunFlow(group, NodeId(f.peer), tuple(f.pages), source))
+        group.flows.append(flow)
+    state.stats.peak_transfers = max(state.stats.peak_transfers, model.peak_concurrency)
+    return _links_changed(state, now)
+
+
+def _links_changed(state: ClusterState, now: float) -> list[Command]:
+    """Rates changed: move the pending landing event, and tell HiCache engines when their fetches now land."""
+    model = links(state)
+    if state.cfg.data_plane is DataPlane.HICACHE_LOADBACK:
+        seen: set[int] = set()
+        for flow in model.flows.values():
+            payload = flow.payload
+            if isinstance(payload, FetchRunFlow) and id(payload.group) not in seen:
+                seen.add(id(payload.group))
+                _tell_expected(state, payload.group)
+    out: list[Command] = [Cancel(LINKS)]
+    at = model.next_landing()
+    if at is not None:
+        out.append(Event(max(at, now), Priority.COMPLETION, lambda e: on_links(state, e), label="links", token=LINKS))
     return out
 
 
-def on_fetch_done(state: ClusterState, event: Event) -> list[Command]:
-    node_id, rid, attempt = event.payload
-    req = state.requests.get(rid)
-    node = state.nodes[node_id]
-    if req is None or req.attempt != attempt or req.prefill_node != node_id or node.engine is None:
+def _tell_expected(state: ClusterState, group: FetchGroup) -> None:
+    model = links(state)
+    ends = [model.expected_end(f.key) for f in group.flows if f.key in model.flows]
+    known = [t for t in ends if t is not None]
+    node = state.nodes[group.node]
+    req = state.requests.get(group.request)
+    if known and node.engine is not None and req is not None and req.attempt == group.attempt:
+        node.engine.fetch_expected(group.request, max(known))
+
+
+def on_links(state: ClusterState, event: Event) -> list[Command]:
+    """Flows whose last byte arrived now: transfers are handed over, fetch runs complete after their latency."""
+    now = event.time
+    out: list[Command] = []
+    for landed in links(state).land(now):
+        if landed.at > now:
+            out.append(Event(landed.at, Priority.COMPLETION, lambda e: _flow_done(state, e.payload, e.time),
+                             label=f"landed {landed.flow.key}", payload=landed))
+        else:
+            out += _flow_done(state, landed, now)
+    return out + _links_changed(state, now)
+
+
+def _flow_done(state: ClusterState, landed: Landed, now: float) -> list[Command]:
+    payload = landed.flow.payload
+    if isinstance(payload, FetchRunFlow):
+        return _fetch_run_done(state, payload, now)
+    assert isinstance(payload, tuple)
+    return transfer_landed(state, payload, now)
+
+
+def _fetch_run_done(state: ClusterState, run: FetchRunFlow, now: float) -> list[Command]:
+    """A fetch run landed: pages its source no longer holds in host memory never arrived (the source evicted
+    them, or was relaunched, while the fetch ran)."""
+    group = run.group
+    source = state.nodes.get(run.peer)
+    engine = source.engine if source is not None else None
+    if engine is None or engine is not run.source_engine:
+        missing = set(run.pages)
+    else:
+        held = engine.pool.l2.resident_set()
+        missing = {p for p in run.pages if p not in held}
+    if missing:
+        group.failed |= missing
+        state.stats.failed_fetches += 1
+        state.stats.failed_fetch_tokens += len(missing) * state.profile.page_tokens
+    group.outstanding -= 1
+    if group.outstanding > 0:
         return []
-    effects = node.engine.fetch_completed(rid, event.time)
-    absorb(state, node_id, effects.events)
-    return start_fetches(state, node, effects.fetches, event.time) + kick(state, node, event.time)
+    return fetch_done(state, group, now)
+
+
+def fetch_done(state: ClusterState, group: FetchGroup, now: float) -> list[Command]:
+    req = state.requests.get(group.request)
+    node = state.nodes[group.node]
+    if req is None or req.attempt != group.attempt or req.prefill_node != group.node or node.engine is None:
+        return []
+    effects = node.engine.fetch_completed(group.request, now, frozenset(group.failed))
+    if group.failed and effects.applied:
+        req.fetched = max(0, req.fetched - len(group.failed) * state.profile.page_tokens)
+    absorb(state, group.node, effects.events)
+    return start_fetches(state, node, effects.fetches, now) + kick(state, node, now)
 
 
 # -- decode binding and reservations ----------------------------------------------------------------------
@@ -269,18 +389,23 @@ def on_prefill_finished(state: ClusterState, node: SimNode, finished: PrefillFin
 
 
 def start_transfer(state: ClusterState, req: SimRequest, now: float) -> list[Command]:
+    """The prefill node sends the request's prompt KV to its decode node over the links."""
     req.stage = Stage.TRANSFER
-    at = now + state.profile.transfer_time(req.route.prompt_tokens)
+    model = links(state)
+    nbytes = req.route.prompt_tokens * state.profile.kv_bytes_per_token
     payload = (req.id, req.attempt, req.decode_node)
-    return [Event(at, Priority.COMPLETION, lambda e: on_transfer_done(state, e), label=f"transfer {req.id}", payload=payload)]
+    key = (FlowKind.TRANSFER, next(_flow_ids))
+    model.start(key, FlowKind.TRANSFER, str(req.prefill_node), str(req.decode_node), nbytes, now, payload)
+    state.stats.peak_transfers = max(state.stats.peak_transfers, model.peak_concurrency)
+    return _links_changed(state, now)
 
 
-def on_transfer_done(state: ClusterState, event: Event) -> list[Command]:
-    rid, attempt, target_id = event.payload
+def transfer_landed(state: ClusterState, payload: tuple[str, int, NodeId | None], now: float) -> list[Command]:
+    rid, attempt, target_id = payload
     req = state.requests.get(rid)
-    now = event.time
     if req is None or req.attempt != attempt or req.decode_node != target_id or req.stage is not Stage.TRANSFER:
         return []
+    assert target_id is not None  # a transfer starts once the decode node is bound
     target = state.nodes[target_id]
     if not target.accepts(Phase.DECODE):
         unbind(state, req)

@@ -120,6 +120,11 @@ class RunStats:
     rebound: int = 0
     fetches: int = 0
     fetched_tokens: int = 0
+    failed_fetches: int = 0
+    """Fetch runs that found some of their pages evicted at the source when they landed (recomputed)."""
+    failed_fetch_tokens: int = 0
+    peak_transfers: int = 0
+    """Most fetches and KV transfers in flight at once over the links (`sim.links`)."""
     planner_ticks: int = 0
     planner_switches: int = 0
     pauses: int = 0
@@ -162,6 +167,8 @@ class ClusterState:
     on_iteration_end: Callable[[Event], list[Command]] | None = None
     """The handler of iteration-end events (made once by `stepping`)."""
     scored_end: float | None = None
+    links: Any = None
+    """The fetches and KV transfers in flight (`sim.links.LinkModel`), made by `sim.flow` on first use."""
 
     @property
     def collocated(self) -> bool:

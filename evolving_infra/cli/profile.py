@@ -104,6 +104,15 @@ def _lookup(data: dict[str, Any], dotted: str) -> Any:
 
 
 def _format(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        shown = [_format(v) for v in value]
+        if len(shown) > 4:  # keep the table's columns readable
+            shown = [*shown[:2], "...", shown[-1]]
+        return f"[{', '.join(shown)}] ({len(value)})"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float) and value != 0 and not 1e-3 <= abs(value) < 1e6:
         return f"{value:.4g}"
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"

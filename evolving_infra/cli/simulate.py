@@ -72,7 +72,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the run and of a generated workload (default 0)")
     p.add_argument("--warmup", type=float, help="warmup seconds excluded from scoring (default 1800)")
     p.add_argument("--duration", type=float, help="scored seconds after warmup (default: until the trace ends)")
-    p.add_argument("--noise", type=float, help="relative std. dev. of iteration times (default 0)")
+    p.add_argument("--noise", type=float, help="relative std. dev. of the engines' iteration-time noise (default 0.05)")
+    p.add_argument("--exact-models", action="store_true", default=None,
+                   help="debugging switch: engines time iterations by eq. 1 and 2 alone (no ground-truth effects, "
+                   "no noise), so the fitted models can be exact")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, requests.jsonl and PNG plots (split, latency CDF, KV lost) into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -92,6 +95,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         "eviction": args.eviction, "data_plane": args.data_plane, "models": args.models, "profile": args.profile,
         "nodes": args.nodes, "split": args.split, "agents": args.agents, "seed": args.seed,
         "warmup_s": args.warmup, "duration_s": args.duration, "noise": args.noise,
+        "exact_models": args.exact_models,
         "shared_pool": None if args.pool is None else args.pool == "shared", "plugins": args.plugin,
     }
     if args.nodes is not None and args.split is None:

@@ -95,6 +95,11 @@ class DecodeScheduler:
         self._iteration = 0  # decode iterations run on this node
         self._due: list[tuple[int, int, DecodeJob]] = []  # (iteration of the next event, seq, job) per running job
         self._seq = 0
+        # context of the running batch, carried so an iteration needs no pass over it: sum of prompt tokens,
+        # of t_acc and of t_acc * start over the admitted jobs (produced tokens ~ t_acc * iterations run)
+        self._ctx_prompt = 0
+        self._ctx_acc = 0.0
+        self._ctx_acc_start = 0.0
 
     def _job(self, req: DecodeRequest | PrefillRequest, origin: DecodeRequest | None) -> DecodeJob:
         gen = generated_pages(req, self.pt)
@@ -123,6 +128,20 @@ class DecodeScheduler:
 
     def has_running(self) -> bool:
         return len(self.jobs) > len(self._queue)
+
+    def context_tokens(self) -> float:
+        """Tokens the running batch attends to at its next iteration: prompts plus tokens produced so far
+        (`t_acc` per iteration run, without the rounding to whole tokens)."""
+        if not self.has_running():
+            return 0.0
+        return self._ctx_prompt + self._iteration * self._ctx_acc - self._ctx_acc_start
+
+    def _track(self, job: DecodeJob, sign: int) -> None:
+        self._ctx_prompt += sign * job.prompt_tokens
+        self._ctx_acc += sign * job.t_acc
+        self._ctx_acc_start += sign * job.t_acc * job.start
+        if not self.has_running():
+            self._ctx_prompt, self._ctx_acc, self._ctx_acc_start = 0, 0.0, 0.0
 
     # --- admission -----------------------------------------------------------------------------------
     def submit(self, req: DecodeRequest) -> None:
@@ -162,6 +181,7 @@ class DecodeScheduler:
         job.next_page = job.prompt_pages
         job.start = self._iteration
         self._running = None
+        self._track(job, 1)
         if job.output_tokens > 0:  # an adopted job without output finishes at once (`finish_empty`)
             heapq.heappush(self._due, (self._iteration + job.next_event(0, self.pt), job.seq, job))
 
@@ -203,6 +223,7 @@ class DecodeScheduler:
     def _finish(self, job: DecodeJob, end: float) -> DecodeFinished:
         del self.jobs[job.rid]
         self._running = None
+        self._track(job, -1)
         self.pool.release(job.rid, end)
         return DecodeFinished(job.rid, job.branch, end, job.produced)
 
@@ -216,7 +237,8 @@ class DecodeScheduler:
         job = self.jobs.pop(rid, None)
         if job is None:
             return False
-        self._queue.pop(rid, None)
+        if self._queue.pop(rid, None) is None:
+            self._track(job, -1)  # it was running
         self._running = None  # its heap entry is skipped as "left the node"
         self.pool.release(rid, now)
         return True

@@ -12,10 +12,14 @@ transfer). The simulator (virtual time) and the node agent service (wall clock) 
    both alternates (after a prefill iteration a decode iteration, and the reverse), so neither starves;
    while it switches to prefill it runs only decode iterations until its decodes are done (the switch then
    completes without waiting behind long prefill chunks);
-3. the iteration's duration from the profile (eq. 1 for a prefill batch plus any HiCache load stall,
-   eq. 2 for a decode batch), times seeded log-normal noise when `noise > 0`; its results (pages written,
+3. the iteration's duration from the profile's ground truth (`groundtruth.IterationTimes`: eq. 1 for a
+   prefill batch and eq. 2 for a decode batch plus the effects the models leave out, or eq. 1 and 2 alone
+   with `exact_models=True`), plus any HiCache load stall, times seeded log-normal noise when `noise > 0`; its results (pages written,
    tokens, finished requests) are applied at once and stamped `now + duration`; the next `step` must
    come at or after that time (`EngineBusy` otherwise).
+
+A phase switch completes `profile.switch_latency` after its drain (the last old-phase work finished); the
+node runs no iteration in between, and an idle step reports that time as `wake_at`.
 
 Invariant: each tier's pages add up (free + cached + pinned + in_use == capacity); every pin, in-use
 slot and fetch belongs to a request the engine holds; an admitted request holds exactly its footprint
@@ -31,10 +35,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy
-from evolving_infra.core.itermodel import IterationRecord, decode_iteration_time, prefill_iteration_time
+from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, NodeMode, Phase, RequestId, Tier
 from evolving_infra.node_agent.engine.decode import DecodeScheduler
+from evolving_infra.node_agent.engine.groundtruth import IterationTimes
 from evolving_infra.node_agent.engine.errors import (
     DuplicateRequest,
     EngineBusy,
@@ -93,6 +98,9 @@ class EngineCore:
     streams tokens and publishes gauges; a driver that needs neither, like the simulator, turns this off and
     saves their cost every iteration: an iteration then touches only the requests whose pages complete or
     that finish in it).
+
+    exact_models: iteration times are eq. 1 and 2 with the profile's coefficients alone (a debugging switch:
+    the fitted models can then be exact); by default the profile's ground truth adds what they leave out.
     """
 
     def __init__(
@@ -106,6 +114,7 @@ class EngineCore:
         rng: random.Random | None = None,
         check_invariants: bool = False,
         report_detail: bool = True,
+        exact_models: bool = False,
     ) -> None:
         if not noise >= 0:
             raise ValueError(f"noise must be >= 0 (relative standard deviation), got {noise}")
@@ -121,14 +130,12 @@ class EngineCore:
         self._prefill = PrefillScheduler(node, profile, self.pool, data_plane)
         self._decode = DecodeScheduler(node, profile, self.pool)
         self._switch = PhaseSwitch(node, mode)
-        self._prefill_coef = profile.prefill.coefficients()
-        self._decode_coef = profile.decode.coefficients()
+        self.times = IterationTimes(node, profile, exact=exact_models)
         self._now = -math.inf
         self._busy_until = -math.inf
         self._last_kind = IterationKind.IDLE
         self._known: set[str] = set()
         self._gauges: tuple[tuple[object, ...], EngineGauges] | None = None
-        self._decode_times: dict[int, float] = {}
         self.report_detail = report_detail
 
     # --- state ---------------------------------------------------------------------------------------
@@ -233,6 +240,12 @@ class EngineCore:
             return Effects(self.pool.drain_events(), (), applied=False)
         return self._effects(now)
 
+    def fetch_expected(self, request: str, at: float) -> None:
+        """The driver's current estimate of when the fetch of `request` lands (fetches share bandwidth, so it
+        moves as others start and end); a HiCache prefill that starts before the fetch landed waits until
+        then. Ignored when the engine no longer waits for that fetch."""
+        self._prefill.fetch_expected(request, at)
+
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
         """Branch counts of this node's host pages, pushed by the directory (0 = no active branch)."""
         self.pool.set_counts(updates)
@@ -267,9 +280,10 @@ class EngineCore:
         if now + _TIME_EPS < self._busy_until:
             raise EngineBusy(f"node {self.node}: step at {now} before the iteration ending at {self._busy_until}")
         decode, prefill = self._decode, self._prefill
+        switched = self._maybe_complete_switch(now) if self._switch.draining else None
         decode.admit(now)
         fetches = prefill.admit(now, self._switch.local_decode_ok()) if prefill.jobs else ()
-        kind = self._choose()
+        kind = self._choose() if self._switch.ready_at is None else IterationKind.IDLE
         started: tuple[PrefillStarted, ...] = ()
         finished: list[PrefillFinished] = []
         decodes_done: list[DecodeFinished] = []
@@ -280,7 +294,7 @@ class EngineCore:
             plan = prefill.plan(now, self._switch.local_decode_ok())
             if plan.chunks:
                 stall = plan.stall
-                duration = self._noisy(prefill_iteration_time(self._prefill_coef, plan.items)) + stall
+                duration = self._noisy(self.times.prefill(plan.items)) + stall
                 end = now + duration
                 for job, done in prefill.apply(plan, end):
                     finished.append(done)
@@ -294,14 +308,15 @@ class EngineCore:
                 kind = IterationKind.DECODE if decode.has_running() else IterationKind.IDLE
         if kind is IterationKind.DECODE:
             batch = len(decode.running())
-            duration = self._noisy(self._decode_time(batch))
+            duration = self._noisy(self.times.decode(batch, decode.context_tokens()))
             tokens, decodes_done = decode.apply(now + duration, self.report_detail)
             record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch)
         end = now + duration
         if kind is not IterationKind.IDLE:
             self._busy_until = end
             self._last_kind = kind
-        switched = self._maybe_complete_switch(end) if self._switch.state is SwitchState.DRAINING else None
+        if switched is None and self._switch.draining:
+            switched = self._maybe_complete_switch(end)
         if self.check:
             self.check_invariants()
         return StepOutput(
@@ -317,16 +332,9 @@ class EngineCore:
             decodes_finished=tuple(decodes_done),
             load_stall=stall,
             switch_completed=switched,
-            wake_at=prefill.wake_at() if kind is IterationKind.IDLE else None,
+            wake_at=self._wake_at() if kind is IterationKind.IDLE else None,
             gauges=self.gauges() if self.report_detail else None,
         )
-
-    def _decode_time(self, batch: int) -> float:
-        """Eq. 2 for `batch` running requests (a pure function of the batch size: remembered per size)."""
-        seconds = self._decode_times.get(batch)
-        if seconds is None:
-            seconds = self._decode_times[batch] = decode_iteration_time(self._decode_coef, batch)
-        return seconds
 
     def _choose(self) -> IterationKind:
         prefill = bool(self._prefill.jobs) and self._prefill.has_runnable()
@@ -387,10 +395,27 @@ class EngineCore:
         return False
 
     def _maybe_complete_switch(self, now: float) -> SwitchReport | None:
-        if not self._switch.draining or self._old_work_left():
+        """Complete the switch at `now` if its drain ended `switch_latency` ago; note the drain's end when it
+        just ended."""
+        sw = self._switch
+        if not sw.draining:
+            return None
+        if sw.ready_at is None:
+            if self._old_work_left():
+                return None
+            sw.ready_at = now + self.profile.switch_latency
+        if now + _TIME_EPS < sw.ready_at:
             return None
         self.pool.release_l1(now)
-        return self._switch.complete(now)
+        return sw.complete(now)
+
+    def _wake_at(self) -> float | None:
+        """When an idle node has something to do without new input: a load lands, or a switch completes."""
+        load = self._prefill.wake_at()
+        ready = self._switch.ready_at
+        if ready is None:
+            return load
+        return ready if load is None else min(load, ready)
 
     def _after(self) -> None:
         if self.check:

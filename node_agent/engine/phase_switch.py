@@ -6,8 +6,8 @@
   `WrongPhase`), hands its queued work of those phases back to the caller, and refuses work of the new
   phase (`SwitchInProgress`) until the switch completes. Work of a phase both modes serve (a collocated
   node switching to one phase keeps that phase) is still accepted.
-- Running work of the old phases finishes in place; when none is left the switch completes: the node
-  serves its new mode. The engine then releases L1 to L2 (write-through means nothing is lost) and
+- Running work of the old phases finishes in place; when none is left (the drain) the node runs nothing
+  for the profile's `switch_latency` (`ready_at`), then the switch completes: the node serves its new mode. The engine then releases L1 to L2 (write-through means nothing is lost) and
   leaves L2 untouched.
 
 Boundary: states, the refusal rules and the report; what counts as "old-phase work" is the engine's.
@@ -36,6 +36,7 @@ class PhaseSwitch:
         self.began = 0.0
         self.handed_back = 0
         self.last: SwitchReport | None = None
+        self.ready_at: float | None = None  # drained: the switch completes at this time
 
     @property
     def draining(self) -> bool:
@@ -83,6 +84,7 @@ class PhaseSwitch:
         self.state = SwitchState.DRAINING
         self.began = now
         self.handed_back = 0
+        self.ready_at = None
         return new
 
     def complete(self, now: float) -> SwitchReport:
@@ -91,5 +93,6 @@ class PhaseSwitch:
         self.mode = self.target
         self.target = None
         self.state = SwitchState.SWITCHED
+        self.ready_at = None
         self.last = report
         return report

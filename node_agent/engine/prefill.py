@@ -213,6 +213,12 @@ class PrefillScheduler:
             job.stage = PrefillStage.WAIT_GPU
         return True
 
+    def fetch_expected(self, rid: str, at: float) -> None:
+        """The driver's estimate of when the fetch of `rid` lands (see `EngineCore.fetch_expected`)."""
+        job = self.jobs.get(rid)
+        if job is not None and job.fetch_pending:
+            job.fetch_due = at
+
     def _land_fetch(self, job: PrefillJob, now: float, failed: frozenset[PageHash] = frozenset()) -> None:
         index = {p: i for i, p in enumerate(job.req.prompt_pages)}
         landed = [(page, job.parent(index[page])) for page in job.fetching if page not in failed]

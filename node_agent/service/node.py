@@ -175,10 +175,11 @@ class NodeAgent:
 
     def _new_engine(self, mode: NodeMode) -> EngineCore:
         s = self.settings
-        rng = random.Random(s.seed) if s.noise > 0 else None
+        noise = 0.0 if s.exact_models else s.noise
+        rng = random.Random(s.seed) if noise > 0 else None
         return EngineCore(
-            self.node, self.memory.profile, mode, eviction_policy(s.eviction), s.data_plane, s.noise, rng,
-            check_invariants=s.check_invariants,
+            self.node, self.memory.profile, mode, eviction_policy(s.eviction), s.data_plane, noise, rng,
+            check_invariants=s.check_invariants, exact_models=s.exact_models,
         )
 
     def _engine_failed(self, error: BaseException) -> None:

@@ -121,7 +121,12 @@ class NodeAgentSettings(BaseSettings):
     )
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the iteration-time noise generator.")
     noise: float = Field(
-        default=0.0, ge=0, le=1, description="Relative standard deviation of log-normal iteration-time noise (0: none)."
+        default=0.05, ge=0, le=1,
+        description="Relative standard deviation of log-normal iteration-time noise (0: none; ignored with exact_models).",
+    )
+    exact_models: bool = Field(
+        default=False,
+        description="Debugging switch: iteration times are eq. 1 and 2 alone (no ground-truth effects, no noise).",
     )
     event_queue: int = Field(
         default=4096,

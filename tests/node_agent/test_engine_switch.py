@@ -42,6 +42,7 @@ def profile() -> HardwareProfile:
         fetch_latency=0.001,
         transfer_bandwidth=1e10,
         load_bandwidth=5e8,
+        switch_latency=0.0,  # the drain logic on its own; test_switch_latency_* adds the latency
     )
 
 
@@ -166,3 +167,39 @@ def test_collocated_to_prefill_keeps_prefill_work_and_drains_local_decodes() -> 
         now = out.end
     p2 = [f for f in finished if f.request == "p2"]
     assert not p2[0].local_decode  # queued while switching to prefill: its KV goes elsewhere
+
+
+def test_switch_latency_follows_the_drain_and_the_node_runs_nothing_meanwhile() -> None:
+    e = EngineCore(NodeId("n"), profile().model_copy(update={"switch_latency": 0.7}), NodeMode.DECODE,
+                   BranchCountEviction(), check_invariants=True)
+    e.submit_decode(decode("a", 640, 3), 0.0)
+    begun = e.begin_switch(Phase.PREFILL, 0.0)
+    assert begun.completed is None
+    now, drained = 0.0, None
+    while drained is None:
+        out = e.step(now)
+        if out.decodes_finished:
+            drained = out.end
+        now = out.end
+    assert e.switch_state is SwitchState.DRAINING  # drained, not yet switched
+    with pytest.raises(SwitchInProgress):
+        e.submit_prefill(prefill("early", 100), now)
+    idle = e.step(now)
+    assert idle.kind is IterationKind.IDLE and idle.switch_completed is None
+    assert idle.wake_at == pytest.approx(drained + 0.7)
+    done = e.step(idle.wake_at)
+    report = done.switch_completed
+    assert report is not None and report.completed == pytest.approx(drained + 0.7)
+    assert report.drain == pytest.approx(drained + 0.7)
+    assert e.mode is NodeMode.PREFILL
+    e.submit_prefill(prefill("p", 100), idle.wake_at)
+
+
+def test_an_idle_node_switches_after_the_latency_alone() -> None:
+    e = EngineCore(NodeId("n"), profile().model_copy(update={"switch_latency": 0.7}), NodeMode.DECODE,
+                   BranchCountEviction())
+    begun = e.begin_switch(Phase.PREFILL, 5.0)
+    assert begun.completed is None
+    idle = e.step(5.0)
+    assert idle.wake_at == pytest.approx(5.7)
+    assert e.step(5.7).switch_completed is not None and e.mode is NodeMode.PREFILL

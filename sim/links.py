@@ -1,0 +1,220 @@
+"""KV movement that shares bandwidth: peer fetches and prefill-to-decode transfers as fluid flows.
+
+Each node has three resources from its hardware profile: the two directions of its network interface
+(`nic_bandwidth`, out and in) and its host-memory bandwidth available to KV movement
+(`host_memory_bandwidth`, when the profile sets one). A flow crosses some of them:
+
+- a peer fetch (host memory of the peer -> host memory of the node): the peer's NIC out and host memory,
+  the node's NIC in and host memory; a single fetch moves at most `fetch_bandwidth` (the rate one fetch
+  reaches on its own) and lands `fetch_latency` after its last byte;
+- a KV transfer (prefill GPUs -> decode GPUs, GPUDirect): the prefill node's NIC out and the decode node's
+  NIC in; at most `transfer_bandwidth`.
+
+Concurrent flows share each resource max-min fairly (progressive filling): every flow gets the same rate
+unless its own cap or another resource it crosses limits it, and what it leaves unused goes to the others.
+Rates are recomputed whenever a flow starts or ends, so a flow alone takes exactly `profile.fetch_time` or
+`profile.transfer_time`, and one sharing a link takes longer.
+
+Invariant: between two changes every flow moves bytes at its rate; the sum of the rates of the flows
+crossing a resource never exceeds its capacity; a flow ends exactly once (`Landed`).
+
+Boundary: the arithmetic of rates and completion times, no kernel events; `sim.flow` schedules the next
+completion and acts on what landed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+from evolving_infra.node_agent.profile import HardwareProfile
+
+_EPS_BYTES = 1e-3  # a flow with less than this left has landed (float rounding of rate * time)
+_EPS_S = 1e-9  # ... as has one that would need less than this many seconds more
+
+
+class FlowKind(enum.Enum):
+    FETCH = "fetch"
+    TRANSFER = "transfer"
+
+
+class Resource(enum.Enum):
+    NIC_OUT = "nic-out"
+    NIC_IN = "nic-in"
+    HOST_MEMORY = "host-memory"
+
+
+@dataclass(eq=False)
+class Flow:
+    """One movement of KV bytes; `key` identifies it to the driver, `payload` is the driver's."""
+
+    key: Hashable
+    kind: FlowKind
+    source: str
+    target: str
+    total_bytes: float
+    remaining: float
+    cap: float
+    latency: float
+    started: float
+    resources: tuple[tuple[str, Resource], ...]
+    payload: object = None
+    rate: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """A flow whose last byte arrived at `bytes_done`; it completes (for the driver) at `at`."""
+
+    flow: Flow
+    bytes_done: float
+    at: float
+
+
+@dataclass
+class LinkModel:
+    """The flows in flight over the cluster's links (see the module docstring)."""
+
+    profile: HardwareProfile
+    flows: dict[Hashable, Flow] = field(default_factory=dict)
+    now: float = 0.0
+    peak_concurrency: int = 0
+
+    def __post_init__(self) -> None:
+        p = self.profile
+        self._nic = p.nic_bandwidth if p.nic_bandwidth is not None else max(p.fetch_bandwidth, p.transfer_bandwidth)
+        self._host = p.host_memory_bandwidth
+
+    def capacity(self, resource: Resource) -> float:
+        if resource is Resource.HOST_MEMORY:
+            return self._host if self._host is not None else math.inf
+        return self._nic
+
+    # --- changes -------------------------------------------------------------------------------------
+    def start(self, key: Hashable, kind: FlowKind, source: str, target: str, nbytes: float, now: float,
+              payload: object = None) -> Flow:
+        """Start a flow of `nbytes` from `source` to `target` at `now` (rates of all flows are recomputed)."""
+        if key in self.flows:
+            raise ValueError(f"flow {key!r} is already in flight")
+        if not nbytes >= 0:
+            raise ValueError(f"flow {key!r}: bytes must be >= 0, got {nbytes}")
+        self.advance(now)
+        p = self.profile
+        if kind is FlowKind.FETCH:
+            res: list[tuple[str, Resource]] = [(source, Resource.NIC_OUT), (target, Resource.NIC_IN)]
+            if self._host is not None:
+                res += [(source, Resource.HOST_MEMORY), (target, Resource.HOST_MEMORY)]
+            cap, latency = p.fetch_bandwidth, p.fetch_latency
+        else:
+            res, cap, latency = [(source, Resource.NIC_OUT), (target, Resource.NIC_IN)], p.transfer_bandwidth, 0.0
+        flow = Flow(key, kind, source, target, float(nbytes), float(nbytes), cap, latency, now, tuple(res), payload)
+        self.flows[key] = flow
+        self.peak_concurrency = max(self.peak_concurrency, len(self.flows))
+        self._share()
+        return flow
+
+    def cancel(self, key: Hashable, now: float) -> Flow | None:
+        """Drop a flow (its request went away); None if it is not in flight."""
+        self.advance(now)
+        flow = self.flows.pop(key, None)
+        if flow is not None:
+            self._share()
+        return flow
+
+    def advance(self, now: float) -> None:
+        """Move every flow's bytes up to `now`."""
+        dt = now - self.now
+        if dt < 0:
+            raise ValueError(f"link model: time went backwards ({now} < {self.now})")
+        if dt > 0:
+            for flow in self.flows.values():
+                flow.remaining = max(0.0, flow.remaining - flow.rate * dt)
+            self.now = now
+
+    def next_landing(self) -> float | None:
+        """When the next flow's last byte arrives at the current rates (None without flows)."""
+        best: float | None = None
+        for flow in self.flows.values():
+            if _arrived(flow):
+                t = self.now
+            elif flow.rate > 0:
+                t = self.now + flow.remaining / flow.rate
+            else:
+                continue
+            best = t if best is None or t < best else best
+        return best
+
+    def land(self, now: float) -> list[Landed]:
+        """Advance to `now` and remove every flow whose bytes have all arrived (rates are then recomputed)."""
+        self.advance(now)
+        done = [f for f in self.flows.values() if _arrived(f)]
+        for flow in done:
+            del self.flows[flow.key]
+        if done:
+            self._share()
+        return [Landed(f, f.total_bytes, now + f.latency) for f in done]
+
+    def expected_end(self, key: Hashable) -> float | None:
+        """When the flow would complete at the current rates (its latency included)."""
+        flow = self.flows.get(key)
+        if flow is None or flow.rate <= 0:
+            return None
+        return self.now + flow.remaining / flow.rate + flow.latency
+
+    # --- fair shares ---------------------------------------------------------------------------------
+    def _share(self) -> None:
+        """Max-min fair rates by progressive filling over the resources and each flow's own cap."""
+        rates = fair_rates(
+            [(f.key, f.cap, f.resources) for f in self.flows.values() if f.remaining > _EPS_BYTES],
+            self.capacity,
+        )
+        for flow in self.flows.values():
+            flow.rate = rates.get(flow.key, math.inf if flow.remaining <= _EPS_BYTES else 0.0)
+            if flow.rate == math.inf:
+                flow.rate = flow.cap
+
+
+def _arrived(flow: Flow) -> bool:
+    return flow.remaining <= _EPS_BYTES or flow.remaining <= flow.rate * _EPS_S
+
+
+def fair_rates(
+    flows: Iterable[tuple[Hashable, float, tuple[tuple[str, Resource], ...]]],
+    capacity: Callable[[Resource], float],
+) -> dict[Hashable, float]:
+    """Max-min fair rates: raise all unfrozen flows' rates together until a resource is full (its flows freeze)
+    or a flow reaches its cap (it freezes); repeat. `capacity(resource)` gives each resource's bandwidth."""
+    cap_of = capacity
+    pending = {key: (cap, res) for key, cap, res in flows}
+    rates: dict[Hashable, float] = {}
+    left: dict[tuple[str, Resource], float] = {}
+    users: dict[tuple[str, Resource], set[Hashable]] = {}
+    for key, (_, res) in pending.items():
+        for r in res:
+            left.setdefault(r, cap_of(r[1]))
+            users.setdefault(r, set()).add(key)
+    level = 0.0
+    while pending:
+        step = min(cap - level for cap, _ in pending.values())
+        for r, keys in users.items():
+            active = len(keys)
+            if active:
+                step = min(step, left[r] / active)
+        step = max(0.0, step)
+        level += step
+        for r, keys in users.items():
+            left[r] -= step * len(keys)
+        frozen = {key for key, (cap, _) in pending.items() if cap - level <= 1e-9 * max(1.0, cap)}
+        for r, keys in users.items():
+            if keys and left[r] <= 1e-9 * max(1.0, cap_of(r[1])):
+                frozen |= keys
+        if not frozen:  # numerical safety: freeze the tightest flow
+            frozen = {min(pending, key=lambda k: pending[k][0])}
+        for key in frozen:
+            rates[key] = level
+            for r in pending[key][1]:
+                users[r].discard(key)
+            del pending[key]
+    return rates

@@ -1,0 +1,117 @@
+"""Fetches and KV transfers share bandwidth (`sim.links`): one flow alone takes the profile's time, concurrent
+flows through one node take longer, and the fair shares never exceed a resource (property-tested)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.sim.links import FlowKind, LinkModel, Resource, fair_rates
+
+GLM = load_profile("glm-5.2-4xgb300-tp4")
+
+
+def run_to_end(model: LinkModel) -> dict[object, float]:
+    """Land every flow; the completion time of each (latency included)."""
+    done: dict[object, float] = {}
+    while model.flows:
+        at = model.next_landing()
+        assert at is not None
+        for landed in model.land(at):
+            done[landed.flow.key] = landed.at
+    return done
+
+
+def test_a_fetch_alone_takes_the_profiles_fetch_time_and_a_transfer_its_transfer_time() -> None:
+    model = LinkModel(GLM)
+    tokens = 40_000
+    model.start("f", FlowKind.FETCH, "n1", "n0", tokens * GLM.kv_bytes_per_token, 2.0)
+    model.start("t", FlowKind.TRANSFER, "n2", "n3", tokens * GLM.kv_bytes_per_token, 2.0)
+    done = run_to_end(model)
+    assert done["f"] == pytest.approx(2.0 + GLM.fetch_time(tokens), rel=1e-9)
+    assert done["t"] == pytest.approx(2.0 + GLM.transfer_time(tokens), rel=1e-9)
+
+
+def test_concurrent_fetches_from_one_node_take_longer_than_one_alone() -> None:
+    nbytes = 64_000 * GLM.kv_bytes_per_token
+    alone = LinkModel(GLM)
+    alone.start("a", FlowKind.FETCH, "src", "n1", nbytes, 0.0)
+    single = run_to_end(alone)["a"]
+    shared = LinkModel(GLM)
+    for i in range(4):  # four nodes pull from one source: its NIC out (100 GB/s) is split four ways
+        shared.start(i, FlowKind.FETCH, "src", f"n{i + 1}", nbytes, 0.0)
+    times = run_to_end(shared)
+    assert all(t > single * 1.5 for t in times.values())
+    nic = GLM.nic_bandwidth
+    assert nic is not None
+    assert max(times.values()) == pytest.approx(GLM.fetch_latency + 4 * nbytes / nic, rel=1e-9)
+    # pulls from different sources into different nodes do not slow each other
+    apart = LinkModel(GLM)
+    for i in range(4):
+        apart.start(i, FlowKind.FETCH, f"s{i}", f"n{i}", nbytes, 0.0)
+    assert all(t == pytest.approx(single, rel=1e-9) for t in run_to_end(apart).values())
+
+
+def test_a_transfer_into_a_node_slows_a_fetch_into_it_and_the_rest_speeds_up_when_one_ends() -> None:
+    model = LinkModel(GLM.model_copy(update={"nic_bandwidth": 60e9}))
+    model.start("fetch", FlowKind.FETCH, "peer", "n0", 52e9, 0.0)  # alone: ~1 s at 52 GB/s
+    model.start("kv", FlowKind.TRANSFER, "p", "n0", 6e9, 0.0)  # shares n0's NIC in: 30 GB/s each
+    assert model.flows["fetch"].rate == pytest.approx(30e9) and model.flows["kv"].rate == pytest.approx(30e9)
+    done = run_to_end(model)
+    assert done["kv"] == pytest.approx(0.2)
+    # 6 GB at 30 GB/s, then the remaining 46 GB at the fetch's own cap (52 GB/s)
+    assert done["fetch"] == pytest.approx(0.2 + 46e9 / 52e9 + GLM.fetch_latency)
+
+
+def test_host_memory_bandwidth_limits_fetches_through_one_node() -> None:
+    profile = GLM.model_copy(update={"nic_bandwidth": 1e12, "host_memory_bandwidth": 60e9})
+    model = LinkModel(profile)
+    model.start("a", FlowKind.FETCH, "s1", "n0", 1e9, 0.0)
+    model.start("b", FlowKind.FETCH, "s2", "n0", 1e9, 0.0)
+    assert model.flows["a"].rate == pytest.approx(30e9)  # n0's host memory is written by both
+
+
+def test_bad_flows_are_refused() -> None:
+    model = LinkModel(GLM)
+    model.start("a", FlowKind.FETCH, "s", "t", 10, 1.0)
+    with pytest.raises(ValueError, match="already in flight"):
+        model.start("a", FlowKind.FETCH, "s", "t", 10, 1.0)
+    with pytest.raises(ValueError, match="bytes must be >= 0"):
+        model.start("b", FlowKind.FETCH, "s", "t", -1, 1.0)
+    with pytest.raises(ValueError, match="time went backwards"):
+        model.advance(0.5)
+
+
+NODES = ["a", "b", "c", "d"]
+flow_spec = st.tuples(
+    st.floats(1.0, 100.0),  # the flow's own cap
+    st.lists(st.tuples(st.sampled_from(NODES), st.sampled_from(list(Resource))), min_size=1, max_size=4, unique=True),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flows=st.lists(flow_spec, min_size=1, max_size=12), caps=st.lists(st.floats(1.0, 200.0), min_size=3, max_size=3))
+def test_fair_rates_fill_no_resource_beyond_capacity_and_every_flow_is_bottlenecked(
+    flows: list[tuple[float, list[tuple[str, Resource]]]], caps: list[float]
+) -> None:
+    capacity = dict(zip(Resource, caps, strict=True))
+    spec = [(i, cap, tuple(res)) for i, (cap, res) in enumerate(flows)]
+    rates = fair_rates(spec, lambda r: capacity[r])
+    assert set(rates) == {i for i, _, _ in spec}
+    load: dict[tuple[str, Resource], float] = {}
+    for i, _, res in spec:
+        for r in res:
+            load[r] = load.get(r, 0.0) + rates[i]
+    for r, used in load.items():
+        assert used <= capacity[r[1]] * (1 + 1e-9)
+    for i, cap, res in spec:
+        assert 0 < rates[i] <= cap * (1 + 1e-9)
+        # max-min fairness: a flow below its cap crosses a full resource where no flow gets more than it
+        if rates[i] < cap * (1 - 1e-9):
+            full = [r for r in res if math.isclose(load[r], capacity[r[1]], rel_tol=1e-6)]
+            assert full, (i, rates[i], cap)
+            assert any(all(rates[j] <= rates[i] * (1 + 1e-6) for j, _, rj in spec if r in rj) for r in full)
