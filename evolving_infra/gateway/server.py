@@ -38,6 +38,7 @@ from evolving_infra.gateway.errors import GatewayError, GatewayErrorCode, bad_re
 from evolving_infra.gateway.health import Health
 from evolving_infra.gateway.identity import Identity, resolve_identity
 from evolving_infra.gateway.metrics import NO_PARTITION, GatewayMetrics
+from evolving_infra.router.http.server import RunningServer, serve_app
 from evolving_infra.gateway.proxy import PartitionDown, UpstreamTimeout, forward
 from evolving_infra.gateway.settings import GatewaySettings
 from evolving_infra.gateway.table import BindingTable
@@ -459,37 +460,21 @@ def create_admin_app(state: GatewayState) -> web.Application:
 
 @dataclass
 class RunningGateway:
-    runner: web.AppRunner
-    host: str
-    port: int
+    """A started gateway: its server (the same handle as the router front end's) and the gateway's state."""
+
+    server: RunningServer
     state: GatewayState
-    admin_runner: web.AppRunner | None = None
-    admin_port: int | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self.server.url
 
     @property
     def admin_url(self) -> str | None:
-        return None if self.admin_port is None else f"http://{self.host}:{self.admin_port}"
+        return self.server.admin_url
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
-        if self.admin_runner is not None:
-            await self.admin_runner.cleanup()
-
-
-async def _serve(app: web.Application, host: str, port: int, **options: Any) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None, **options)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    addresses = runner.addresses
-    return runner, int(addresses[0][1]) if addresses else port
+        await self.server.stop()
 
 
 async def start_gateway(
@@ -514,14 +499,14 @@ async def start_gateway(
     state.partitions = {p.key: p for p in partitions}
     state.metrics.partitions.set(len(partitions))
     state.publish_table()
-    runner, port = await _serve(
+    runner, port = await serve_app(
         create_app(state), settings.host, settings.port, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s
     )
     if settings.admin_port is None:
-        return RunningGateway(runner, settings.host, port, state)
+        return RunningGateway(RunningServer(runner, settings.host, port), state)
     try:
-        admin_runner, admin_port = await _serve(create_admin_app(state), settings.host, settings.admin_port)
+        admin_runner, admin_port = await serve_app(create_admin_app(state), settings.host, settings.admin_port)
     except BaseException:
         await runner.cleanup()
         raise
-    return RunningGateway(runner, settings.host, port, state, admin_runner, admin_port)
+    return RunningGateway(RunningServer(runner, settings.host, port, admin_runner, admin_port), state)

@@ -343,7 +343,8 @@ class RunningServer:
             await self.admin_runner.cleanup()
 
 
-async def _serve(app: web.Application, host: str, port: int, **options: Any) -> tuple[web.AppRunner, int]:
+async def serve_app(app: web.Application, host: str, port: int, **options: Any) -> tuple[web.AppRunner, int]:
+    """Start serving `app` on host:port (0: any free port); the runner and the port bound. Also used by the gateway."""
     runner = web.AppRunner(app, access_log=None, **options)
     await runner.setup()
     try:
@@ -370,14 +371,14 @@ async def start_server(
     offloader = app[STATE].offloader
     if offloader is not None:
         offloader.warm()  # workers start now, not on the first large body
-    runner, port = await _serve(
+    runner, port = await serve_app(
         app, settings.host, settings.port, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace_s,
         keepalive_timeout=settings.header_read_timeout_s,
     )  # fmt: skip
     if settings.admin_port is None:
         return RunningServer(runner, settings.host, port)
     try:
-        admin_runner, admin_port = await _serve(
+        admin_runner, admin_port = await serve_app(
             create_admin_app(app, extra_metrics), settings.host, settings.admin_port,
             keepalive_timeout=settings.header_read_timeout_s,
         )  # fmt: skip
