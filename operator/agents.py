@@ -6,7 +6,8 @@ of two errors that say what happens next:
 - `AgentRejected` (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): this request will never succeed as is.
 
 Calls run the blocking stubs in a worker thread (the deadlines are enforced by gRPC on the wall clock),
-one channel per address, reused.
+one channel per address, reused. Each call presents the cluster's credentials (`use_credentials`: the
+reconciler gives them for the cluster's node agent addresses, from its token and TLS Secrets).
 
 Boundary: transport and conversion; what to switch and when is decided in `switch_plan`.
 """
@@ -14,6 +15,8 @@ Boundary: transport and conversion; what to switch and when is decided in `switc
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,9 +25,11 @@ import grpc
 from evolving_infra.core.types import NodeMode, Phase, SwitchMode
 from evolving_infra.node_agent.api.convert import mode_from_proto, phase_from_proto, switch_state_from_proto
 from evolving_infra.node_agent.engine.outputs import SwitchState
-from evolving_infra.node_agent.transfer.channels import PeerChannels
+from evolving_infra.node_agent.api.auth import ClusterCredentials, blocking_channel
+from evolving_infra.node_agent.transfer.channels import CHANNEL_OPTIONS
 from evolving_infra.proto.convert import SwitchHow, switch_request_to_proto
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 
 TEMPORARY_CODES = frozenset(
     {
@@ -93,6 +98,8 @@ class NodeAgentClient(Protocol):
 
     async def get_state(self, address: str) -> AgentState: ...
 
+    def use_credentials(self, addresses: Iterable[str], credentials: ClusterCredentials | None) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -104,17 +111,39 @@ def _error(address: str, exc: grpc.RpcError) -> AgentError:
 
 
 class GrpcNodeAgentClient:
-    """`NodeAgentClient` over gRPC with per-call deadlines (seconds)."""
+    """`NodeAgentClient` over gRPC with per-call deadlines (seconds). Calls to an address present the
+    credentials last given for it (`use_credentials`: a cluster's token and/or mutual TLS), else none."""
 
     def __init__(self, switch_deadline: float, state_deadline: float) -> None:
-        self._channels = PeerChannels()
+        self._channels: dict[str, tuple[ClusterCredentials | None, grpc.Channel]] = {}
+        self._credentials: dict[str, ClusterCredentials | None] = {}
+        self._lock = threading.Lock()
         self.switch_deadline = switch_deadline
         self.state_deadline = state_deadline
+
+    def use_credentials(self, addresses: Iterable[str], credentials: ClusterCredentials | None) -> None:
+        """Present `credentials` on calls to these node agents from now on (a changed credential, e.g. a rotated
+        token, reopens the address's channel at its next call)."""
+        with self._lock:
+            for address in addresses:
+                self._credentials[address] = credentials
+
+    def _stub(self, address: str) -> rpc.NodeAgentStub:
+        if not address or ":" not in address:
+            raise ValueError(f"node agent address must be host:port, got {address!r}")
+        with self._lock:
+            credentials = self._credentials.get(address)
+            held = self._channels.get(address)
+            if held is None or held[0] != credentials:
+                if held is not None:
+                    held[1].close()
+                held = self._channels[address] = (credentials, blocking_channel(address, credentials, CHANNEL_OPTIONS))
+        return rpc.NodeAgentStub(held[1])
 
     def _switch(self, address: str, target: Phase, generation: int, how: SwitchHow) -> SwitchResult:
         request = switch_request_to_proto(target, generation, how)
         try:  # a relaunch answers once the node serves again: the deadline covers its downtime
-            reply = self._channels.stub(address).SwitchPhase(request, timeout=self.switch_deadline + how.relaunch_s)
+            reply = self._stub(address).SwitchPhase(request, timeout=self.switch_deadline + how.relaunch_s)
         except grpc.RpcError as exc:
             raise _error(address, exc) from None
         try:
@@ -134,7 +163,7 @@ class GrpcNodeAgentClient:
 
     def _state(self, address: str) -> AgentState:
         try:
-            reply = self._channels.stub(address).GetState(pb.GetStateRequest(), timeout=self.state_deadline)
+            reply = self._stub(address).GetState(pb.GetStateRequest(), timeout=self.state_deadline)
         except grpc.RpcError as exc:
             raise _error(address, exc) from None
         if reply.switch_state == pb.SWITCH_STATE_RELAUNCHING:  # serves nothing until its downtime is over
@@ -168,4 +197,7 @@ class GrpcNodeAgentClient:
             raise AgentRejected(address, "BAD_ADDRESS", str(exc)) from None
 
     def close(self) -> None:
-        self._channels.close()
+        with self._lock:
+            channels, self._channels = [c for _, c in self._channels.values()], {}
+        for channel in channels:
+            channel.close()

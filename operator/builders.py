@@ -7,7 +7,9 @@ setting never restarts node agents, whose host memory holds the L2 KV pool).
 
 Workloads run non-root with a read-only root filesystem and every capability dropped. Node agents run on
 the selected nodes (minus nodes an earlier cluster claimed), get the node name and pod IP through the
-downward API, mount the L2 pool's host memory, and are probed over gRPC health.
+downward API, mount the L2 pool's host memory, and are probed over gRPC health. Unless the cluster is
+`security.insecure`, both workloads mount the credential Secrets their rendered settings name (the cluster
+token, the mutual TLS material when set, and for the router its API keys), read-only.
 
 Boundary: pure; the handlers apply what these return. `validate_spec_semantics` is re-exported here.
 """
@@ -32,7 +34,7 @@ from evolving_infra.operator.rendered import (
     L2_MOUNT, NODE_AGENT_ENV, NODE_AGENT_GRPC_PORT, NODE_AGENT_METRICS_PORT, NODE_AGENT_SETTINGS_FILE,
     NODE_AGENT_TRANSFER_PORT,
     ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_SETTINGS_FILE, SETTINGS_DIR,
-    render_node_agent_settings, render_router_settings,
+    credential_mounts, render_node_agent_settings, render_router_settings,
 )  # fmt: skip
 from evolving_infra.operator.semantics import host_memory_bytes, validate_spec_semantics
 from evolving_infra.operator.spec import AgentServingClusterSpec, EngineBackend, HostMemoryMedium, ImageSpec, Quantity
@@ -104,6 +106,21 @@ def _settings_volume(ctx: BuildContext, file: str) -> dict[str, Any]:
     }
 
 
+def _credential_volumes(ctx: BuildContext, roles: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the credential Secrets with these roles (`rendered.credential_mounts`), read-only
+    files readable by the pod's group only; none for an insecure cluster."""
+    mounts = credential_mounts(ctx.cluster, ctx.spec)
+    volumes, volume_mounts = [], []
+    for role in roles:
+        m = mounts.get(role)
+        if m is None:
+            continue
+        items = [{"key": key, "path": key} for key in m.keys]
+        volumes.append({"name": m.volume, "secret": {"secretName": m.secret, "items": items, "defaultMode": 0o440}})
+        volume_mounts.append({"name": m.volume, "mountPath": m.directory, "readOnly": True})
+    return volumes, volume_mounts
+
+
 def build_settings_configmap(ctx: BuildContext) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -168,6 +185,7 @@ def build_node_agent_daemonset(ctx: BuildContext) -> dict[str, Any]:
     cluster, spec = ctx.cluster, ctx.spec
     resources, l2_volume = node_agent_resources(ctx)
     settings = _settings_yaml(render_node_agent_settings(cluster, spec, ctx.profile))
+    secret_volumes, secret_mounts = _credential_volumes(ctx, ("token", "tls"))
     container = {
         "name": "node-agent",
         **_image(ctx, spec.images.node_agent),
@@ -195,6 +213,7 @@ def build_node_agent_daemonset(ctx: BuildContext) -> dict[str, Any]:
             {"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},
             {"name": "l2", "mountPath": L2_MOUNT},
             {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -208,6 +227,7 @@ def build_node_agent_daemonset(ctx: BuildContext) -> dict[str, Any]:
             _settings_volume(ctx, NODE_AGENT_SETTINGS_FILE),
             {"name": "l2", "emptyDir": l2_volume},
             {"name": "tmp", "emptyDir": {}},
+            *secret_volumes,
         ],
     }
     if spec.node_selector.match_labels:
@@ -257,6 +277,7 @@ def build_node_agent_service(ctx: BuildContext) -> dict[str, Any]:
 def build_router_deployment(ctx: BuildContext) -> dict[str, Any]:
     cluster, spec = ctx.cluster, ctx.spec
     settings = _settings_yaml(render_router_settings(cluster, spec))
+    secret_volumes, secret_mounts = _credential_volumes(ctx, ("token", "tls", "api-keys"))
     res = spec.resources.router
     resources: dict[str, Any] = {"requests": dict(res.requests)}
     if res.limits:
@@ -282,6 +303,7 @@ def build_router_deployment(ctx: BuildContext) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
         ],
     }
     return {
@@ -300,7 +322,7 @@ def build_router_deployment(ctx: BuildContext) -> dict[str, Any]:
                     "enableServiceLinks": False,
                     "securityContext": _pod_security(),
                     "containers": [container],
-                    "volumes": [_settings_volume(ctx, ROUTER_SETTINGS_FILE), {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [_settings_volume(ctx, ROUTER_SETTINGS_FILE), {"name": "tmp", "emptyDir": {}}, *secret_volumes],
                 },
             },
         },

@@ -63,6 +63,7 @@ _KIND_LIST = (
     Kind("v1", "Service", "services"),
     Kind("v1", "ServiceAccount", "serviceaccounts"),
     Kind("v1", "Pod", "pods"),
+    Kind("v1", "Secret", "secrets"),
     Kind("v1", "Event", "events"),
     Kind("v1", "Node", "nodes", namespaced=False),
     Kind("apps/v1", "Deployment", "deployments"),
@@ -79,6 +80,8 @@ CLUSTER = KINDS[(meta.API_VERSION, meta.KIND)]
 POD = KINDS[("v1", "Pod")]
 NODE = KINDS[("v1", "Node")]
 DEPLOYMENT = KINDS[("apps/v1", "Deployment")]
+SECRET = KINDS[("v1", "Secret")]
+"""Read only: a cluster's token Secret, for the operator's own calls to its node agents."""
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.operator import conditions, images, kube, meta, nodes, placement, summary
 from evolving_infra.operator.agents import AgentError, AgentState, AgentUnavailable, NodeAgentClient
+from evolving_infra.operator.credentials import CredentialsUnavailable, cluster_credentials
 from evolving_infra.operator.builders import BuildContext, build_children
 from evolving_infra.operator.children import ApplyResult, NormalizedFields, apply_children, prune_children
 from evolving_infra.operator.conditions import Want
@@ -49,6 +50,13 @@ from evolving_infra.operator.status import AgentServingClusterStatus, ConditionS
 from evolving_infra.operator.summary import Problem
 
 log = logging.getLogger(__name__)
+
+NO_CREDENTIALS = "NO_CREDENTIALS"
+"""The code of an agent not called because the cluster's credential Secret is missing or unusable."""
+CREDENTIALS_MISSING = "CredentialsMissing"
+"""The problem (Degraded condition reason) that reports it, with the Secret and the key at fault."""
+CREDENTIALS_REFUSED = "CredentialsRefused"
+"""Node agents answered UNAUTHENTICATED: the token (or certificate) the operator read is not theirs."""
 
 DRIFT_REVERTED = "DriftReverted"
 """Event reason: a child edited by hand was re-applied (the message names the fields)."""
@@ -220,10 +228,18 @@ async def observe_agents(
     pods = await rt.api.list(kube.POD, cluster.namespace, meta.selector_labels(cluster, meta.Component.NODE_AGENT))
     by_node = nodes.pods_by_node(pods, rt.settings.node_agent_port, allowed)
     gate = asyncio.Semaphore(rt.settings.agent_concurrency)
+    missing: CredentialsUnavailable | None = None
+    try:  # the switches that follow in this reconcile reuse what is registered here, per address
+        rt.agents.use_credentials([p.address for p in by_node.values() if p.address], await cluster_credentials(rt.api, cluster, spec))
+    except CredentialsUnavailable as error:
+        missing = error
+        log.warning("cluster %s/%s: %s; its node agents are not called", cluster.namespace, cluster.name, error)
 
     async def ask(pod: nodes.AgentPod) -> AgentState | AgentError:
         if pod.address is None:
             return AgentError(pod.pod, "NO_ADDRESS", "the pod has no IP yet")
+        if missing is not None:
+            return AgentUnavailable(pod.address, NO_CREDENTIALS, str(missing))
         async with gate:
             try:
                 return await rt.agents.get_state(pod.address)
@@ -370,6 +386,12 @@ async def _reconcile_locked(rt: Runtime, body: dict[str, Any], attempt: int | No
         problems.append(Problem("ChildConflict", "; ".join(applied.conflicts)))
     allowed = frozenset(claim_.nodes) if claim_ is not None else None
     tracked, answers = await observe_agents(rt, cluster, spec, before.nodes, allowed)
+    uncredentialed = next((a for a in answers.values() if isinstance(a, AgentError) and a.code == NO_CREDENTIALS), None)
+    if uncredentialed is not None:
+        problems.append(Problem(CREDENTIALS_MISSING, uncredentialed.detail))
+    refused = sorted(str(a) for a in answers.values() if isinstance(a, AgentError) and a.code == "UNAUTHENTICATED")
+    if refused:
+        problems.append(Problem(CREDENTIALS_REFUSED, "the operator's credentials were refused: " + "; ".join(refused[:3])))
     placed = await _place(rt, body, tracked, answers, spec, before, attempt)
     problems.extend(placed.problems)
     expected = len(claim_.nodes) if claim_ is not None else spec.node_count

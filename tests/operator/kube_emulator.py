@@ -40,6 +40,7 @@ CORE_KINDS = (
     ("v1", "services", "Service", True),
     ("v1", "serviceaccounts", "ServiceAccount", True),
     ("v1", "pods", "Pod", True),
+    ("v1", "secrets", "Secret", True),
     ("v1", "events", "Event", True),
     ("v1", "nodes", "Node", False),
     ("v1", "namespaces", "Namespace", False),

@@ -52,7 +52,8 @@ emulator_mod = load_helper("kube_emulator")
 
 
 def cluster_object(name: str, pool: str, prefill: int = 2, decode: int = 1, **spec: Any) -> dict[str, Any]:
-    """A small valid AgentServingCluster (emulated engine, L2 small enough for any machine)."""
+    """A small valid AgentServingCluster (emulated engine, L2 small enough for any machine); insecure (its
+    node agents run with `--insecure`) unless `security` is given."""
     return {
         "apiVersion": meta.API_VERSION,
         "kind": meta.KIND,
@@ -65,6 +66,7 @@ def cluster_object(name: str, pool: str, prefill: int = 2, decode: int = 1, **sp
             "kvCache": {"l2Tokens": 20000},
             "initialSplit": {"prefill": prefill, "decode": decode},
             "planner": {"minPrefill": 1, "minDecode": 1},
+            "security": {"insecure": True},
             **spec,
         },
     }

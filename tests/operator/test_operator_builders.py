@@ -121,7 +121,7 @@ def test_node_agent_pod_shape() -> None:
     assert pod["serviceAccountName"] == "glm-9-node-agent" and pod["automountServiceAccountToken"] is False
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert set(mounts) == set(volumes) == {"settings", "l2", "tmp"}
+    assert set(mounts) == set(volumes) == {"settings", "l2", "tmp", "cluster-token"}
     assert volumes["settings"]["configMap"]["name"] == "glm-9-settings"
 
 

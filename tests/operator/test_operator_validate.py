@@ -77,6 +77,8 @@ def _children_variants() -> list[dict[str, Any]]:
         {**base, "networkPolicy": {"enabled": True}, "router": {"serviceType": "LoadBalancer", "port": 443}},
         {**base, "planner": {"mode": "static"}, "resources": {"nodeAgent": {"hostMemory": {"medium": "HugePages-1Gi", "size": "512Gi"}}}},
         {**base, "images": {"router": {"image": "registry.example.com/r:1", "pullPolicy": "Always"}}, "kvCache": {"l2Tokens": 20000}},
+        {**base, "security": {"tlsSecret": "c4-tls", "clusterTokenSecret": "shared", "apiKeysSecret": "keys", "peerNetworks": ["10.244.0.0/16"]}},
+        {**base, "security": {"insecure": True}},
     ]
     out = []
     for i, raw in enumerate(variants):

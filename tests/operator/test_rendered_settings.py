@@ -27,6 +27,8 @@ from evolving_infra.operator.meta import ClusterRef
 from evolving_infra.operator.rendered import NODE_AGENT_ENV, NODE_AGENT_SETTINGS_FILE, ROUTER_SETTINGS_FILE, SETTINGS_DIR
 from evolving_infra.operator.semantics import builtin_profile_table, resolve_profile
 from evolving_infra.operator.spec import AgentServingClusterSpec
+from evolving_infra.proto.v1 import node_agent_pb2 as pb
+from evolving_infra.proto.v1 import node_agent_pb2_grpc as rpc
 from evolving_infra.router.planner.registry import make_planner
 from evolving_infra.router.routing.registry import make_prefill_router
 from evolving_infra.router.service import settings as router_settings
@@ -190,15 +192,19 @@ def test_workload_command_lines_parse_with_the_cli(nine_nodes: dict[str, Any]) -
 
 def test_a_real_node_agent_serves_from_the_rendered_file(nine_nodes: dict[str, Any], tmp_path: Path) -> None:
     """The DaemonSet's command with the rendered file and per-pod environment; only the ports (0: any free
-    one) and the metrics endpoint are overridden by flags so the test runs anywhere."""
+    one), the metrics endpoint and the mounted token's path (the Secret's file is not at /etc here) are
+    overridden so the test runs anywhere. The rendered agent requires the cluster token."""
     nine_nodes["spec"]["kvCache"] = {"l2Tokens": 16384, "l1Tokens": 4096}
     nine_nodes["spec"]["eviction"] = {"policy": "lru"}
     _, agent_file = _write_configmap(_ctx(nine_nodes), tmp_path)
+    token = "rendered-cluster-token-0123456789"
+    (tmp_path / "token").write_text(token + "\n")
     processes = _harness_processes()
     [agent] = processes.start_agents(
         {"ignored": Phase.PREFILL},
         settings_file=agent_file,
-        env={"EVOLVING_NODE_NODE": "gpu-node-3", "EVOLVING_NODE_HOST": "127.0.0.1"},
+        env={"EVOLVING_NODE_NODE": "gpu-node-3", "EVOLVING_NODE_HOST": "127.0.0.1",
+             "EVOLVING_NODE_CLUSTER_TOKEN_FILE": str(tmp_path / "token")},  # fmt: skip
         memory_args=(),
         identity_args=False,
     )
@@ -206,7 +212,13 @@ def test_a_real_node_agent_serves_from_the_rendered_file(nine_nodes: dict[str, A
         info = agent.info
         assert (info["node"], info["profile"]) == ("gpu-node-3", "glm-5.2-4xgb300-tp4")
         assert (info["l2_pages"], info["l1_pages"]) == (16384 // 64, 4096 // 64)
-        assert agent.get_state().node == "gpu-node-3"
+        with grpc.insecure_channel(agent.address) as channel:
+            stub = rpc.NodeAgentStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetState(pb.GetStateRequest(), timeout=5)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            state = stub.GetState(pb.GetStateRequest(), timeout=5, metadata=(("authorization", "Bearer " + token),))
+        assert state.node == "gpu-node-3"
         # The DaemonSet's probes ask gRPC health for these service names; the agent answers SERVING.
         probes = build_node_agent_daemonset(_ctx(nine_nodes))["spec"]["template"]["spec"]["containers"][0]
         for probe in (probes["livenessProbe"], probes["readinessProbe"]):
