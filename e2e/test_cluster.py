@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -92,12 +93,18 @@ def installed(kubectl: Kubectl, image: str) -> Iterator[list[str]]:
     names = [n["metadata"]["name"] for n in nodes if not n["spec"].get("unschedulable")][:9]
     assert names, "the cluster has no schedulable node"
     kubectl("create", "namespace", NAMESPACE, check=False)
+    # the cluster's credentials (docs/security.md): its token and the router's API keys, random per run
+    token, api_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    for secret, key, value in ((f"{NAME}-cluster-token", "token", token), (f"{NAME}-api-keys", "api-keys", f"e2e:{api_key}")):
+        kubectl("-n", NAMESPACE, "delete", "secret", secret, "--ignore-not-found", check=False)
+        kubectl("-n", NAMESPACE, "create", "secret", "generic", secret, f"--from-literal={key}={value}")
     for name in names:
         kubectl("label", "node", name, f"{POOL_LABEL}={NAME}", "--overwrite")
     try:
         yield names
     finally:
         kubectl("delete", "asc", NAME, "-n", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", check=False)
+        kubectl("-n", NAMESPACE, "delete", "secret", f"{NAME}-cluster-token", f"{NAME}-api-keys", "--ignore-not-found", check=False)
         for name in names:
             kubectl("label", "node", name, f"{POOL_LABEL}-", check=False)
 
