@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from evolving_infra.node_agent.api.auth import ClusterCredentials, CredentialsError, TlsFiles, parse_token
 from evolving_infra.operator import kube
 from evolving_infra.operator.meta import ClusterRef
-from evolving_infra.operator.rendered import TOKEN_KEY, CredentialMount, credential_mounts
+from evolving_infra.operator.rendered import TOKEN_KEY, CredentialMount, credential_mounts, node_agent_service_host
 from evolving_infra.operator.spec import AgentServingClusterSpec
 
 MAX_SECRET_VALUE_BYTES = 1 << 20
@@ -75,4 +75,4 @@ async def cluster_credentials(api: SecretReader, cluster: ClusterRef, spec: Agen
         secret = await _secret(api, ns, tls_mount)
         cert, key, ca = (_value(secret, tls_mount, k, ns) for k in tls_mount.keys)
         tls = TlsFiles(cert, key, ca)
-    return ClusterCredentials(token, tls)
+    return ClusterCredentials(token, tls, server_name=node_agent_service_host(cluster) if tls is not None else None)

@@ -100,7 +100,8 @@ def _credential_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -> 
     out: dict[str, Any] = {"cluster_token_file": mounts["token"].path(TOKEN_KEY)}
     tls = mounts.get("tls")
     if tls is not None:
-        out |= {"tls_cert_file": tls.path("tls.crt"), "tls_key_file": tls.path("tls.key"), "tls_ca_file": tls.path("ca.crt")}
+        out |= {"tls_cert_file": tls.path("tls.crt"), "tls_key_file": tls.path("tls.key"), "tls_ca_file": tls.path("ca.crt"),
+                "tls_server_name": node_agent_service_host(cluster)}  # fmt: skip
     return out
 
 

@@ -389,8 +389,9 @@ class SecuritySpec(KubeModel):
     tls_secret: Annotated[str, StringConstraints(pattern=SECRET_NAME_PATTERN)] | None = Field(
         default=None,
         description="Secret with mutual TLS material in cert-manager's layout (`tls.crt`, `tls.key`, `ca.crt`), "
-        "mounted into the router and every node agent; its certificate must name the node agents' Service "
-        "(`<cluster name>-node-agent.<namespace>.svc`). Unset: the token alone.",
+        "mounted into the router and every node agent and presented by the operator; its certificate must name "
+        "the node agents' Service (`<cluster name>-node-agent.<namespace>.svc`), which every member checks instead "
+        "of a pod's address. Unset: the token alone.",
     )
     api_keys_secret: Annotated[str, StringConstraints(pattern=SECRET_NAME_PATTERN)] | None = Field(
         default=None,

@@ -64,6 +64,8 @@ class ClusterCredentials:
     token: str | None = None
     tls: TlsFiles | None = None
     insecure: bool = False
+    server_name: str | None = None
+    """With TLS: the name the peers' certificates must carry, checked instead of the address dialled."""
 
     @property
     def mode(self) -> AuthMode:
@@ -108,6 +110,7 @@ def load_credentials(
     tls_key_file: Path | None = None,
     tls_ca_file: Path | None = None,
     insecure: bool = False,
+    tls_server_name: str | None = None,
 ) -> ClusterCredentials:
     """Read the configured credential files; raises `CredentialsError` when none (and not `insecure`), when
     TLS files are given only in part, or when a file is unreadable or malformed."""
@@ -124,7 +127,7 @@ def load_credentials(
             "no cluster credentials: give a cluster token file or mutual TLS files, "
             "or --insecure to serve without authentication (local runs only)"
         )
-    return ClusterCredentials(token, tls, insecure and token is None and tls is None)
+    return ClusterCredentials(token, tls, insecure and token is None and tls is None, tls_server_name if tls is not None else None)
 
 
 def token_matches(given: str | bytes | None, token: str) -> bool:
@@ -232,7 +235,8 @@ def blocking_channel(address: str, credentials: ClusterCredentials | None, optio
     if credentials is not None and credentials.tls is not None:
         tls = credentials.tls
         creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
-        channel = grpc.secure_channel(address, creds, options=list(options))
+        name = (("grpc.ssl_target_name_override", credentials.server_name),) if credentials.server_name else ()
+        channel = grpc.secure_channel(address, creds, options=[*options, *name])
     else:
         channel = grpc.insecure_channel(address, options=list(options))
     if credentials is not None and credentials.token:

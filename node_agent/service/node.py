@@ -130,7 +130,7 @@ class NodeAgent:
         from evolving_infra.node_agent.service.servicer import NodeAgentServicer
 
         s = self.settings
-        self.credentials = load_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure)
+        self.credentials = load_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure, s.tls_server_name)
         if self.credentials.mode is AuthMode.INSECURE:
             log.warning("node %s: serving WITHOUT authentication (--insecure): anyone who reaches %s:%s may call it",
                         self.node, s.host, s.grpc_port)  # fmt: skip

@@ -154,6 +154,11 @@ class NodeAgentSettings(BaseSettings):
     tls_cert_file: Path | None = Field(default=None, description="Mutual TLS: this node's certificate chain (PEM).")
     tls_key_file: Path | None = Field(default=None, description="Mutual TLS: this node's private key (PEM).")
     tls_ca_file: Path | None = Field(default=None, description="Mutual TLS: the cluster CA that signs every member (PEM).")
+    tls_server_name: str | None = Field(
+        default=None, min_length=1, max_length=253,
+        description="Mutual TLS: the name peers' certificates carry, checked instead of the address dialled (in "
+        "Kubernetes the node agents' Service name: pod IPs are in no certificate).",
+    )  # fmt: skip
     insecure: bool = Field(
         default=False,
         description="Serve without authentication when no token or TLS files are given (local runs only).",

@@ -91,6 +91,8 @@ class NodeCredentials:
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     tls_ca: bytes | None = None
+    server_name: str | None = None
+    """With TLS: the name the node agents' certificates carry, checked instead of the address dialled."""
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", "Bearer " + self.token),) if self.token else ()
@@ -107,7 +109,7 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def load_node_credentials(
-    token_file: Path | None, cert: Path | None, key: Path | None, ca: Path | None, insecure: bool
+    token_file: Path | None, cert: Path | None, key: Path | None, ca: Path | None, insecure: bool, server_name: str | None = None
 ) -> NodeCredentials | None:
     """The router's cluster credentials from files; None for an explicitly insecure cluster. Raises
     `CredentialsError` when none are given without `insecure`, or when a file is bad."""
@@ -131,7 +133,7 @@ def load_node_credentials(
             "no cluster credentials for the node agents: give cluster_token_file or the tls_* files, "
             "or --insecure (local runs only)"
         )
-    return NodeCredentials(token, *(tls or (None, None, None)))
+    return NodeCredentials(token, *(tls or (None, None, None)), server_name=server_name if tls else None)
 
 
 def open_channel(address: str, credentials: NodeCredentials | None) -> grpc.aio.Channel:
@@ -139,7 +141,8 @@ def open_channel(address: str, credentials: NodeCredentials | None) -> grpc.aio.
     pings. The token is not the channel's: every call passes `credentials.metadata()`."""
     if credentials is not None and credentials.tls_ca is not None:
         tls = grpc.ssl_channel_credentials(credentials.tls_ca, credentials.tls_key, credentials.tls_cert)
-        return grpc.aio.secure_channel(address, tls, options=CHANNEL_OPTIONS)
+        name = (("grpc.ssl_target_name_override", credentials.server_name),) if credentials.server_name else ()
+        return grpc.aio.secure_channel(address, tls, options=(*CHANNEL_OPTIONS, *name))
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 def node_credentials(settings: RouterSettings) -> NodeCredentials | None:
     """The cluster credentials from the settings' files (None: insecure; raises CredentialsError)."""
     s = settings
-    return load_node_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure)
+    return load_node_credentials(s.cluster_token_file, s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.insecure, s.tls_server_name)
 
 
 def check_api_keys(settings: RouterSettings) -> None:

@@ -119,6 +119,7 @@ class RouterSettings(BaseSettings, HttpFrontFields):
     tls_cert_file: Path | None = Field(default=None, description="Mutual TLS with the node agents: the router's certificate (PEM).")
     tls_key_file: Path | None = Field(default=None, description="Mutual TLS: the router's private key (PEM).")
     tls_ca_file: Path | None = Field(default=None, description="Mutual TLS: the cluster CA (PEM).")
+    tls_server_name: str | None = Field(default=None, min_length=1, max_length=253, description="Mutual TLS: the name the node agents' certificates carry, checked instead of the address dialled (in Kubernetes their Service's name).")
     insecure: bool = Field(default=False, description="Serve without API keys and call node agents without credentials (local runs only).")
 
     @classmethod

@@ -195,12 +195,12 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-def make_ca_and_cert(tmp: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and one certificate for 127.0.0.1 signed by it (openssl CLI)."""
+def make_ca_and_cert(tmp: Path, san: str = "IP:127.0.0.1,DNS:localhost") -> tuple[Path, Path, Path]:
+    """A throwaway CA and one certificate for `san` (default 127.0.0.1) signed by it (openssl CLI)."""
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
              "-subj", "/CN=test-ca", cwd=tmp)  # fmt: skip
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=node", cwd=tmp)
-    (tmp / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (tmp / "ext.cnf").write_text(f"subjectAltName={san}\n")
     _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.pem",
              "-days", "1", "-extfile", "ext.cnf", cwd=tmp)  # fmt: skip
     return tmp / "node.pem", tmp / "node.key", tmp / "ca.pem"
@@ -237,6 +237,42 @@ def test_mutual_tls_requires_a_client_certificate_from_the_cluster_ca(tmp_path: 
     assert out["no_client_cert"] is grpc.StatusCode.UNAVAILABLE
     assert out["plaintext"] is grpc.StatusCode.UNAVAILABLE
     assert out["mtls"] == "a"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make test certificates")
+def test_mutual_tls_checks_the_service_name_the_certificates_carry_not_the_pod_address(tmp_path: Path) -> None:
+    """As in Kubernetes: one certificate naming the node agents' Service (no IP), members dialled by address."""
+    from evolving_infra.router.service.client import load_node_credentials, open_channel
+
+    service = "c-node-agent.serving.svc"
+    cert, key, ca = make_ca_and_cert(tmp_path, f"DNS:{service}")
+
+    async def scenario() -> dict[str, Any]:
+        node = NodeAgent(settings_for(tmp_path, tls_cert_file=cert, tls_key_file=key, tls_ca_file=ca, tls_server_name=service))
+        await node.start()
+        out: dict[str, Any] = {}
+        try:
+            address = "127.0.0.1:" + node.address.rsplit(":", 1)[1]
+            for label, name in (("named", service), ("by_address", None), ("wrong_name", "other.serving.svc")):
+                creds = load_credentials(tls_cert_file=cert, tls_key_file=key, tls_ca_file=ca, tls_server_name=name)
+                channel = blocking_channel(address, creds)  # a peer node agent's or the operator's channel
+                try:
+                    out[label] = await asyncio.to_thread(lambda: rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=5).node)
+                except grpc.RpcError as error:
+                    out[label] = error.code()
+                finally:
+                    channel.close()
+            router_creds = load_node_credentials(None, cert, key, ca, False, service)
+            async with open_channel(address, router_creds) as channel:  # the router's channel
+                out["router"] = (await rpc.NodeAgentStub(channel).GetState(pb.GetStateRequest(), timeout=5)).node
+        finally:
+            await node.close()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert out["named"] == "a" and out["router"] == "a"
+    assert out["by_address"] is grpc.StatusCode.UNAVAILABLE  # the address is in no certificate
+    assert out["wrong_name"] is grpc.StatusCode.UNAVAILABLE
 
 
 # --- generations ------------------------------------------------------------------------------------

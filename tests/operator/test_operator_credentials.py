@@ -115,6 +115,8 @@ def test_tls_from_a_cert_manager_secret_and_named_secrets(tmp_path: Path) -> Non
         assert files[str(service.tls_ca_file)] == "glm-9-tls/ca.crt"
     assert _mounted(build_router_deployment(ctx)["spec"]["template"]["spec"])[str(router.api_key_file)] == "keys/api-keys"
     assert agent.peer_networks == ["10.244.0.0/16"]
+    # members dial pod IPs and check the name the certificate carries: the node agents' Service
+    assert router.tls_server_name == agent.tls_server_name == "glm-9-node-agent.agents.svc"
     with pytest.raises(ValueError, match=r"security.peerNetworks\[0\]"):
         bad = _ctx({"peerNetworks": ["10.0.0.0/33"]})
         render_node_agent_settings(bad.cluster, bad.spec, bad.profile)
@@ -159,7 +161,7 @@ async def test_the_operator_reads_the_token_and_names_what_is_wrong() -> None:
     both = await cluster_credentials(
         _Secrets({"glm-9-cluster-token": {"token": TOKEN}, "t": {"tls.crt": "c", "tls.key": "k", "ca.crt": "a"}}), CLUSTER, tls_spec
     )
-    assert both is not None and both.mode is AuthMode.TLS_AND_TOKEN
+    assert both is not None and both.mode is AuthMode.TLS_AND_TOKEN and both.server_name == "glm-9-node-agent.agents.svc"
 
 
 # --- live: the operator's own calls carry the cluster token ------------------------------------------------
