@@ -203,7 +203,7 @@ def _fidelity(report: dict[str, Any], record_dir: Path, console: Console) -> Non
 def _run(args: argparse.Namespace) -> int:
     config, trace, label = _configure(args)
     if config.cluster.gateway is Gateway.SMG:
-        from evolving_infra.peers.smg_local import SmgUnavailable, require_smg
+        from evolving_infra.local.smg import SmgUnavailable, require_smg
 
         try:
             require_smg()

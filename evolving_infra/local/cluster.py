@@ -15,14 +15,14 @@ which are the same on either clock, so the spec keeps windows in emulated second
 router as on the nodes.
 
 Gateway: with `gateway=Gateway.SMG` the SGLang gateway (`smg`, from its side venv) stands where the router
-stands: the node agents serve SGLang's worker API (`peers.smg_local node`; prefill nodes first, so that each decode
-node is started with the prefill nodes as its peers: the gateway's bootstrap addresses), and `peers.smg_local
+stands: the node agents serve SGLang's worker API (`local.smg node`; prefill nodes first, so that each decode
+node is started with the prefill nodes as its peers: the gateway's bootstrap addresses), and `local.smg
 gateway` runs `smg` in PD mode with cache-aware prefill routing in front of them, at the static split (no planner,
 no warmup, no recording: those are our router's). Without `smg`, `start` raises `SmgUnavailable` (the message
 says how to install it).
 
 Boundary: process orchestration and settings files; what runs inside is `evolving-infra node-agent serve` and
-`evolving-infra router serve` (or `peers.smg_local`).
+`evolving-infra router serve` (or `local.smg`).
 """
 
 from __future__ import annotations
@@ -243,10 +243,10 @@ class LocalCluster:
 
     def _start_smg(self) -> None:
         """Prefill nodes, then decode nodes (peers: the prefill nodes), then the gateway (module docstring)."""
-        from evolving_infra.peers.smg_local import GatewaySpec, require_smg
+        from evolving_infra.local.smg import GatewaySpec, require_smg
 
         smg = require_smg()
-        entry = (sys.executable, "-P", "-m", "evolving_infra.peers.smg_local")
+        entry = (sys.executable, "-P", "-m", "evolving_infra.local.smg")
         urls: dict[str, str] = {}
         try:
             ids = self.spec.node_ids()

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import os
-import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -46,6 +43,7 @@ from aiohttp import web
 
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import BranchId, NodeId, RequestId
+from evolving_infra.local.smg import SmgUnavailable, find_smg, free_port
 from evolving_infra.node_agent.service.sglang_http import ServerIdentity, TimedBackend, make_app, word_tokens
 from evolving_infra.router.routing.base import RouteReason
 from evolving_infra.router.routing.cache_aware import CacheAwareRouter, CacheAwareSettings
@@ -54,29 +52,11 @@ from evolving_infra.traces.content import ContentModel
 from evolving_infra.traces.mooncake_export import arrival_estimates
 from evolving_infra.traces.records import Trace
 
-ENV_SMG = "EVOLVING_INFRA_SMG"
-SIDE_VENV = Path(".peers") / "smg-venv"
-REPO = Path(__file__).resolve().parents[2]
+__all__ = [
+    "PAGE_TOKENS", "Cause", "Decision", "DifferentialReport", "SmgUnavailable", "char_match_rate", "classify",
+    "common_prefix", "find_smg", "free_port", "prompt_words", "run_differential",
+]  # fmt: skip
 PAGE_TOKENS = 64
-
-
-class SmgUnavailable(RuntimeError):
-    """No `smg` executable (the message says how to install it)."""
-
-
-def find_smg() -> Path:
-    """The `smg` executable: $EVOLVING_INFRA_SMG, the side venv made by scripts/peers/setup-smg.sh, or PATH."""
-    named = os.environ.get(ENV_SMG)
-    candidates = [Path(named)] if named else [REPO / SIDE_VENV / "bin" / "smg", SIDE_VENV / "bin" / "smg"]
-    if not named and shutil.which("smg"):
-        candidates.append(Path(str(shutil.which("smg"))))
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    raise SmgUnavailable(
-        f"no smg executable at {named or REPO / SIDE_VENV / 'bin' / 'smg'}; install it with "
-        f"scripts/peers/setup-smg.sh (or set {ENV_SMG})"
-    )
 
 
 class Cause(enum.Enum):
@@ -127,12 +107,6 @@ class DifferentialReport:
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "agreements": self.agreements, "agreement_rate": self.agreement_rate,
                 "causes": self.causes, "settings": self.settings, "wall_s": self.wall_s}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def common_prefix(a: str, b: str) -> int:

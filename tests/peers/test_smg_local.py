@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from evolving_infra.cli.main import main
 from evolving_infra.local.cluster import ClusterSpec, Gateway
 from evolving_infra.local.presets import PRESETS, PresetName
-from evolving_infra.peers.smg_local import GatewaySpec, ReuseBook, gateway_command
-from evolving_infra.peers.smg_judge import SmgUnavailable, find_smg
+from evolving_infra.local.smg import GatewaySpec, ReuseBook, SmgUnavailable, find_smg, gateway_command
 
 try:
     find_smg()

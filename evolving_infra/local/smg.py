@@ -6,7 +6,7 @@ router.
 Two child-process entry points, each printing one JSON line when ready (as `local.processes.Child` expects) and
 serving until SIGTERM or SIGINT:
 
-- `python -m evolving_infra.peers.smg_local node --settings FILE [--peer-url GRPC=URL ...]`: one node agent (the
+- `python -m evolving_infra.local.smg node --settings FILE [--peer-url GRPC=URL ...]`: one node agent (the
   same YAML settings as `evolving-infra node-agent serve`) in-process, with SGLang's worker API on 127.0.0.1. A
   decode node's settings name the prefill nodes as peers: the gateway's bootstrap address (the prefill node's
   gRPC address) must be one.
@@ -16,11 +16,13 @@ prefill worker knows how much of the prompt it reused. So a prefill worker keeps
 gateway gives both legs of one request), the cached tokens its engine reported (`GET /evolving/reuse/{room}`,
 the last `REUSE_KEPT` rooms), and a decode worker asks the prefill worker named by the bootstrap address
 (`--peer-url`) when its leg finishes, and reports that in its usage; 0 when the answer is missing.
-- `python -m evolving_infra.peers.smg_local gateway --settings FILE`: `smg launch --pd-disaggregation` on
+- `python -m evolving_infra.local.smg gateway --settings FILE`: `smg launch --pd-disaggregation` on
   127.0.0.1 in front of the workers of FILE (`GatewaySpec`), ready once it lists them all; it dies with its
   parent (PR_SET_PDEATHSIG) and is stopped with it.
 
-Without `smg` (`peers.smg_judge.find_smg`), `require_smg` raises `SmgUnavailable` naming how to install it.
+Without `smg` (`find_smg`: $EVOLVING_INFRA_SMG, the side venv made by scripts/peers/setup-smg.sh, or PATH),
+`require_smg` raises `SmgUnavailable` naming how to install it. The gateway judge (`peers.smg_judge`) finds it
+the same way.
 
 Boundary: process entry points and the gateway's command line; the API is `sglang_http`'s, the node's work is
 `NodeAgent`'s.
@@ -31,9 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import enum
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,16 +52,37 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from evolving_infra.peers.smg_judge import SmgUnavailable, find_smg, free_port
+__all__ = ["GatewaySpec", "ReuseBook", "SmgUnavailable", "find_smg", "free_port", "gateway_command", "require_smg"]
 
-__all__ = ["Gateway", "GatewaySpec", "SmgUnavailable", "gateway_command", "require_smg"]
+ENV_SMG = "EVOLVING_INFRA_SMG"
+SIDE_VENV = Path(".peers") / "smg-venv"
+REPO = Path(__file__).resolve().parents[2]
 
 
-class Gateway(enum.Enum):
-    """What fronts the local cluster: our router, or the SGLang gateway."""
+class SmgUnavailable(RuntimeError):
+    """No `smg` executable (the message says how to install it)."""
 
-    OURS = "ours"
-    SMG = "smg"
+
+def find_smg() -> Path:
+    """The `smg` executable: $EVOLVING_INFRA_SMG, the side venv made by scripts/peers/setup-smg.sh, or PATH."""
+    named = os.environ.get(ENV_SMG)
+    candidates = [Path(named)] if named else [REPO / SIDE_VENV / "bin" / "smg", SIDE_VENV / "bin" / "smg"]
+    if not named and shutil.which("smg"):
+        candidates.append(Path(str(shutil.which("smg"))))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise SmgUnavailable(
+        f"no smg executable at {named or REPO / SIDE_VENV / 'bin' / 'smg'}; install it with "
+        f"scripts/peers/setup-smg.sh (or set {ENV_SMG})"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -278,7 +303,7 @@ def _serve_gateway(settings_path: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evolving_infra.peers.smg_local", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m evolving_infra.local.smg", description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=["node", "gateway"])
     parser.add_argument("--settings", type=Path, required=True)
     parser.add_argument("--peer-url", action="append", default=[], metavar="GRPC=URL",
