@@ -129,13 +129,13 @@ def map_ordered(executor: Executor, fn: Callable[[T], R], items: Iterable[T],
                 on_done: Callable[[int, R], None] | None = None) -> list[R]:
     """`fn(item)` for every item on `executor`; results in item order. `on_done(index, result)` is called as each
     finishes (in completion order, for progress). The first failure is raised after the others were cancelled."""
-    from concurrent.futures import FIRST_EXCEPTION, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     futures: Sequence[Future[R]] = [executor.submit(fn, item) for item in items]
     index = {f: i for i, f in enumerate(futures)}
     pending = set(futures)
     while pending:
-        done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
         for future in sorted(done, key=index.__getitem__):
             if future.exception() is not None:
                 for other in pending:
