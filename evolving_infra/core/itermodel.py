@@ -82,7 +82,8 @@ class IterationRecord:
     """What one engine iteration did and how long it took: the sample the models are fitted on.
 
     A prefill iteration lists its `prefill` items and has `decode_batch == 0`; a decode iteration has no
-    prefill items and `decode_batch == B` running requests.
+    prefill items and `decode_batch == B` running requests, which attended to `context_tokens` tokens in all
+    (eq. 2 does not use it; it lets the model's error be told apart from the engine's ground truth).
     """
 
     node: NodeId
@@ -91,6 +92,7 @@ class IterationRecord:
     duration: float
     prefill: tuple[PrefillItem, ...] = field(default_factory=tuple)
     decode_batch: int = 0
+    context_tokens: float = 0.0
 
 
 def prefill_features(items: Iterable[PrefillItem]) -> tuple[float, float, float, float]:

@@ -308,9 +308,10 @@ class EngineCore:
                 kind = IterationKind.DECODE if decode.has_running() else IterationKind.IDLE
         if kind is IterationKind.DECODE:
             batch = len(decode.running())
-            duration = self._noisy(self.times.decode(batch, decode.context_tokens()))
+            context = decode.context_tokens()
+            duration = self._noisy(self.times.decode(batch, context))
             tokens, decodes_done = decode.apply(now + duration, self.report_detail)
-            record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch)
+            record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch, context)
         end = now + duration
         if kind is not IterationKind.IDLE:
             self._busy_until = end
