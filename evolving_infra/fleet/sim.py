@@ -372,8 +372,17 @@ class FleetResult:
 def simulate_fleet(partitions: Sequence[FleetPartition], workload: FleetWorkload, opts: FleetOptions,
                    executor: Executor, on_done: Callable[[PartitionResult], None] | None = None) -> FleetResult:
     """Run every partition on `executor`; results in the order of `partitions`."""
-    tasks = partition_tasks(partitions, workload, opts)
+    return simulate_fleets(partitions, workload, [opts], executor, on_done)[0]
+
+
+def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkload, runs: Sequence[FleetOptions],
+                    executor: Executor, on_done: Callable[[PartitionResult], None] | None = None) -> list[FleetResult]:
+    """Several runs of the same fleet and workload (e.g. adaptive and static), every partition of every run
+    submitted at once (a cluster runs them side by side); one `FleetResult` per run, in order."""
+    all_tasks = [partition_tasks(partitions, workload, opts) for opts in runs]
     start = time.perf_counter()
-    results = map_ordered(executor, run_partition, tasks,
-                          on_done=None if on_done is None else (lambda _i, r: on_done(r)))
-    return FleetResult(opts, results, time.perf_counter() - start)
+    flat = map_ordered(executor, run_partition, [t for tasks in all_tasks for t in tasks],
+                       on_done=None if on_done is None else (lambda _i, r: on_done(r)))
+    wall = time.perf_counter() - start
+    n = len(partitions)
+    return [FleetResult(opts, flat[k * n:(k + 1) * n], wall) for k, opts in enumerate(runs)]

@@ -40,7 +40,7 @@ from evolving_infra.fleet.sim import (
     FleetRunError,
     FleetWorkload,
     PartitionResult,
-    simulate_fleet,
+    simulate_fleets,
 )
 from evolving_infra.fleet.sim_report import compare, fleet_summary, partition_rows, render_markdown, write_figure
 
@@ -80,19 +80,16 @@ def run_fleet(args: argparse.Namespace) -> int:
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     runs = [opts] + ([replace(opts, planner="static")] if args.compare_static else [])
-    results: list[FleetResult] = []
     start = time.perf_counter()
     try:
         with open_executor(kind, args.workers, args.ray_address) as executor:
-            for run in runs:
-                label = run.planner or "the CRs' planners"
-                err.print(f"simulating {len(partitions)} partitions ({label}) on {kind.value}...")
+            err.print(f"simulating {len(partitions)} partitions x {len(runs)} run(s) on {kind.value}...")
 
-                def done(r: PartitionResult) -> None:
-                    err.print(f"  {r.key}: {r.requests:,} requests, {r.sim_end_s:,.0f} simulated s in "
-                              f"{r.wall_s:,.0f} s wall")
+            def done(r: PartitionResult) -> None:
+                err.print(f"  {r.key} ({r.planner}): {r.requests:,} requests, {r.sim_end_s:,.0f} simulated s in "
+                          f"{r.wall_s:,.0f} s wall")
 
-                results.append(simulate_fleet(partitions, workload, run, executor, on_done=done))
+            results = simulate_fleets(partitions, workload, runs, executor, on_done=done)
     except ExecutorUnavailable as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     except FleetRunError as exc:

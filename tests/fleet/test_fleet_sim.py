@@ -38,7 +38,7 @@ from evolving_infra.fleet.sim import (
 )
 from evolving_infra.sim.run import simulate
 from evolving_infra.traces.loader import trace_from_records
-from evolving_infra.workloads import generate_with
+from evolving_infra.workloads import generate_with, write_trace
 from evolving_infra.workloads.fleet import REGION_LABEL, FleetParams, Region, fleet_plan
 
 PARTITION = """\
@@ -220,3 +220,20 @@ def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, conc
     # the agents that start at t=0 follow the first slice's share (whole counts: within one agent)
     share = params.cc_share(params.regions[0], 0.5 / params.slices)
     assert abs(sum(s.label == "cc" for s in first) - share * len(first)) <= 1.0 + 1e-9
+
+
+def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_dir: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "fleet.jsonl"
+    write_trace(generate_with("fleet", AGENTS, 3, PARAMS), trace)
+    out = tmp_path / "out"
+    code = cli_main(["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60",
+                     "--seed", "3", "--bucket", "30", "--executor", "inline", "--compare-static", "--json",
+                     "--quiet", "--out", str(out)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["partition"] for r in report["adaptive"]["rows"]] == ["tiny-p0", "tiny-p1", "tiny-p2"]
+    assert report["static"]["options"]["planner"] == "static"
+    fleet = report["comparison"]["fleet"]
+    assert fleet["static_rps"] > 0 and fleet["ratio"] == pytest.approx(fleet["adaptive_rps"] / fleet["static_rps"])
+    assert (out / "fleet.png").stat().st_size > 0 and "| **fleet** |" in (out / "fleet.md").read_text()
