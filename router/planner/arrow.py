@@ -12,6 +12,12 @@ Each tick: the predicted TTFT of prefill node n is the time to prefill everythin
 request included (Σ over its queue of eq. 3 on full prompts); the predicted TPOT of decode node n is
 T^iter_n(B_n) / accepted tokens per iteration, B_n its running plus queued decode requests. The worst node of
 each pool is compared with its target.
+
+Accepted tokens per iteration (speculative decoding accepts more than one): `accepted_tokens` when set;
+by default measured, the output tokens over the decode iterations of the requests finished in the
+observation's slices, which on the emulated engine is the profile's `t_acc` (2.5 for GLM-5.2) and live the
+engine's real acceptance. Until a request has finished there is no measurement and TPOT is not judged (no
+move is made on TPOT, nor one that would need a TPOT estimate).
 - TTFT over target and TPOT within: move the cheapest decode node to prefill if the remaining decode nodes,
   sharing all decode requests evenly, still meet the TPOT target.
 - TPOT over target and TTFT within: move the cheapest prefill node to decode if the remaining prefill nodes,
@@ -51,12 +57,13 @@ from evolving_infra.router.planner.window import MeanWork
 @dataclass(frozen=True, slots=True)
 class ArrowSettings:
     """interval_s: tick; ttft_target_s / tpot_target_s: the SLO targets; accepted_tokens: mean tokens accepted
-    per decode iteration (TPOT = iteration time / accepted tokens); min_prefill / min_decode: pool bounds."""
+    per decode iteration (TPOT = iteration time / accepted tokens; None: measured from the finished requests, see
+    the module docstring); min_prefill / min_decode: pool bounds."""
 
     interval_s: float = 5.0
     ttft_target_s: float = 5.0
     tpot_target_s: float = 0.05
-    accepted_tokens: float = 1.0
+    accepted_tokens: float | None = None
     min_prefill: int = 1
     min_decode: int = 1
 
@@ -64,7 +71,7 @@ class ArrowSettings:
         for name in ("interval_s", "ttft_target_s", "tpot_target_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.accepted_tokens >= 1:
+        if self.accepted_tokens is not None and not self.accepted_tokens >= 1:
             raise ValueError(f"accepted_tokens must be >= 1, got {self.accepted_tokens}")
         if self.min_prefill < 1 or self.min_decode < 1:
             raise ValueError(f"min_prefill and min_decode must be >= 1, got {self.min_prefill}, {self.min_decode}")
@@ -95,8 +102,16 @@ class ArrowPlanner:
     def interval_s(self) -> float:
         return self._settings.interval_s
 
-    def _tpot(self, model: NodeModel, batch: float) -> float:
-        return model.decode_iteration_time(batch) / self._settings.accepted_tokens
+    def accepted_tokens(self, observation: PlannerObservation) -> float | None:
+        """Tokens accepted per decode iteration: the setting, else measured over the observation's slices."""
+        if self._settings.accepted_tokens is not None:
+            return self._settings.accepted_tokens
+        tokens = sum(s.sum_t_out for s in observation.slices)
+        iterations = sum(s.sum_decode_iterations for s in observation.slices)
+        return tokens / iterations if iterations > 0 and tokens > 0 else None
+
+    def _tpot(self, model: NodeModel, batch: float, accepted: float) -> float:
+        return model.decode_iteration_time(batch) / accepted
 
     def decide(self, observation: PlannerObservation, now: float) -> PlannerDecision:
         cfg = self._settings
@@ -110,7 +125,8 @@ class ArrowPlanner:
             for n in prefill
         }
         batches = {n: observation.load_of(n).decode_requests for n in decode}
-        tpot = {n: self._tpot(observation.model_of(n), b) for n, b in batches.items()}
+        accepted = self.accepted_tokens(observation)
+        tpot = {} if accepted is None else {n: self._tpot(observation.model_of(n), b, accepted) for n, b in batches.items()}
         ttft_bad = max(queued_s.values(), default=0.0) > cfg.ttft_target_s
         tpot_bad = max(tpot.values(), default=0.0) > cfg.tpot_target_s
 
@@ -133,9 +149,12 @@ class ArrowPlanner:
         ttft_after: float | None = None
         tpot_after: float | None = None
         if ttft_bad:
+            if accepted is None:
+                return hold(Outcome.HOLD, f"hold {current}: TTFT over target, but no decode measured yet to judge "
+                            "TPOT with one decode node less")
             rest = [n for n in decode if n not in moved]
             share = sum(batches.values()) / len(rest)
-            tpot_after = max(self._tpot(observation.model_of(n), share) for n in rest)
+            tpot_after = max(self._tpot(observation.model_of(n), share, accepted) for n in rest)
             if tpot_after > cfg.tpot_target_s:
                 reason = (
                     f"hold {current}: TTFT over target, but TPOT would be {tpot_after:.3g} s "

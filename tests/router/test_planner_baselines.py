@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
 from evolving_infra.core.types import NodeId, Phase, Work
+from evolving_infra.router.planner.window import SliceStats
 from evolving_infra.router.planner import (
     ArrowDiagnostics,
     ArrowPlanner,
@@ -126,8 +127,10 @@ def test_dynamo_relaunch_duration_is_a_seeded_draw_in_the_measured_range() -> No
 
 
 def arrow_obs(
-    prefill: int, queues: dict[int, tuple[int, ...]], decode_requests: int = 8, switching: tuple[str, ...] = ()
+    prefill: int, queues: dict[int, tuple[int, ...]], decode_requests: int = 8, switching: tuple[str, ...] = (),
+    accepted: float | None = 1.0,
 ) -> PlannerObservation:
+    """`accepted`: tokens per decode iteration of the requests finished in the window (None: none finished)."""
     phases = phases_of(prefill)
     load = {
         n: NodeLoad(queued_prefill_inputs=queues.get(i, ()))
@@ -136,7 +139,10 @@ def arrow_obs(
         for i, n in enumerate(NODES)
     }
     nodes = {n: NodeStatus(p, switching=n in switching) for n, p in phases.items()}
-    return PlannerObservation(nodes=nodes, models={n: MODEL for n in NODES}, load=load)
+    slices = () if accepted is None else (
+        SliceStats(0.0, 5.0, finished=10, sum_t_out=3000, sum_decode_iterations=3000 / accepted),
+    )
+    return PlannerObservation(nodes=nodes, models={n: MODEL for n in NODES}, load=load, slices=slices)
 
 
 def test_arrow_counts_a_cached_prefix_as_prefill_work_and_tips_toward_prefill() -> None:
@@ -172,6 +178,27 @@ def test_arrow_holds_when_targets_are_met_and_while_a_switch_is_in_flight() -> N
     assert ArrowPlanner().decide(arrow_obs(6, {0: (4_000,)}), 0.0).outcome is Outcome.HOLD
     busy = ArrowPlanner().decide(arrow_obs(6, {0: (120_000,)}, switching=("n2",)), 0.0)
     assert busy.outcome is Outcome.SKIPPED_SWITCH_IN_FLIGHT
+
+
+def test_arrow_judges_tpot_with_the_measured_accepted_tokens() -> None:
+    settings = ArrowSettings(tpot_target_s=0.03)  # T_iter at 40 running requests is about 0.043 s
+    assert ArrowPlanner(settings).decide(arrow_obs(6, {}, decode_requests=40, accepted=1.0), 0.0).target is not None
+    # speculative decoding accepting 2.5 tokens per iteration (the GLM-5.2 profile): TPOT ~0.017 s, within target
+    planner = ArrowPlanner(settings)
+    observation = arrow_obs(6, {}, decode_requests=40, accepted=2.5)
+    assert planner.accepted_tokens(observation) == pytest.approx(2.5)
+    assert planner.decide(observation, 0.0).outcome is Outcome.HOLD
+    # an explicit setting wins over the measurement
+    assert ArrowPlanner(ArrowSettings(accepted_tokens=1.0)).accepted_tokens(observation) == 1.0
+
+
+def test_arrow_judges_no_tpot_before_a_request_finished() -> None:
+    decision = ArrowPlanner(ArrowSettings(tpot_target_s=0.001)).decide(arrow_obs(6, {}, accepted=None), 0.0)
+    assert decision.outcome is Outcome.HOLD  # TPOT unknown: no move on it
+    spike = ArrowPlanner().decide(arrow_obs(6, {0: (120_000,)}, accepted=None), 0.0)
+    assert spike.outcome is Outcome.HOLD and "no decode measured yet" in spike.reason
+    with pytest.raises(ValueError, match="accepted_tokens"):
+        ArrowSettings(accepted_tokens=0.5)
 
 
 # ----------------------------------------------------------------------------------------------- Static
