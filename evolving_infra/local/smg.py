@@ -10,15 +10,15 @@ serving until SIGTERM or SIGINT:
   same YAML settings as `evolving-infra node-agent serve`) in-process, with SGLang's worker API on 127.0.0.1. A
   decode node's settings name the prefill nodes as peers: the gateway's bootstrap address (the prefill node's
   gRPC address) must be one.
+- `python -m evolving_infra.local.smg gateway --settings FILE`: `smg launch --pd-disaggregation` on
+  127.0.0.1 in front of the workers of FILE (`GatewaySpec`), ready once it lists them all; it dies with its
+  parent (PR_SET_PDEATHSIG) and is stopped with it.
 
 **Reuse reported to the client.** In PD mode the gateway answers with the decode worker's response, and only the
 prefill worker knows how much of the prompt it reused. So a prefill worker keeps, per bootstrap room (the id the
 gateway gives both legs of one request), the cached tokens its engine reported (`GET /evolving/reuse/{room}`,
 the last `REUSE_KEPT` rooms), and a decode worker asks the prefill worker named by the bootstrap address
 (`--peer-url`) when its leg finishes, and reports that in its usage; 0 when the answer is missing.
-- `python -m evolving_infra.local.smg gateway --settings FILE`: `smg launch --pd-disaggregation` on
-  127.0.0.1 in front of the workers of FILE (`GatewaySpec`), ready once it lists them all; it dies with its
-  parent (PR_SET_PDEATHSIG) and is stopped with it.
 
 Without `smg` (`find_smg`: $EVOLVING_INFRA_SMG, the side venv made by scripts/peers/setup-smg.sh, or PATH),
 `require_smg` raises `SmgUnavailable` naming how to install it. The gateway judge (`peers.smg_judge`) finds it
