@@ -2,7 +2,14 @@
 
 Rule (shared/baselines.md, "SGLang Model Gateway, cache-aware"):
 1. Load = the gateway's own count of in-flight requests per worker (+1 when routed, -1 when the request
-   finishes; the gateway never hears queue lengths or cache contents).
+   finishes; the gateway never hears queue lengths or cache contents). In PD disaggregation the prefill
+   worker's count is released when the *decode* finishes, not when the prefill does: SGLang's PD router
+   (sgl-project/sglang `sgl-router/src/routers/http/pd_router.rs`, checked at commit 0105f2a3) takes one
+   load guard over both workers in `PDRouter::execute_dual_dispatch_internal` (non-streaming: dropped when the
+   function returns, after the decode response has been read; the prefill response is drained in the
+   background and does not release it) and, for streaming, `PDRouter::create_streaming_response`
+   increments both loads and decrements both once the decode stream ends (`[DONE]` or an error). So a
+   prefill worker counts a request until its last token, as `on_finished` does here.
 2. Load balance, by `gate` (`BalanceGate`):
    - `spill` (default; smg 1.13, `--balance-abs-threshold` help, judged live in docs/peers.md): a *matched*
      worker is skipped for the least-loaded one when its load exceeds the mean load of the workers by a
