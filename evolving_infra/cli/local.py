@@ -109,7 +109,7 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
     nodes = args.nodes or base.nodes
     gateway = Gateway(args.gateway)
     if gateway is Gateway.SMG:
-        if args.planner != "ours" or args.warmup:
+        if args.planner not in ("ours", "static") or args.warmup:
             raise CliError("--gateway smg runs at the static split with no warmup (no --planner, no --warmup)", USAGE_ERROR)
         if args.routing not in ("ttft", "cache-aware"):
             raise CliError("--gateway smg routes prefill with smg's cache_aware policy (no --routing)", USAGE_ERROR)
