@@ -183,11 +183,11 @@ def bench_fitting(
     }
     for phase in Phase:
         name = phase.value
-        measured, predicted, true = samples.measured[phase], samples.predicted[phase], samples.truth[phase]
-        figures[f"later_error_{name}"] = mean_relative_error(predicted, measured)
-        figures[f"noise_floor_{name}"] = mean_relative_error(true, measured)
-        figures[f"model_form_error_{name}"] = mean_relative_error(predicted, true)
-        errors = relative_errors(predicted, measured)
+        measured, fitted, truths = samples.measured[phase], samples.predicted[phase], samples.truth[phase]
+        figures[f"later_error_{name}"] = mean_relative_error(fitted, measured)
+        figures[f"noise_floor_{name}"] = mean_relative_error(truths, measured)
+        figures[f"model_form_error_{name}"] = mean_relative_error(fitted, truths)
+        errors = relative_errors(fitted, measured)
         for q in (50, 90, 99):
             figures[f"later_error_{name}_p{q}"] = float(np.percentile(errors, q))
     return figures, samples
