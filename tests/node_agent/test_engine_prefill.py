@@ -288,3 +288,14 @@ def test_restored_tokens_are_charged_once_in_the_first_chunk() -> None:
         (PrefillItem(8192, 2048 + 8192, 0),),
         (PrefillItem(20000 - 2048 - 2 * 8192, 2048 + 2 * 8192, 0),),
     ]
+
+
+def test_hicache_prefill_waits_for_the_fetch_as_the_driver_now_expects_it_under_shared_bandwidth() -> None:
+    e = engine(plane=DataPlane.HICACHE_LOADBACK)
+    e.submit_prefill(request("r", 5000, _peer_plan(64)), 0.0)
+    shared = 3 * e.profile.fetch_time(4096)  # the fetch shares its peer's NIC with two others
+    e.fetch_expected(RequestId("r"), shared)
+    out = e.step(0.0)
+    assert out.load_stall == pytest.approx(shared + e.profile.load_time(4096))
+    e.fetch_expected(RequestId("r"), 99.0)  # no longer waited for: ignored
+    assert not e.fetch_completed(RequestId("r"), out.end).applied
