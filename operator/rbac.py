@@ -2,9 +2,10 @@
 
 The router may get and watch its own AgentServingCluster (by resourceNames) and patch that object's status
 subresource, nothing else. Node agents run with a ServiceAccount that mounts no token and has no Role: they
-never talk to the API server. The opt-in NetworkPolicy lets only the cluster's router and the operator's
-pods reach the node agents' gRPC port, only peer node agents reach the KV transfer port, and (when the
-operator names its namespace) only Prometheus reaches the metrics port.
+never talk to the API server. The NetworkPolicy (on unless the spec disables it) lets only the cluster's
+router, the operator's pods and peer node agents reach the node agents' gRPC port, only peer node agents
+reach the KV transfer port, and (when the operator names its namespace) only Prometheus reaches the metrics
+port.
 
 Boundary: pure builders returning dicts.
 """
@@ -77,8 +78,9 @@ def build_network_policy(
     operator_pod_labels: Mapping[str, str] = OPERATOR_POD_LABELS,
     metrics_namespace: str | None = None,
 ) -> dict[str, Any]:
-    """Ingress to the node agents: gRPC from the router and the operator (from its real namespace), KV transfer
-    from peers, and the metrics port from `metrics_namespace` (Prometheus) when one is given."""
+    """Ingress to the node agents: gRPC from the router, the operator (from its real namespace) and peer node
+    agents (page reads and transfer endpoints), KV transfer from peers, and the metrics port from
+    `metrics_namespace` (Prometheus) when one is given."""
     policy: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -94,6 +96,7 @@ def build_network_policy(
                             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
                             "podSelector": {"matchLabels": dict(operator_pod_labels)},
                         },
+                        {"podSelector": {"matchLabels": selector_labels(cluster, Component.NODE_AGENT)}},
                     ],
                     "ports": [{"protocol": "TCP", "port": NODE_AGENT_GRPC_PORT}],
                 },

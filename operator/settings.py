@@ -95,7 +95,7 @@ class OperatorSettings(BaseSettings):
         min_length=1,
         max_length=63,
         description=(
-            "Namespace of the Prometheus that scrapes node agents; clusters' opt-in NetworkPolicy admits it to the "
+            "Namespace of the Prometheus that scrapes node agents; clusters' NetworkPolicy admits it to the "
             "metrics port (unset: no scrape rule)."
         ),
     )

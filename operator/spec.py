@@ -356,11 +356,11 @@ class ResourcesSpec(KubeModel):
 
 
 class NetworkPolicySpec(KubeModel):
-    """An opt-in NetworkPolicy around the node agents."""
+    """A NetworkPolicy around the node agents (on unless disabled)."""
 
     enabled: bool = Field(
-        default=False,
-        description="Allow the node agents' gRPC port only from this cluster's router and the operator, and the KV transfer port only from peer node agents.",
+        default=True,
+        description="Allow the node agents' gRPC port only from this cluster's router, the operator and peer node agents, and the KV transfer port only from peer node agents (needs a CNI that enforces NetworkPolicies).",
     )
 
 
@@ -420,7 +420,7 @@ class AgentServingClusterSpec(KubeModel):
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router Service and replicas.")
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Container images.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Container resources.")
-    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec, description="Opt-in NetworkPolicy.")
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec, description="NetworkPolicy around the node agents.")
     security: SecuritySpec = Field(default_factory=SecuritySpec, description="Credentials of the gRPC and HTTP APIs.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (

@@ -83,6 +83,8 @@ def test_every_child_is_owned_by_the_cluster_and_labelled() -> None:
 def test_network_policy_only_when_enabled() -> None:
     kinds = [c["kind"] for c in build_children(_ctx(_spec(networkPolicy={"enabled": False})))]
     assert "NetworkPolicy" not in kinds
+    default = AgentServingClusterSpec.from_kube({k: v for k, v in _spec().to_kube().items() if k != "networkPolicy"})
+    assert "NetworkPolicy" in [c["kind"] for c in build_children(_ctx(default))]  # on by default
 
 
 def test_selectors_match_their_pods() -> None:
@@ -215,8 +217,11 @@ def test_network_policy_peers() -> None:
     assert policy["policyTypes"] == ["Ingress"]
     grpc, transfer = policy["ingress"]
     assert grpc["ports"] == [{"protocol": "TCP", "port": NODE_AGENT_GRPC_PORT}]
-    router_peer, operator_peer = grpc["from"]
+    router_peer, operator_peer, agent_peer = grpc["from"]
     assert set(router_peer) == {"podSelector"} and _matches(router_peer["podSelector"]["matchLabels"], router_pod)
+    # peer node agents read pages and transfer endpoints over gRPC
+    assert set(agent_peer) == {"podSelector"} and _matches(agent_peer["podSelector"]["matchLabels"], agent_pod)
+    assert not _matches(agent_peer["podSelector"]["matchLabels"], router_pod)
     assert operator_peer == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
         "podSelector": {"matchLabels": {"app": "op"}},

@@ -116,6 +116,6 @@ async def test_deleting_a_cluster_while_its_finalizer_is_set_waits_for_the_opera
             await h.wait_for("deletion", lambda: h.emulator.live(f"{meta.API_VERSION}/{meta.PLURAL}", NS, "held") is None)
             stop.set()
             await asyncio.wait_for(task, 60)
-            assert len(h.emulator.collect_garbage()) == 10  # the children go with it
+            assert len(h.emulator.collect_garbage()) == 11  # the children go with it (the NetworkPolicy too)
         finally:
             client.close()

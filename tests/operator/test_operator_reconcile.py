@@ -28,7 +28,7 @@ def _harness() -> Any:
 H = _harness()
 agents_mod = H.load_helper("fake_node_agent")
 NS = H.NAMESPACE
-CHILD_KINDS = {"serviceaccounts", "roles", "rolebindings", "configmaps", "services", "daemonsets", "deployments"}
+CHILD_KINDS = {"serviceaccounts", "roles", "rolebindings", "configmaps", "services", "daemonsets", "deployments", "networkpolicies"}
 
 
 def _children(h: Any, cluster_uid: str) -> list[tuple[str, str]]:
@@ -58,11 +58,12 @@ async def test_a_cluster_gets_its_children_and_a_true_status() -> None:
         body, handles = await _three_node_cluster(h)
         try:
             uid = body["metadata"]["uid"]
-            await h.wait_for("children", lambda: len(_children(h, uid)) >= 10)
+            await h.wait_for("children", lambda: len(_children(h, uid)) >= 11)
             kinds = {kind for kind, _ in _children(h, uid)}
             assert kinds == CHILD_KINDS
             for kind, name in _children(h, uid):
-                obj = h.emulator.live(f"{'apps/v1' if kind in ('daemonsets', 'deployments') else 'rbac.authorization.k8s.io/v1' if kind in ('roles', 'rolebindings') else 'v1'}/{kind}", NS, name)
+                group = {'daemonsets': 'apps/v1', 'deployments': 'apps/v1', 'roles': 'rbac.authorization.k8s.io/v1', 'rolebindings': 'rbac.authorization.k8s.io/v1', 'networkpolicies': 'networking.k8s.io/v1'}.get(kind, 'v1')
+                obj = h.emulator.live(f"{group}/{kind}", NS, name)
                 (ref,) = obj["metadata"]["ownerReferences"]
                 assert ref == {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": "alpha", "uid": uid, "controller": True, "blockOwnerDeletion": True}
             await h.router_available("alpha")
@@ -104,7 +105,7 @@ async def test_reconciling_again_writes_nothing_and_the_operator_never_writes_sp
         body, handles = await _three_node_cluster(h)
         try:
             uid = body["metadata"]["uid"]
-            await h.wait_for("children", lambda: len(_children(h, uid)) >= 10)
+            await h.wait_for("children", lambda: len(_children(h, uid)) >= 11)
             await h.router_available("alpha")
             await reconcile(h.rt, NS, "alpha")  # settles the status after the router became available
             before = len(h.emulator.writes())
@@ -114,7 +115,7 @@ async def test_reconciling_again_writes_nothing_and_the_operator_never_writes_sp
                 assert outcome is not None and outcome.children is not None
                 assert outcome.children.writes == 0 and not outcome.status_written
             assert h.emulator.writes()[before:] == []
-            assert len(outcome.children.unchanged) == 10
+            assert len(outcome.children.unchanged) == 11
             # A child deleted behind the operator's back comes back on the next pass, and only it.
             await h.api.delete(kube.KINDS[("v1", "ConfigMap")], NS, "alpha-settings")
             outcome = await reconcile(h.rt, NS, "alpha")
@@ -175,12 +176,12 @@ async def test_deleting_the_cluster_leaves_its_children_to_the_garbage_collector
     async with H.operator_running() as h:
         body = await h.create(H.cluster_object("gone", "g"))
         uid = body["metadata"]["uid"]
-        await h.wait_for("children", lambda: len(_children(h, uid)) >= 10)
+        await h.wait_for("children", lambda: len(_children(h, uid)) >= 11)
         finalizers = (await h.cluster("gone"))["metadata"].get("finalizers")
         assert finalizers == [f"{meta.ANNOTATION_PREFIX}/finalizer"]
         await h.api.delete(kube.CLUSTER, NS, "gone")
         # The finalizer (kopf's, for the resync timer) is released, then the object goes away.
         await h.wait_for("deletion", lambda: h.emulator.live(f"{meta.API_VERSION}/{meta.PLURAL}", NS, "gone") is None)
         removed = h.emulator.collect_garbage()
-        assert len(removed) == 10
+        assert len(removed) == 11
         assert _children(h, uid) == []

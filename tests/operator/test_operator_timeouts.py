@@ -69,7 +69,7 @@ async def test_a_hung_call_for_one_cluster_never_blocks_another() -> None:
         h.emulator.stall(lambda r: r.method.value == "GET" and r.url.path == _path_of("stuck"))
         stuck = asyncio.create_task(reconcile(h.rt, NS, "stuck"))
         fine = await reconcile(h.rt, NS, "fine")
-        assert fine is not None and fine.valid and fine.children is not None and len(fine.children.created) == 10
+        assert fine is not None and fine.valid and fine.children is not None and len(fine.children.created) == 11
         assert not stuck.done() or isinstance(stuck.exception(), KubeUnavailable)
         with pytest.raises(KubeUnavailable, match="Timeout"):
             await stuck
