@@ -33,7 +33,7 @@ from evolving_infra.operator.quantity import format_bytes, parse_quantity
 from evolving_infra.operator.rendered import (
     L2_MOUNT, NODE_AGENT_ENV, NODE_AGENT_GRPC_PORT, NODE_AGENT_METRICS_PORT, NODE_AGENT_SETTINGS_FILE,
     NODE_AGENT_TRANSFER_PORT,
-    ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_SETTINGS_FILE, SETTINGS_DIR,
+    ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_SETTINGS_FILE, ROUTER_STATE_MOUNT, SETTINGS_DIR,
     credential_mounts, render_node_agent_settings, render_router_settings,
 )  # fmt: skip
 from evolving_infra.operator.semantics import host_memory_bytes, validate_spec_semantics
@@ -303,6 +303,7 @@ def build_router_deployment(ctx: BuildContext) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "state", "mountPath": ROUTER_STATE_MOUNT},
             *secret_mounts,
         ],
     }
@@ -322,7 +323,10 @@ def build_router_deployment(ctx: BuildContext) -> dict[str, Any]:
                     "enableServiceLinks": False,
                     "securityContext": _pod_security(),
                     "containers": [container],
-                    "volumes": [_settings_volume(ctx, ROUTER_SETTINGS_FILE), {"name": "tmp", "emptyDir": {}}, *secret_volumes],
+                    "volumes": [
+                        _settings_volume(ctx, ROUTER_SETTINGS_FILE), {"name": "tmp", "emptyDir": {}},
+                        {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}}, *secret_volumes,
+                    ],  # fmt: skip
                 },
             },
         },

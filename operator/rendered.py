@@ -44,6 +44,9 @@ SETTINGS_DIR = "/etc/evolving-infra"
 ROUTER_SETTINGS_FILE = "router.yaml"
 NODE_AGENT_SETTINGS_FILE = "node-agent.yaml"
 L2_MOUNT = "/var/lib/evolving-infra/l2"
+ROUTER_STATE_MOUNT = "/var/lib/evolving-infra/router"
+"""The router's state folder (an emptyDir: it outlives a crashed router container, not its pod)."""
+BRANCH_SNAPSHOT_FILE = "branches.json"
 POD_BIND_HOST = "0.0.0.0"
 """The router binds every interface of its pod (the Service and the kubelet's probes reach it there)."""
 NODE_AGENT_ENV = (("EVOLVING_NODE_NODE", "spec.nodeName"), ("EVOLVING_NODE_HOST", "status.podIP"))
@@ -177,6 +180,7 @@ def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -
         "applier": "none" if planner.mode is PlannerMode.STATIC else "kubernetes",
         "cluster_name": cluster.name,
         "namespace": cluster.namespace,
+        "branch_snapshot_file": f"{ROUTER_STATE_MOUNT}/{BRANCH_SNAPSHOT_FILE}",
         **_credential_settings(cluster, spec),
     }
     mounts = credential_mounts(cluster, spec)

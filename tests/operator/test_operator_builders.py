@@ -14,6 +14,7 @@ from evolving_infra.core.eviction import eviction_policy
 from evolving_infra.operator import rbac
 from evolving_infra.operator.builders import (
     GPU_RESOURCE, SETTINGS_HASH, BuildContext, build_children, build_node_agent_daemonset, build_router_deployment,
+    build_settings_configmap,
 )  # fmt: skip
 from evolving_infra.operator.meta import ClusterRef, Component, selector_labels
 from evolving_infra.operator.quantity import parse_quantity
@@ -286,3 +287,14 @@ def test_network_policy_builder_defaults_to_the_operator_install() -> None:
     peer = policy["spec"]["ingress"][0]["from"][1]
     assert peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "evolving-infra-system"
     assert peer["podSelector"]["matchLabels"] == dict(rbac.OPERATOR_POD_LABELS)
+
+
+def test_the_router_keeps_its_branch_snapshot_in_a_writable_state_folder() -> None:
+    """A router container that crashes and restarts continues its branches (router/branch_snapshot.py)."""
+    ctx = _ctx()
+    settings = yaml.safe_load(build_settings_configmap(ctx)["data"]["router.yaml"])
+    pod = build_router_deployment(ctx)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    [state] = [m for m in container["volumeMounts"] if m["name"] == "state"]
+    assert settings["branch_snapshot_file"].startswith(state["mountPath"] + "/") and not state.get("readOnly")
+    assert {v["name"]: v for v in pod["volumes"]}["state"]["emptyDir"]["sizeLimit"] == "1Gi"
