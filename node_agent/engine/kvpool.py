@@ -37,8 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress
-from operator import not_
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -98,14 +96,18 @@ class KvPool:
                 if not isinstance(count, int) or count < 0:
                     raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
         counts = self._counts
-        # Pages whose count went from 0 to positive or back (each page once: `updates` is a mapping, so the
-        # state before the update decides), in the order of `updates`.
-        flipped = [page for page, count in updates.items() if (page in counts) is not bool(count)]
+        flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
         if 0 in values:
-            counts.update({page: count for page, count in updates.items() if count})
-            for page in compress(updates, map(not_, values)):
-                counts.pop(page, None)
-        else:
+            flipped = []
+            for page, count in updates.items():
+                if count:
+                    if page not in counts:
+                        flipped.append(page)
+                    counts[page] = count
+                elif counts.pop(page, None) is not None:
+                    flipped.append(page)
+        else:  # all positive (the usual case): the new ones flip, and one C-level update
+            flipped = [page for page in updates if page not in counts]
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
