@@ -133,7 +133,10 @@ def load_node_credentials(
             "no cluster credentials for the node agents: give cluster_token_file or the tls_* files, "
             "or --insecure (local runs only)"
         )
-    return NodeCredentials(token, *(tls or (None, None, None)), server_name=server_name if tls else None)
+    if not tls:
+        return NodeCredentials(token)
+    cert_pem, key_pem, ca_pem = tls
+    return NodeCredentials(token, cert_pem, key_pem, ca_pem, server_name)
 
 
 def open_channel(address: str, credentials: NodeCredentials | None) -> grpc.aio.Channel:
