@@ -91,3 +91,12 @@ def test_the_carried_context_equals_the_running_requests_prompts_plus_what_they_
         if not pending and gauges.decode_running == gauges.decode_queued == 0:
             break
     assert iterations > 0 and e.gauges().decode_running == 0
+
+
+def test_the_node_agent_defaults_to_the_ground_truth_with_5_percent_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolving_infra.node_agent.service.settings import NodeAgentSettings, load_settings
+
+    s = NodeAgentSettings(node="n0", mode=NodeMode.PREFILL, insecure=True)
+    assert s.noise == pytest.approx(0.05) and not s.exact_models  # the local cluster's node agents run these
+    monkeypatch.setenv("EVOLVING_NODE_EXACT_MODELS", "true")
+    assert load_settings(flags={"node": "n0", "mode": "prefill", "insecure": True}).exact_models
