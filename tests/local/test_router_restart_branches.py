@@ -7,7 +7,7 @@ killed with SIGKILL and started again from the same settings. The new router res
 `evolving_router_branches_restored` gauge), the agents' next turns reuse their KV (cached prompt tokens
 reported), and every branch's finish finds it (`finished`, not `not_found`).
 
-Bounded: 4 agents x 5 turns, 60 s per request, a fresh cluster.
+Bounded: 4 agents x 4 turns, 60 s per request, a fresh cluster.
 """
 
 from __future__ import annotations
@@ -92,10 +92,9 @@ def test_a_router_killed_mid_run_keeps_the_agents_branches(tmp_path: Path) -> No
 
         async def before() -> list[Any]:
             async with aiohttp.ClientSession() as session:
-                for n in range(2):
-                    await asyncio.gather(*(turn(session, cluster.router_url, a, n) for a in range(AGENTS)))
+                await asyncio.gather(*(turn(session, cluster.router_url, a, 0) for a in range(AGENTS)))
                 # a round of long streams, cut by the router's death
-                streams = [asyncio.ensure_future(turn(session, cluster.router_url, a, 2, max_tokens=2000)) for a in range(AGENTS)]
+                streams = [asyncio.ensure_future(turn(session, cluster.router_url, a, 1, max_tokens=2000)) for a in range(AGENTS)]
                 await asyncio.sleep(1.0)  # > the snapshot interval: the turns so far are in the file
                 restart_router(cluster)  # on this thread: a child started from a worker thread dies with it
                 return list(await asyncio.gather(*streams))
@@ -106,7 +105,7 @@ def test_a_router_killed_mid_run_keeps_the_agents_branches(tmp_path: Path) -> No
         async def after() -> tuple[list[Any], list[Any]]:
             async with aiohttp.ClientSession() as session:
                 usages = []
-                for n in (2, 3, 4):
+                for n in (1, 2):
                     usages += await asyncio.gather(*(turn(session, cluster.router_url, a, n) for a in range(AGENTS)))
                 finishes = []
                 for a in range(AGENTS):
