@@ -81,3 +81,37 @@ def test_clients_leaving_before_their_prefill_ran_cancel_it_on_the_prefill_node(
     node = out["node"]
     # the emulated engine applies an iteration when it launches, so only the prefills not yet launched can go
     assert node["accepted"] == 4 and node["finished"] + node["cancelled"] == 4 and node["cancelled"] >= 2
+
+
+def test_a_request_past_its_deadline_in_the_prefill_queue_is_cancelled_there() -> None:
+    """The router's request deadline passes while the prefill still waits on a slowed-down node: the client
+    gets the deadline error, and the node drops the prefill instead of computing it for nobody."""
+    from evolving_infra.router.http import RouterHttpSettings, start_server
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": NodeMode.PREFILL, "d0": NodeMode.DECODE}, speed_up=0.1) as c:
+            await c.server.stop()
+            c.server = await start_server(RouterHttpSettings(port=0, request_timeout_s=1.5), c.router)
+            p0 = c.agents["p0"]
+            long_prompt = " ".join(f"q{i}" for i in range(4000))
+            bodies = [{"model": "evolving-emulated", "prompt": f"{i} {long_prompt}", "max_tokens": 8} for i in range(3)]
+
+            async def send(body: dict[str, Any]) -> int:
+                async with c.session.post(f"{c.server.url}/v1/completions", json=body) as response:
+                    await response.read()
+                    return response.status
+
+            out["statuses"] = sorted(await asyncio.gather(*(send(b) for b in bodies)))
+            requests = p0.metrics.requests
+            settled = lambda: sum(requests.labels("prefill", o)._value.get() for o in ("finished", "cancelled")) == 3  # noqa: E731
+            await until(settled, "every prefill to finish or be cancelled")
+            out["cancelled"] = requests.labels("prefill", "cancelled")._value.get()
+            out["router_cancels"] = c.router.metrics.prefill_cancels.labels(outcome="cancelled")._value.get()
+            out["left"] = (p0.engine.gauges().prefill_queued, len(c.router.core.nodes["p0"].sent))
+        return out
+
+    out = run(scenario)
+    assert out["statuses"] == [504, 504, 504], out
+    assert out["cancelled"] >= 1 and out["router_cancels"] == out["cancelled"]
+    assert out["left"] == (0, 0)
