@@ -7,7 +7,7 @@ slot of a cancelled request behind, and lets the requests queued behind it run t
 Service level (in-process node on 127.0.0.1, every wait bounded): the `Cancel` RPC frees the queue entry
 of a queued prefill and the GPU slots of a running one, counts it (`requests_total{phase="prefill",
 outcome="cancelled"}`), answers `cancelled=false` for a request the node does not hold, and the node
-serves the next prefill at once.
+serves the next prefill at once. Fuzzed `Cancel` messages are answered OK or INVALID_ARGUMENT, never a crash.
 """
 
 from __future__ import annotations
@@ -170,3 +170,32 @@ def test_cancel_rpc_frees_a_queued_and_a_running_prefill() -> None:
     assert out["empty"] is grpc.StatusCode.INVALID_ARGUMENT
     assert out["cancelled"] == 2
     assert out["fresh"] == "fresh"
+
+
+async def fuzz_cancel(messages: list[tuple[str, str]]) -> list[grpc.StatusCode]:
+    node = NodeAgent(node_settings("f", NodeMode.PREFILL))
+    await node.start()
+    codes = []
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = rpc.NodeAgentStub(channel)
+            for rid, reason in messages:
+                try:
+                    await stub.Cancel(pb.CancelRequest(request_id=rid, reason=reason), timeout=5)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as error:
+                    codes.append(error.code())
+        assert node.runner.failure is None
+    finally:
+        await node.close()
+    return codes
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=300), st.text(max_size=400)), min_size=1, max_size=40))
+def test_cancel_messages_never_crash_the_node(messages: list[tuple[str, str]]) -> None:
+    codes = asyncio.run(asyncio.wait_for(fuzz_cancel(messages), 60))
+    for (rid, reason), code in zip(messages, codes, strict=True):
+        good_id = 0 < len(rid) <= 256 and rid.isascii() and rid.isprintable()
+        good_reason = not reason[:256] or (reason[:256].isascii() and reason[:256].isprintable())
+        assert code is (grpc.StatusCode.OK if good_id and good_reason else grpc.StatusCode.INVALID_ARGUMENT), (rid, reason)

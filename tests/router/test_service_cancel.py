@@ -1,7 +1,8 @@
 """A client that leaves mid-stream cancels its request everywhere: the router closes the decode stream, the
 decode node drops the decode (GPU pages freed), and the router's own record of the node (decode jobs,
-occupancy, in-flight gauge) is back to empty. In-process node agents and router on 127.0.0.1; every wait
-bounded."""
+occupancy, in-flight gauge) is back to empty. Clients that leave before their first token, and requests
+whose deadline passes in the prefill queue, have their prefills cancelled on the prefill node (`Cancel`).
+In-process node agents and router on 127.0.0.1; every wait bounded."""
 
 from __future__ import annotations
 
