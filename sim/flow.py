@@ -225,6 +225,13 @@ def _links_changed(state: ClusterState, now: float) -> list[Command]:
             if isinstance(payload, FetchRunFlow) and id(payload.group) not in seen:
                 seen.add(id(payload.group))
                 _tell_expected(state, payload.group)
+    cap = state.profile.load_bandwidth
+    touched = {n for f in model.flows.values() if f.kind is FlowKind.FETCH for n in (f.source, f.target)}
+    for name in touched | model.loading_nodes:
+        node = state.nodes.get(NodeId(name))
+        if node is not None and node.engine is not None:
+            node.engine.set_load_bandwidth(model.host_share(name, cap))
+    model.loading_nodes = touched
     out: list[Command] = [Cancel(LINKS)]
     at = model.next_landing()
     if at is not None:

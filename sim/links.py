@@ -10,6 +10,10 @@ Each node has three resources from its hardware profile: the two directions of i
 - a KV transfer (prefill GPUs -> decode GPUs, GPUDirect): the prefill node's NIC out and the decode node's
   NIC in; at most `transfer_bandwidth`.
 
+Loads from a node's host memory into its GPUs (restored prefixes, HiCache load-back) are not flows: they get
+`host_share`, what the fetches through that host memory leave of it (never less than an equal share), at most
+`load_bandwidth`; the driver tells the engine whenever that changes. Loads do not slow fetches in turn.
+
 Concurrent flows share each resource max-min fairly (progressive filling): every flow gets the same rate
 unless its own cap or another resource it crosses limits it, and what it leaves unused goes to the others.
 Rates are recomputed whenever a flow starts or ends, so a flow alone takes exactly `profile.fetch_time` or
@@ -81,6 +85,8 @@ class LinkModel:
     flows: dict[Hashable, Flow] = field(default_factory=dict)
     now: float = 0.0
     peak_concurrency: int = 0
+    loading_nodes: set[str] = field(default_factory=set)
+    """Nodes whose engines were last told a host-to-GPU load bandwidth below the profile's (the driver's)."""
 
     def __post_init__(self) -> None:
         p = self.profile
@@ -162,6 +168,19 @@ class LinkModel:
         if flow is None or flow.rate <= 0:
             return None
         return self.now + flow.remaining / flow.rate + flow.latency
+
+    def host_share(self, node: str, cap: float) -> float:
+        """The rate a new flow capped at `cap` would get through `node`'s host memory alone: what the flows in
+        flight leave of it, and never less than an equal share with them (a load from host memory to GPUs)."""
+        host = self.capacity(Resource.HOST_MEMORY)
+        if host == math.inf:
+            return cap
+        key = (node, Resource.HOST_MEMORY)
+        users = [f for f in self.flows.values() if key in f.resources and not _arrived(f)]
+        if not users:
+            return cap  # alone, a load runs at the profile's load bandwidth
+        left = host - sum(f.rate for f in users)
+        return min(cap, max(left, host / (len(users) + 1)))
 
     # --- fair shares ---------------------------------------------------------------------------------
     def _share(self) -> None:

@@ -246,6 +246,13 @@ class EngineCore:
         then. Ignored when the engine no longer waits for that fetch."""
         self._prefill.fetch_expected(request, at)
 
+    def set_load_bandwidth(self, bytes_per_s: float) -> None:
+        """The host-to-GPU bandwidth loads get from now on (host memory shared with fetches, as the driver sees
+        it; at most the profile's `load_bandwidth`). A load already under way keeps its time."""
+        if not bytes_per_s > 0:
+            raise ValueError(f"load bandwidth must be > 0 bytes/s, got {bytes_per_s}")
+        self._prefill.load_bandwidth = min(bytes_per_s, self.profile.load_bandwidth)
+
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
         """Branch counts of this node's host pages, pushed by the directory (0 = no active branch)."""
         self.pool.set_counts(updates)

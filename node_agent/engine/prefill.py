@@ -105,6 +105,12 @@ class PrefillScheduler:
         self.data_plane = data_plane
         self.pt = profile.page_tokens
         self.jobs: dict[str, PrefillJob] = {}  # insertion order is arrival order
+        self.load_bandwidth = profile.load_bandwidth
+        """Host-to-GPU bandwidth a load gets now (`EngineCore.set_load_bandwidth`; the profile's by default)."""
+
+    def load_time(self, tokens: int) -> float:
+        """Seconds to load `tokens` of KV from host memory into GPU memory at the current load bandwidth."""
+        return max(0, tokens) * self.profile.kv_bytes_per_token / self.load_bandwidth
 
     # --- queries -------------------------------------------------------------------------------------
     def _max_prefix(self, req: PrefillRequest) -> int:
@@ -267,7 +273,7 @@ class PrefillScheduler:
         job.loading = tuple(from_l2)
         if self.data_plane is DataPlane.ASYNC_FETCH and from_l2:
             self.pool.begin_writes(Tier.GPU, job.rid, (p for _, p in from_l2))
-            job.ready_at = now + self.profile.load_time(job.restored_tokens)
+            job.ready_at = now + self.load_time(job.restored_tokens)
             job.stage = PrefillStage.LOADING
         else:
             pages = req.prompt_pages  # (page, parent) pairs, as `job.parent` gives them
@@ -300,7 +306,7 @@ class PrefillScheduler:
                     break  # first come, first served: later requests do not overtake it
                 if pending:
                     fetch_wait = max(fetch_wait, job.fetch_due - now)
-                plan.stall += self.profile.load_time(job.restored_tokens)
+                plan.stall += self.load_time(job.restored_tokens)
             if job.stage is PrefillStage.READY:
                 job.local_decode = job.local_decode and local_ok
                 job.stage = PrefillStage.RUNNING

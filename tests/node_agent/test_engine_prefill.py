@@ -174,9 +174,11 @@ def test_a_queued_request_keeps_its_host_prefix_pinned() -> None:
     assert out.prefills_started[0].restored_tokens == 48 * PAGE
 
 
-def _fetch_scenario(plane: DataPlane) -> StepOutput:
+def _fetch_scenario(plane: DataPlane, load_bandwidth: float | None = None) -> StepOutput:
     """Own-host restore of 16 pages plus a 16-page peer fetch, then the prefill."""
     e = engine(plane=plane)
+    if load_bandwidth is not None:
+        e.set_load_bandwidth(load_bandwidth)
     e.submit_prefill(request("warm", 1024), 0.0)
     _, now = run_until_idle(e, 0.0)
     e.evict(Tier.GPU, 10_000, now)
@@ -299,3 +301,13 @@ def test_hicache_prefill_waits_for_the_fetch_as_the_driver_now_expects_it_under_
     assert out.load_stall == pytest.approx(shared + e.profile.load_time(4096))
     e.fetch_expected(RequestId("r"), 99.0)  # no longer waited for: ignored
     assert not e.fetch_completed(RequestId("r"), out.end).applied
+
+
+def test_a_hicache_load_back_takes_the_host_to_gpu_bandwidth_the_driver_gives() -> None:
+    full = _fetch_scenario(DataPlane.HICACHE_LOADBACK)
+    shared = _fetch_scenario(DataPlane.HICACHE_LOADBACK, load_bandwidth=profile().load_bandwidth / 4)
+    assert shared.load_stall == pytest.approx(4 * full.load_stall)  # host memory shared with fetches
+    capped = _fetch_scenario(DataPlane.HICACHE_LOADBACK, load_bandwidth=1e18)
+    assert capped.load_stall == pytest.approx(full.load_stall)  # never above the profile's load bandwidth
+    with pytest.raises(ValueError, match="load bandwidth"):
+        engine().set_load_bandwidth(0.0)

@@ -115,3 +115,16 @@ def test_fair_rates_fill_no_resource_beyond_capacity_and_every_flow_is_bottlenec
             full = [r for r in res if math.isclose(load[r], capacity[r[1]], rel_tol=1e-6)]
             assert full, (i, rates[i], cap)
             assert any(all(rates[j] <= rates[i] * (1 + 1e-6) for j, _, rj in spec if r in rj) for r in full)
+
+
+def test_loads_from_host_memory_get_what_the_fetches_through_it_leave() -> None:
+    profile = GLM.model_copy(update={"host_memory_bandwidth": 120e9})
+    model = LinkModel(profile)
+    cap = profile.load_bandwidth  # 200 GB/s
+    assert model.host_share("n0", cap) == cap  # nothing else: the profile's load bandwidth
+    model.start("a", FlowKind.FETCH, "src", "n0", 1e12, 0.0)  # writes n0's host memory at 52 GB/s
+    assert model.host_share("n0", cap) == pytest.approx(120e9 - 52e9)
+    model.start("b", FlowKind.FETCH, "n0", "dst", 1e12, 0.0)  # and another one reads it
+    assert model.host_share("n0", cap) == pytest.approx(120e9 / 3)  # an equal share with the two
+    assert model.host_share("elsewhere", cap) == cap
+
