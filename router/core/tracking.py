@@ -33,9 +33,13 @@ if TYPE_CHECKING:
     from _typeshed import SupportsKeysAndGetItem
 
 
+_COLLOCATED, _PREFILL_MODE, _DECODE_MODE = NodeMode.COLLOCATED, NodeMode.PREFILL, NodeMode.DECODE
+
+
 def serves(mode: NodeMode, phase: Phase) -> bool:
-    """Whether a node in `mode` serves `phase` (collocated serves both)."""
-    return mode is NodeMode.COLLOCATED or mode.value == phase.value
+    """Whether a node in `mode` serves `phase` (collocated serves both): identity checks only (an enum's
+    `.value` is a Python-level property, and this runs for every node at every routing decision)."""
+    return mode is _COLLOCATED or mode is (_PREFILL_MODE if phase is Phase.PREFILL else _DECODE_MODE)
 
 
 @dataclass(eq=False)

@@ -98,3 +98,13 @@ def test_a_plain_dict_put_in_by_hand_is_read_afresh_every_time() -> None:
     assert node.sent_views() == _fresh(node)
     node.sent["c"] = _request("c", 64)
     assert node.sent_views() == _fresh(node)
+
+
+def test_serves_is_the_mode_phase_relation() -> None:
+    """`serves` (identity checks) against its definition, for every mode and phase."""
+    from evolving_infra.core.types import NodeMode, Phase
+    from evolving_infra.router.core.tracking import serves
+
+    for mode in NodeMode:
+        for phase in Phase:
+            assert serves(mode, phase) == (mode is NodeMode.COLLOCATED or mode.value == phase.value)
