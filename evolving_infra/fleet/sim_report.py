@@ -181,6 +181,7 @@ def write_figure(adaptive: FleetResult, static: FleetResult | None, path: str | 
     start, end = _window(adaptive)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     names = [short_name(p.key) for p in adaptive.partitions]
+    ticks = [n.rsplit("-", 1)[-1] for n in names]  # axis labels: the last part of the name (p0, p1, ...)
     marked = set(highlight)
 
     def color(name: str) -> str:
@@ -192,7 +193,8 @@ def write_figure(adaptive: FleetResult, static: FleetResult | None, path: str | 
         xs = [r["t1"] / 60 for r in w if r["prefill_nodes"] is not None]
         ys = [r["prefill_nodes"] / max(1, r["prefill_nodes"] + r["decode_nodes"] + (r["collocated_nodes"] or 0))
               for r in w if r["prefill_nodes"] is not None]
-        ax.step(xs, ys, where="post", color=color(name), lw=2 if name in marked else 1, label=name)
+        ax.step(xs, ys, where="post", color=color(name), lw=2 if name in marked else 1,
+                label=name.rsplit("-", 1)[-1])
     ax.axvspan(0, start / 60, color="0.92")
     ax.set(title="(a) prefill share of each partition's nodes (adaptive)", xlabel="minute", ylabel="prefill nodes / nodes")
     ax.legend(fontsize=7, ncol=4)
@@ -223,7 +225,7 @@ def write_figure(adaptive: FleetResult, static: FleetResult | None, path: str | 
         ax.bar([x - 0.2 for x in xs], [r["queue_vs_fleet"] or 0 for r in rs], width=0.4, label="static", color="0.5")
     ax.bar([x + 0.2 for x in xs], [r["queue_vs_fleet"] or 0 for r in ra], width=0.4, label="adaptive", color="tab:blue")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(xs, names)
+    ax.set_xticks(xs, ticks)
     ax.set(title="(c) mean prefill queueing / fleet average", ylabel="ratio")
     ax.legend(fontsize=8)
 
@@ -232,7 +234,7 @@ def write_figure(adaptive: FleetResult, static: FleetResult | None, path: str | 
         c = compare(adaptive, static)
         vals = [r["ratio"] or 0 for r in c["partitions"]] + [c["fleet"]["ratio"] or 0]
         ax.bar(list(range(len(vals))), vals, color=[color(n) for n in names] + ["k"])
-        ax.set_xticks(list(range(len(vals))), [*names, "fleet"])
+        ax.set_xticks(list(range(len(vals))), [*ticks, "fleet"])
         ax.axhline(1.0, color="k", lw=0.8)
     ax.set(title="(d) throughput, adaptive planners / static split", ylabel="ratio")
     fig.tight_layout()
