@@ -74,20 +74,23 @@ class BacklogStore:
     `parts` are the node's job sources in replay order (e.g. running, queue, unreported); `jobs_of(kind, parts)`
     turns them into replay jobs, and the last part's items map one to one onto the last jobs (`job_of`), so
     new items at its end are new jobs at the end of the queue. A model object must not change its predictions.
+    Kinds are told apart by identity (enum members, e.g. `StateSource`).
     """
 
     def __init__(self, chunk_tokens: int, jobs_of: JobsOf, job_of: JobOf) -> None:
         self.chunk_tokens = chunk_tokens
         self._jobs_of = jobs_of
         self._job_of = job_of
-        self._entries: dict[tuple[NodeId, object], _Entry] = {}
+        # One table per state source, found by identity: hashing an enum member runs Python code, and this is
+        # read for every node at every decision.
+        self._tables: list[tuple[object, dict[NodeId, _Entry]]] = []
         self.replays = 0
         self.extensions = 0
 
     def entry(self, node: NodeId, kind: object, model: PrefillNodeModel, parts: tuple[Sequence[object], ...]) -> _Entry:
         """The entry of `node` for state source `kind` with these parts, replayed or extended as needed."""
-        key = (node, kind)
-        hit = self._entries.get(key)
+        entries = self._table(kind)
+        hit = entries.get(node)
         if hit is not None and hit.model is model:
             old = hit.parts
             if old == parts:  # item by item: identical objects compare equal at once
@@ -101,17 +104,25 @@ class BacklogStore:
                         backlog = extend_backlog(model, backlog, self._job_of(item))
                     self.extensions += 1
                     entry = _Entry(model, parts, backlog, _row(model, backlog))
-                    self._entries[key] = entry
+                    entries[node] = entry
                     return entry
         backlog = replay_chunked_prefill(model, self._jobs_of(kind, parts), self.chunk_tokens).backlog
         self.replays += 1
         entry = _Entry(model, parts, backlog, _row(model, backlog))
-        self._entries[key] = entry
+        entries[node] = entry
         return entry
 
+    def _table(self, kind: object) -> dict[NodeId, _Entry]:
+        for known, table in self._tables:
+            if known is kind:
+                return table
+        table: dict[NodeId, _Entry] = {}
+        self._tables.append((kind, table))
+        return table
+
     def forget(self, node: NodeId) -> None:
-        for key in [k for k in self._entries if k[0] == node]:
-            del self._entries[key]
+        for _, table in self._tables:
+            table.pop(node, None)
 
 
 def append_columns(
