@@ -19,7 +19,7 @@ until the branch ends (they only protect pages the node no longer has).
 
 Format (JSON, version 1): {"format": FORMAT, "phases": {node: phase}, "branches": [{"id", "version",
 "path", "counted": {node: pages}, "targets": {phase: node}, "unsettled": [phase]}]}, page lists as base64
-of little-endian unsigned 64-bit integers. A file that is missing starts an empty table; one that is
+of little-endian unsigned 64-bit integers; a node's counted pages are null when they are the whole path. A file that is missing starts an empty table; one that is
 unreadable or malformed raises `SnapshotError` naming the file (the router then starts empty and says so).
 
 Boundary: encoding and file I/O; the table's bookkeeping is `router.branches.BranchTable`'s.
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, Phase
@@ -89,7 +90,14 @@ def _pages_in(text: object, where: str) -> tuple[PageHash, ...]:
     data.frombytes(raw)
     if sys.byteorder != "little":
         data.byteswap()
-    return tuple(PageHash(p) for p in data)
+    return cast(tuple[PageHash, ...], tuple(data))  # PageHash is a NewType of int: no per-page call
+
+
+def _counted_out(state: BranchState, pages: frozenset[PageHash]) -> str | None:
+    """A node's counted pages: None when they are the whole path (the usual case: written once, not again)."""
+    if len(pages) == len(state.path) and pages.issuperset(state.path):
+        return None
+    return _pages_out(pages)
 
 
 def encode(snapshot: TableSnapshot) -> bytes:
@@ -98,7 +106,7 @@ def encode(snapshot: TableSnapshot) -> bytes:
             "id": branch,
             "version": state.version,
             "path": _pages_out(state.path),
-            "counted": {node: _pages_out(sorted(pages)) for node, pages in sorted(state.counted.items())},
+            "counted": {node: _counted_out(state, pages) for node, pages in sorted(state.counted.items())},
             "targets": {phase.value: node for phase, node in sorted(state.targets.items(), key=lambda kv: kv[0].value)},
             "unsettled": sorted(p.value for p in state.unsettled),
         }
@@ -130,7 +138,11 @@ def decode(data: bytes) -> TableSnapshot:
             raise ValueError(f"{where}.version: expected an integer >= 1")
         seen.add(branch)
         path = _pages_in(row.get("path"), f"{where}.path")
-        counted = {NodeId(n): frozenset(_pages_in(p, f"{where}.counted.{n}")) for n, p in _mapping(row.get("counted"), f"{where}.counted").items()}
+        whole = frozenset(path)
+        counted = {
+            NodeId(n): whole if p is None else frozenset(_pages_in(p, f"{where}.counted.{n}"))
+            for n, p in _mapping(row.get("counted"), f"{where}.counted").items()
+        }
         targets = {Phase(p): NodeId(_str(n, f"{where}.targets.{p}")) for p, n in _mapping(row.get("targets"), f"{where}.targets").items()}
         unsettled = row.get("unsettled")
         if not isinstance(unsettled, list):
@@ -159,8 +171,14 @@ def restore(table: BranchTable, snapshot: TableSnapshot, nodes: Iterable[NodeId]
     for node, phase in snapshot.phases.items():
         if keep is None or node in keep:
             table.set_phase(node, phase)
-    for branch, state in snapshot.branches:
-        table.restore(branch, state)
+    paused = gc.isenabled()
+    gc.disable()  # millions of long-lived page entries: generational collections would rescan them again and again
+    try:
+        for branch, state in snapshot.branches:
+            table.restore(branch, state)
+    finally:
+        if paused:
+            gc.enable()
     return len(snapshot.branches)
 
 
