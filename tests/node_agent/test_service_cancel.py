@@ -165,3 +165,42 @@ def test_a_new_router_subscription_clears_counts_a_previous_router_pushed() -> N
     assert out["pushed"] == [3, 3, 2, 1]
     assert out["test"] == [3, 3, 2, 1]  # other subscribers change nothing
     assert out["router"] == [0, 0, 0, 0]
+
+
+async def cancel_rpc_scenario() -> dict[str, Any]:
+    a = NodeAgent(node_settings("pre", NodeMode.PREFILL))
+    b = NodeAgent(node_settings("dec", NodeMode.DECODE))
+    await a.start()
+    await b.start()
+    out: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(a.address) as ca, grpc.aio.insecure_channel(b.address) as cb:
+            sa, sb = rpc.NodeAgentStub(ca), rpc.NodeAgentStub(cb)
+            prompt = chain("rpc", 8)
+            await sa.SubmitPrefill(pb.SubmitPrefillRequest(request_id="r", branch_id="b-r", prompt_pages=prompt,
+                                                           prompt_tokens=8 * PT, t_acc=1.0))  # fmt: skip
+            call = sb.SubmitDecode(decode_request("r", prompt, 8 * PT, 200 * PT, a), timeout=DEADLINE)
+            out["started"] = [(await call.read()).WhichOneof("progress") for _ in range(2)]
+            answer = await sb.Cancel(pb.CancelRequest(request_id="r", reason="test"), timeout=5)
+            out["answer"] = (answer.prefill_cancelled, answer.decode_cancelled)
+            try:
+                while (await call.read()) is not grpc.aio.EOF:
+                    pass
+                out["stream"] = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as error:
+                out["stream"] = error.code()
+            await until(lambda: b.engine.gauges().decode_running == 0, "the decode to be dropped")
+            out["cancelled"] = b.metrics.requests.labels("decode", "cancelled")._value.get()
+            b.engine.check_invariants()
+    finally:
+        await a.close()
+        await b.close()
+    return out
+
+
+def test_the_cancel_rpc_drops_a_running_decode_and_ends_its_stream() -> None:
+    out = asyncio.run(asyncio.wait_for(cancel_rpc_scenario(), 60))
+    assert out["started"] == ["accepted", "tokens"]
+    assert out["answer"] == (False, True)
+    assert out["stream"] is grpc.StatusCode.CANCELLED
+    assert out["cancelled"] == 1
