@@ -129,6 +129,7 @@ class FleetWorkload:
         prefixes: list[Record] = []
         tasks: list[FleetTask] = []
         per_agent: dict[str, list[Record]] = {}
+        branch_agent: dict[str, str] = {}
         for i, record in enumerate(records, start=1):
             kind = record.get("kind")
             if kind == "header":
@@ -139,21 +140,29 @@ class FleetWorkload:
                 agent = str(record["agent"])
                 tasks.append(FleetTask(agent, str(record.get("user") or agent), _requires(record, i)))
                 per_agent[agent] = [record]
-            else:
-                agent = str(record.get("agent"))
+            else:  # a request names its agent; a branch end belongs to its branch's agent
+                agent = str(record["agent"]) if "agent" in record else branch_agent.get(str(record.get("branch")), "")
                 if agent not in per_agent:
-                    raise FleetRunError(f"record {i} ({kind}) names agent {agent!r} before its agent record")
+                    raise FleetRunError(f"record {i} ({kind}) belongs to no agent defined before it")
+                if kind == "request":
+                    branch_agent.setdefault(str(record.get("branch")), agent)
                 per_agent[agent].append(record)
         return cls(header, prefixes, tasks, records=per_agent)
 
     @classmethod
     def generated(cls, params: FleetParams, concurrency: int, seed: int) -> FleetWorkload:
-        """The `fleet` workload kind, generated lazily: slots here, records in the partitions' workers."""
-        from evolving_infra.workloads.fleet import fleet_header, fleet_plan
+        """The `fleet` workload kind for `concurrency` agents (the tasks that fill the span: `tasks_for`), generated
+        lazily: slots here, records in the partitions' workers; the same tasks as `generate_with("fleet",
+        tasks_for(p, concurrency), seed, p)` with `p.concurrency = concurrency`."""
+        from dataclasses import replace
 
-        slots = fleet_plan(params, concurrency, seed)
+        from evolving_infra.workloads.fleet import fleet_header, fleet_plan, tasks_for
+
+        params = replace(params, concurrency=concurrency)
+        agents = tasks_for(params, concurrency)
+        slots = fleet_plan(params, agents, seed)
         tasks = [FleetTask(s.agent, s.user, s.requires) for s in slots]
-        return cls(fleet_header(params, concurrency, seed, slots), prefix_records(params), tasks,
+        return cls(fleet_header(params, agents, seed, slots), prefix_records(params), tasks,
                    generator=(params, {s.agent: s for s in slots}, seed))
 
 

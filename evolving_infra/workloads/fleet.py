@@ -13,10 +13,11 @@ then a linear move from `cc_share_start` to `cc_share_end` between `shift_start`
 span), then flat. With the defaults one region's partition moves towards CC while another's moves away from it, so
 the fleet's aggregate mix stays constant while those two partitions see a local shift (figure D.2).
 
-`agents` is the fleet's **concurrency** (the number of agents running at once, e.g. 3,840 at 1/8 scale: ~10 per
-GPU); the trace holds as many tasks as closed-loop replay needs to keep that concurrency busy for `span_s` at the
-estimated task durations (plus a tail at the final mix). Within each region, the agents are in file order of the
-schedule: replaying a partition's agents in file order at its concurrency follows the region's shift.
+`agents` is the number of tasks, as for every kind; they are apportioned over the regions' slices by the demand
+of the fleet's concurrency (`concurrency`, e.g. 3,840 at 1/8 scale: ~10 per GPU; unset, the concurrency that
+`agents` tasks keep busy for `span_s` at the estimated task durations), plus a tail at the final mix.
+`tasks_for(params, concurrency)` is the number of tasks that fills the span. Within each region, the agents are in
+file order of the schedule: replaying a partition's agents in file order at its concurrency follows the shift.
 
 Boundary: pure generation (seeded `random.Random` streams per agent), like the other kinds; binding users to
 partitions and simulating them is `evolving_infra.fleet`.
@@ -24,6 +25,7 @@ partitions and simulating them is `evolving_infra.fleet`.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -81,16 +83,20 @@ class FleetParams:
         "appendix D.2: 8 partitions, of which 2 see a local shift while the aggregate stays nearly constant "
         "(assumption: the two shifts mirror each other; the other six serve a steady half-and-half mix)",
     )
-    span_s: float = param(7_200.0, "the issue's 1/8-scale run: the local shifts compressed into 2 simulated hours")
+    span_s: float = param(7_200.0, "assumption: appendix D.2's shifts over 24 hours compressed into 2 simulated hours")
     shift_start: float = param(0.3, "assumption: the shift starts at 30 % of the span (after a warmup)")
     shift_end: float = param(0.7, "assumption: and ends at 70 %")
-    slices: int = param(16, "the schedule is laid out in this many equal slices of the span")
+    slices: int = param(16, "assumption: the schedule is laid out in this many equal slices of the span")
     task_estimate_s: dict[str, float] = param(
         {"cc": 900.0, "codex": 1_100.0},
         "assumption: mean task duration (30 steps x (E2E + pause)), used only to size each slice's block of tasks",
     )
-    tail: float = param(0.5, "extra tasks at the final mix, as a fraction of the span's, so replay never runs out")
-    arrival_rate_per_min: float = param(1.0, "unused by closed-loop replay; start_s follows the schedule")
+    concurrency: int | None = param(
+        None, "assumption: the fleet's concurrent agents (appendix D.2: ~10 per GPU); None: as many as the trace's "
+        "tasks keep busy for the span at the estimated task durations")
+    tail: float = param(0.5, "assumption: extra tasks at the final mix, as a fraction of the span's, so replay "
+                        "never runs out")
+    arrival_rate_per_min: float = param(1.0, "assumption (unused: closed-loop replay; start_s follows the schedule)")
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -108,6 +114,8 @@ class FleetParams:
                 raise ValueError(f"task_estimate_s needs a value > 0 for {label!r}")
         if self.tail < 0:
             raise ValueError(f"tail must be >= 0, got {self.tail}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
     @property
     def partitions(self) -> int:
@@ -147,46 +155,76 @@ class AgentSlot:
         return {REGION_LABEL: self.region}
 
 
-def fleet_plan(p: FleetParams, concurrency: int, seed: int) -> list[AgentSlot]:
-    """Every task of the fleet trace in file order: per region, slice by slice, labels interleaved."""
-    if concurrency < len(p.regions):
-        raise ValueError(f"fleet concurrency must be >= {len(p.regions)} (one agent per region), got {concurrency}")
-    slots: list[AgentSlot] = []
+def _blocks(p: FleetParams) -> list[tuple[int, float, float, str, float]]:
+    """`(region index, start_s, span_s, label, demand)` per block and label, in file order; demand is in tasks
+    per agent of fleet concurrency (the agents running at t=0 at the first slice's mix, then each slice's
+    replacements at its mix, then the tail at the final mix)."""
     width = p.span_s / p.slices
-    users = random.Random(f"evolving-infra/{seed}/fleet/users")
-    for region, conc in zip(p.regions, p.region_concurrency(concurrency), strict=True):
-        pools = {label: max(1, round(conc * (p.cc_share(region, 0.5) if label == "cc" else
-                                             1 - p.cc_share(region, 0.5)))) for label in LABELS}
-        blocks: list[tuple[float, float, dict[str, int]]] = []
+    total = float(p.partitions)
+    out: list[tuple[int, float, float, str, float]] = []
+    for k, region in enumerate(p.regions):
+        weight = region.partitions / total
         for i in range(p.slices):
             share = p.cc_share(region, (i + 0.5) / p.slices)
-            demand = {"cc": conc * share * width / p.task_estimate_s["cc"],
-                      "codex": conc * (1 - share) * width / p.task_estimate_s["codex"]}
-            if i == 0:  # the agents that start at t=0, at the first slice's mix
-                demand = {"cc": demand["cc"] + conc * share, "codex": demand["codex"] + conc * (1 - share)}
-            blocks.append((i * width, width, _counts(demand)))
+            for label, part in (("cc", share), ("codex", 1.0 - share)):
+                demand = weight * part * width / p.task_estimate_s[label] + (weight * part if i == 0 else 0.0)
+                out.append((k, i * width, width, label, demand))
         share = p.cc_share(region, 1.0)
         tail_s = p.tail * p.span_s
         if tail_s > 0:
-            blocks.append((p.span_s, tail_s, _counts({
-                "cc": conc * share * tail_s / p.task_estimate_s["cc"],
-                "codex": conc * (1 - share) * tail_s / p.task_estimate_s["codex"]})))
+            for label, part in (("cc", share), ("codex", 1.0 - share)):
+                out.append((k, p.span_s, tail_s, label, weight * part * tail_s / p.task_estimate_s[label]))
+    return out
+
+
+def tasks_per_agent(p: FleetParams) -> float:
+    """Tasks the trace needs per agent of fleet concurrency to keep the span busy (at the estimated durations)."""
+    return sum(b[4] for b in _blocks(p))
+
+
+def tasks_for(p: FleetParams, concurrency: int) -> int:
+    """Tasks that keep `concurrency` agents busy for the span (what `simulate --fleet --workload fleet` generates)."""
+    return max(1, math.ceil(concurrency * tasks_per_agent(p)))
+
+
+def fleet_concurrency(p: FleetParams, agents: int) -> int:
+    """The fleet's concurrency for a trace of `agents` tasks: `p.concurrency`, or what `agents` tasks keep busy."""
+    if p.concurrency is not None:
+        return p.concurrency
+    return max(1, math.floor(agents / tasks_per_agent(p)))
+
+
+def fleet_plan(p: FleetParams, agents: int, seed: int) -> list[AgentSlot]:
+    """Every one of the `agents` tasks in file order (of start time): per region, block by block, labels
+    interleaved; the tasks are apportioned over the blocks by their demand (largest remainder)."""
+    if agents < 1:
+        raise ValueError(f"agents must be >= 1, got {agents}")
+    blocks = _blocks(p)
+    counts = apportion(agents, [b[4] for b in blocks])
+    conc = fleet_concurrency(p, agents)
+    region_conc = p.region_concurrency(conc) if conc >= 1 else [0] * len(p.regions)
+    users = random.Random(f"evolving-infra/{seed}/fleet/users")
+    slots: list[AgentSlot] = []
+    grouped: dict[tuple[int, float], dict[str, int]] = {}
+    spans: dict[tuple[int, float], float] = {}
+    for (k, start, span, label, _), n in zip(blocks, counts, strict=True):
+        grouped.setdefault((k, start), {})[label] = n
+        spans[(k, start)] = span
+    for k, region in enumerate(p.regions):
+        mid = p.cc_share(region, 0.5)
+        pools = {"cc": max(1, round(region_conc[k] * mid)), "codex": max(1, round(region_conc[k] * (1 - mid)))}
         times = random.Random(f"evolving-infra/{seed}/fleet/{region.name}/times")
-        for start, span, counts in blocks:
-            labels = interleave({k: v for k, v in counts.items() if v > 0})
-            starts = sorted(start + times.random() * span for _ in labels)
+        for (kk, start), block in grouped.items():
+            if kk != k:
+                continue
+            labels = interleave({lab: n for lab, n in block.items() if n > 0}) if any(block.values()) else []
+            starts = sorted(start + times.random() * spans[(kk, start)] for _ in labels)
             for label, start_s in zip(labels, starts, strict=True):
                 user = f"{region.name}.{label}.u{users.randrange(pools[label])}"
                 slots.append(AgentSlot(len(slots), region.name, label, user, round(start_s, 3)))
-    return slots
-
-
-def _counts(demand: dict[str, float]) -> dict[str, int]:
-    """Whole task counts for a block (largest remainder of the total)."""
-    total = round(sum(demand.values()))
-    if total <= 0:
-        return {k: 0 for k in demand}
-    return dict(zip(demand, apportion(total, list(demand.values())), strict=True))
+    # One file order for the fleet, by start time (each region's tasks keep their order within it).
+    ordered = sorted(slots, key=lambda s: (s.start_s, s.index))
+    return [AgentSlot(i, s.region, s.label, s.user, s.start_s) for i, s in enumerate(ordered)]
 
 
 def prefix_records(p: FleetParams) -> list[Record]:
@@ -218,21 +256,22 @@ def _prefix_name(label: str, name: str) -> str:
     return name if label == "cc" else name.replace("cc:", f"{label}:", 1)
 
 
-def fleet_header(p: FleetParams, concurrency: int, seed: int, slots: list[AgentSlot]) -> Record:
+def fleet_header(p: FleetParams, agents: int, seed: int, slots: list[AgentSlot]) -> Record:
     from evolving_infra.workloads.params import to_jsonable
 
+    concurrency = fleet_concurrency(p, agents)
     per_region = dict(zip((r.name for r in p.regions), p.region_concurrency(concurrency), strict=True))
     return {
         "kind": "header",
         "version": 1,
-        "name": f"fleet-synthetic-{concurrency}-seed{seed}",
-        "source": f"evolving_infra.workloads.generate(kind='fleet', agents={concurrency}, seed={seed})",
+        "name": f"fleet-synthetic-{agents}-seed{seed}",
+        "source": f"evolving_infra.workloads.generate(kind='fleet', agents={agents}, seed={seed})",
         "notes": (
-            f"Fleet workload (appendix D.2): {concurrency} concurrent agents in {len(p.regions)} regions "
-            f"({', '.join(f'{r.name}: {r.partitions} partitions' for r in p.regions)}), CC-like and codex-like "
-            f"tasks; {len(slots)} tasks. Agent records carry 'user' and 'requires' (partition labels, key "
-            f"{REGION_LABEL!r}). Replay each partition's agents in file order in closed loop at its share of the "
-            "fleet concurrency (fleet.concurrency) to follow the regions' CC share over time (fleet.schedule)."
+            f"Fleet workload (appendix D.2): {agents} tasks for {concurrency} concurrent agents in {len(p.regions)} "
+            f"regions ({', '.join(f'{r.name}: {r.partitions} partitions' for r in p.regions)}), CC-like and "
+            f"codex-like tasks. Agent records carry 'user' and 'requires' (partition labels, key {REGION_LABEL!r}). "
+            "Replay each partition's agents in file order in closed loop at its share of the fleet concurrency "
+            "(fleet.concurrency) to follow the regions' CC share over time (fleet.schedule)."
         ),
         "fleet": {
             "concurrency": concurrency,
@@ -242,14 +281,14 @@ def fleet_header(p: FleetParams, concurrency: int, seed: int, slots: list[AgentS
                          for r in p.regions},
             "region_label": REGION_LABEL,
         },
-        "generator": {"kind": "fleet", "agents": concurrency, "seed": seed, "params": to_jsonable(p)},
+        "generator": {"kind": "fleet", "agents": agents, "seed": seed, "params": to_jsonable(p)},
     }
 
 
-def generate_fleet(p: FleetParams, concurrency: int, seed: int) -> list[Record]:
-    """The whole fleet trace: header, both workloads' prefixes, every task in file order."""
-    slots = fleet_plan(p, concurrency, seed)
-    records: list[Record] = [fleet_header(p, concurrency, seed, slots), *prefix_records(p)]
+def generate_fleet(p: FleetParams, agents: int, seed: int) -> list[Record]:
+    """The whole fleet trace of `agents` tasks: header, both workloads' prefixes, every task in file order."""
+    slots = fleet_plan(p, agents, seed)
+    records: list[Record] = [fleet_header(p, agents, seed, slots), *prefix_records(p)]
     for slot in slots:
         records.extend(agent_records(p, slot, seed))
     return records

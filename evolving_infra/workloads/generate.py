@@ -46,7 +46,7 @@ KINDS: dict[str, Kind] = {
     "mixed": Kind("mixed", MixedParams, "Putnam and OSWorld agents at a fixed ratio (144:72)"),
     "shift": Kind("shift", ShiftParams, "section 6.3: Putnam, then mixed, then OSWorld over three hours"),
     "fleet": Kind("fleet", fleet.FleetParams, "appendix D.2: CC-like and codex-like users in regions of partitions, "
-                  "local PD shifts under a constant aggregate; --agents is the fleet's concurrency"),
+                  "local PD shifts under a constant aggregate (set concurrency=N for N agents at once)"),
 }
 
 _AGENT: dict[str, tuple[Callable[..., list[Record]], Callable[[Any], dict[str, int]]]] = {

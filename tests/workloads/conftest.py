@@ -8,7 +8,7 @@ from evolving_infra.traces.loader import trace_from_records
 from evolving_infra.traces.stats import TraceStats, trace_stats
 from evolving_infra.workloads import generate
 
-SIZES = {"putnam": 300, "cc": 300, "osworld": 300, "mixed": 300, "shift": 600}
+SIZES = {"putnam": 300, "cc": 300, "osworld": 300, "mixed": 300, "shift": 600, "fleet": 300}
 
 
 @pytest.fixture(scope="session")
