@@ -61,7 +61,7 @@ def test_ties_break_by_page_hash() -> None:
 def test_policy_registry() -> None:
     assert eviction_policy("lru").name is EvictionPolicyName.LRU
     assert eviction_policy(EvictionPolicyName.BRANCH_COUNT).name is EvictionPolicyName.BRANCH_COUNT
-    with pytest.raises(ValueError, match="choose one of: branch-count, lru"):
+    with pytest.raises(ValueError, match="unknown eviction policy 'fifo'; known: branch-count, lru"):
         eviction_policy("fifo")
 
 
