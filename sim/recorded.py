@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evolving_infra.node_agent.profile import DecodeModel, HardwareProfile, PrefillModel
+from evolving_infra.node_agent.profile import DecodeModel, GroundTruth, HardwareProfile, PrefillModel
 from evolving_infra.sim.records import RequestRecord
 
 MODELS_KIND = "evolving-infra-node-models"
@@ -171,5 +171,9 @@ def _fitted(base: HardwareProfile, doc: dict[str, Any], source: str) -> Hardware
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelsFileError(f"{source}: bad coefficients: {exc}") from None
     fitted = [f"prefill.{k}" for k in ("c0", "c1", "c2", "c3")] + [f"decode.{k}" for k in ("d0", "d1", "d2")]
-    sources = {**base.sources, **{k: source for k in fitted}}
-    return base.model_copy(update={"name": f"{base.name}+recorded", "prefill": p, "decode": d, "sources": sources})
+    absorbed = {f"truth.{k}": f"{source}: none (the fitted models absorbed it)" for k in GroundTruth.model_fields}
+    sources = {**base.sources, **{k: source for k in fitted}, **absorbed}
+    # The fitted coefficients were measured on the live engine, ground truth included: the replay's engine runs on
+    # them alone (with the run's noise), or the ground truth's effects would count twice.
+    return base.model_copy(update={"name": f"{base.name}+recorded", "prefill": p, "decode": d, "sources": sources,
+                                   "truth": GroundTruth()})  # fmt: skip
