@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="what fronts the node agents: our router (default), or smg, SGLang's model gateway in PD mode "
                    "with cache-aware prefill routing at the static split (scripts/peers/setup-smg.sh)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workload and the cluster")
+    p.add_argument("--noise", type=float, default=None,
+                   help="relative iteration-time noise of the engines (default: the node agents', 0.05)")
+    p.add_argument("--exact-models", action="store_true",
+                   help="debugging switch: iteration times are eq. 1 and 2 alone (no ground-truth effects, no noise)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
     p.set_defaults(handler=_run)
 
@@ -127,8 +131,13 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
             cooldown_s=args.cooldown if args.cooldown is not None else base.cooldown_s, seed=args.seed,
             warmup_s=args.warmup if args.warmup is not None else base.warmup_s,
             plugins=tuple(str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin),
-            gateway=gateway, record_dir=args.record,
+            gateway=gateway, record_dir=args.record, exact_models=args.exact_models,
+            noise=args.noise,
         )  # fmt: skip
+        if args.exact_models and args.noise is not None:
+            raise ValueError("--exact-models runs without noise; drop --noise")
+        if args.noise is not None and not 0 <= args.noise <= 1:
+            raise ValueError(f"--noise must be within 0..1, got {args.noise}")
         check_policies(cluster)
     except ValueError as exc:
         raise CliError(str(exc), USAGE_ERROR) from exc

@@ -87,6 +87,10 @@ class ClusterSpec:
     routing or eviction order."""
     eviction: str = "branch-count"
     """Host eviction order of every node (a declared one)."""
+    noise: float | None = None
+    """Relative iteration-time noise of the node agents' engines (None: the node agent's default, 5 %)."""
+    exact_models: bool = False
+    """Debugging switch: the engines' iteration times are eq. 1 and 2 alone (no ground-truth effects, no noise)."""
     planner_settings: Mapping[str, Any] = field(default_factory=dict)
     """More settings of the planner (its declared fields; times in it are wall seconds)."""
     routing_settings: Mapping[str, Any] = field(default_factory=dict)
@@ -172,8 +176,10 @@ class LocalCluster:
             "node": node, "host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0, "profile": s.profile,
             "mode": (NodeMode.COLLOCATED if s.warmup_s > 0 else NodeMode(s.initial_phase(index).value)).value, "speed_up": s.speed_up, "l2_pages": s.l2_pages,
             "page_bytes": s.page_bytes, "seed": s.seed + index, "shutdown_grace_s": 5.0, "workers": 2,
-            "eviction": s.eviction, "plugins": list(s.plugins),
+            "eviction": s.eviction, "plugins": list(s.plugins), "exact_models": s.exact_models,
         }  # fmt: skip
+        if s.noise is not None:
+            settings["noise"] = s.noise
         settings.update(dict(s.node_settings.get(node, {})))
         return settings
 

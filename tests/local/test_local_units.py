@@ -80,6 +80,21 @@ def test_cluster_spec_bounds_and_router_clock_scaling(tmp_path: Path) -> None:
     assert router["window_s"] == 10.0 and router["planner_settings"]["cooldown_s"] == 5.0 and router["slices"] == 4
     assert [cluster.node_settings(i)["mode"] for i in range(3)] == ["prefill", "decode", "decode"]
     assert all(cluster.node_settings(i)["grpc_port"] == 0 and cluster.node_settings(i)["speed_up"] == 4.0 for i in range(3))
+    # the engines' noise: the node agents' default unless given; the debugging switch reaches every node
+    from evolving_infra.node_agent.service.settings import NodeAgentSettings
+
+    defaults = NodeAgentSettings(**cluster.node_settings(0))
+    assert "noise" not in cluster.node_settings(0) and defaults.noise == 0.05 and not defaults.exact_models
+    exact = LocalCluster(ClusterSpec(nodes=3, prefill=1, exact_models=True), tmp_path)
+    assert all(NodeAgentSettings(**exact.node_settings(i)).exact_models for i in range(3))
+    noisy = LocalCluster(ClusterSpec(nodes=3, prefill=1, noise=0.1), tmp_path)
+    assert NodeAgentSettings(**noisy.node_settings(2)).noise == 0.1
+
+
+def test_local_refuses_exact_models_with_noise(tmp_path: Path) -> None:
+    from evolving_infra.cli.main import main
+
+    assert main(["local", "--preset", "tiny", "--exact-models", "--noise", "0.1", "--out", str(tmp_path)]) == 2
 
 
 _NODE_METRICS = """# TYPE evolving_node_phase_switches_total counter
