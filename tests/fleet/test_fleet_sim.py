@@ -227,3 +227,22 @@ def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, agen
         block = [s for s in slots if s.region == "a" and i * width <= s.start_s < (i + 1) * width]
         share = params.cc_share(params.regions[0], (i + 0.5) / params.slices)
         assert abs(sum(s.label == "cc" for s in block) - share * len(block)) <= 3.0
+
+
+def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_dir: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "fleet.jsonl"
+    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
+    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    out = tmp_path / "out"
+    code = cli_main(["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60",
+                     "--seed", "3", "--bucket", "30", "--executor", "inline", "--compare-static", "--json",
+                     "--quiet", "--out", str(out)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["partition"] for r in report["adaptive"]["rows"]] == ["tiny-p0", "tiny-p1", "tiny-p2"]
+    assert report["static"]["options"]["planner"] == "static"
+    assert report["adaptive"]["summary"]["requests"] > 0
+    fleet = report["comparison"]["fleet"]
+    assert fleet["static_rps"] > 0 and fleet["ratio"] == pytest.approx(fleet["adaptive_rps"] / fleet["static_rps"])
+    assert (out / "fleet.png").stat().st_size > 0 and "| **fleet** |" in (out / "fleet.md").read_text()
