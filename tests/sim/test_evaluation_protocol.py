@@ -71,8 +71,16 @@ def test_the_per_window_oracle_takes_the_best_split_of_every_window() -> None:
     assert oracle.throughput >= static  # never below the best static split over the same span
     with pytest.raises(ValueError):
         window_oracle(series, 600.0, 300.0, 2400.0)
-    recs = [record("best-static", s, 1.0, finished=f) for s, f in series.items()]
-    assert "Per-window oracle (best static split per 600 s window): " in render_protocol(recs, BEST_SPLIT)
+    recs = [record("best-static", s, 1.0, finished=[100 * c for c in f], workload="shift", agents=0)
+            for s, f in series.items()]  # fmt: skip
+    for r in recs:
+        r["spec"]["period_s"] = 600.0
+        r["spec"]["duration_s"] = 600.0
+    text = render_protocol(recs, BEST_SPLIT)
+    assert "1.50 req/s against 1.17 for the best single split" in text  # (1000+800+900)/1800 vs 6P3D's 2100/1800
+    assert "windows 2P7D 6P3D 6P3D" in text
+    stationary = [record("best-static", s, 1.0, finished=f) for s, f in series.items()]
+    assert "Per-window oracle" not in render_protocol(stationary, BEST_SPLIT)  # only the shift has windows
 
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=20))
