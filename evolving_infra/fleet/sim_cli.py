@@ -59,6 +59,11 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compare-static", action="store_true",
                    help="run the fleet twice: the CRs' planners, then every partition static at its initial split")
     g.add_argument("--bucket", type=float, default=300.0, help="seconds per time-series bucket (default 300)")
+    g.add_argument("--fleet-set", action="append", default=[], metavar="PATH=VALUE",
+                   help="set a parameter of the generated fleet workload (repeatable; as `workload generate --set`, "
+                   "e.g. cc.main_steps=12, task_estimate_s='{\"cc\": 360, \"codex\": 440}')")
+    g.add_argument("--fleet-drain", type=float, metavar="S",
+                   help="run at most S s past the scored window to finish its requests (default: the simulator's)")
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -75,7 +80,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise CliError(f"cannot use the fleet files:\n{exc}", USAGE_ERROR) from None
     try:
         opts = FleetOptions(duration_s=args.duration, warmup_s=args.warmup, planner=args.planner,
-                            agents=args.agents, seed=args.seed, bucket_s=args.bucket)
+                            agents=args.agents, seed=args.seed, bucket_s=args.bucket, drain_s=args.fleet_drain)
         workload = _workload(args, opts)
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
@@ -138,10 +143,22 @@ def _workload(args: argparse.Namespace, opts: FleetOptions) -> FleetWorkload:
         raise FleetRunError("--workload fleet needs --agents (the fleet's concurrent agents)")
     from evolving_infra.workloads.fleet import FleetParams
 
+    from evolving_infra.workloads import OverrideError, with_overrides
+
     params = FleetParams()
     if args.duration is not None:
         warmup = args.warmup if args.warmup is not None else 0.0
         params = replace(params, span_s=warmup + args.duration)
+    overrides: dict[str, object] = {}
+    for item in args.fleet_set:
+        path, sep, value = item.partition("=")
+        if not sep or not path.strip():
+            raise FleetRunError(f"--fleet-set {item!r}: expected PATH=VALUE, e.g. cc.main_steps=12")
+        overrides[path.strip()] = value
+    try:
+        params = with_overrides(params, overrides)
+    except (OverrideError, ValueError) as exc:
+        raise FleetRunError(f"--fleet-set: {exc}") from None
     return FleetWorkload.generated(params, args.agents, args.seed)
 
 

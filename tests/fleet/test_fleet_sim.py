@@ -246,3 +246,10 @@ def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_
     fleet = report["comparison"]["fleet"]
     assert fleet["static_rps"] > 0 and fleet["ratio"] == pytest.approx(fleet["adaptive_rps"] / fleet["static_rps"])
     assert (out / "fleet.png").stat().st_size > 0 and "| **fleet** |" in (out / "fleet.md").read_text()
+
+
+def test_bad_fleet_settings_are_refused(fleet_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "fleet", "--agents", "6", "--duration", "60",
+                     "--fleet-set", "no_such_parameter=3"])
+    assert code == USAGE_ERROR and "--fleet-set" in capsys.readouterr().err
+    assert cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "cc", "--agents", "6"]) == USAGE_ERROR
