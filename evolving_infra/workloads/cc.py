@@ -89,6 +89,12 @@ class CCParams(CommonParams):
         "section 1: harnesses spawn several sub-agents at once; the mean (was 1.6) is calibrated toward table C.3's "
         "112 busy branches for 90 agents (Little's law, X x (E2E + pause)): 1.6 gave 91, 2.2 gives ~100",
     )
+    subagent_inherit_prob: float = param(
+        0.0,
+        "share of sub-agents that start from their parent's whole context (the harness hands the conversation "
+        "so far to the sub-agent, like a fork) instead of from the sub-agent prefix; figure 2c's 97.9 % reuse "
+        "after a sub-agent call and table D.4's ~150K-token prompts with 7.7K uncached tokens per request",
+    )
     subagent_spawn_pause_s: LogNormal = param(
         LogNormal(0.5, 0.5, hi=10.0), "assumption: harness time between the calling request and the sub-agent's start"
     )
@@ -138,7 +144,7 @@ class CCParams(CommonParams):
         super().__post_init__()
         for name in ("system_prefix_tokens", "subagent_prefix_tokens", "compact_at_tokens"):
             check_nonnegative(name, getattr(self, name))
-        for name in ("user_turn_prob", "subagent_call_prob", "fork_prob"):
+        for name in ("user_turn_prob", "subagent_call_prob", "fork_prob", "subagent_inherit_prob"):
             check_probability(name, getattr(self, name))
         if self.user_turn_prob + self.subagent_call_prob + self.fork_prob > 1:
             raise ValueError("user_turn_prob + subagent_call_prob + fork_prob must not exceed 1")
@@ -230,12 +236,18 @@ class _CCAgent:
         for _ in range(max(1, p.subagents_per_call.sample_int(rng))):
             self.subs += 1
             sub = b.branch(f"sub{self.subs}")
-            start = shared_start(SUB_PREFIX, p.subagent_prefix_tokens)
-            sizes = fit(int(start.get("keep", 0)), p.subagent_task_tokens.sample_int(rng),
-                        p.output_tokens.sample_int(rng), p.max_context_tokens)  # fmt: skip
-            assert sizes is not None
-            b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), new=sizes[0],
-                      output=sizes[1], **start)  # fmt: skip
+            task, output = p.subagent_task_tokens.sample_int(rng), p.output_tokens.sample_int(rng)
+            inherited = fit(main.context, task, output, p.max_context_tokens)
+            if p.subagent_inherit_prob > 0 and rng.random() < p.subagent_inherit_prob and inherited is not None \
+                    and inherited[0] == task:  # fmt: skip
+                b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), base=caller,
+                          keep=main.context, new=task, output=inherited[1])  # fmt: skip
+            else:
+                start = shared_start(SUB_PREFIX, p.subagent_prefix_tokens)
+                sizes = fit(int(start.get("keep", 0)), task, output, p.max_context_tokens)
+                assert sizes is not None
+                b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), new=sizes[0],
+                          output=sizes[1], **start)  # fmt: skip
             for _ in range(max(1, p.subagent_steps.sample_int(rng)) - 1):
                 if not self.step(sub, p.tool_result_tokens.sample_int(rng), p.tool_pause_s.sample(rng)):
                     break
