@@ -60,8 +60,7 @@ def plot_group(records: Sequence[Mapping[str, Any]], out: Path, stem: str, windo
         timeline = r["metrics"].get("split_timeline") or []
         pts = [(float(p["at"]), int(str(p["split"]).split("P")[0])) for p in timeline if "P" in str(p["split"])]
         if pts:
-            xs, ys = zip(*pts, strict=True)
-            ax.step(xs, ys, where="post", label=_name(r))
+            ax.step([t for t, _ in pts], [n for _, n in pts], where="post", label=_name(r))
     ax.axvspan(0, warmup, color="0.9")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("prefill nodes")
