@@ -183,6 +183,12 @@ class RouterCore:
         if req.prefill_node in self.nodes:  # drivers release a request before routing it again, but to be sure:
             self.nodes[req.prefill_node].rerouting(req.id)
         req.prefill_node = node.id
+        if self.recorder is not None and not req.work_recorded:
+            # the prefill half of w̄, for the slice the request arrives in (E.3: "each request that arrives in the
+            # window"), with the tokens the router can reuse for it; the decode half comes when it finished
+            req.work_recorded = True
+            cached = min(decision.cached_tokens, req.route.prompt_tokens)
+            self.recorder.record_prefill(req.route.prompt_tokens - cached, cached, now)
         req.routed_cached = decision.cached_tokens
         req.routed_restore = max(0, decision.cached_tokens - view.own_gpu_pages * req.route.page_tokens)
         fetch = req.fetch_plan = self._fetch_plan(req, decision, view.fetch_sources or ())
@@ -222,8 +228,6 @@ class RouterCore:
         track.usage = track.usage + UsageCounts.of_request(cached_tokens, restored)
         if track.fitter is not None and not track.fitter.frozen:
             track.fitter.observe_request(cached_tokens, restored)
-        if self.recorder is not None:  # the prefill half of w̄; the decode half comes when it finished
-            self.recorder.record_prefill(req.route.prompt_tokens - cached_tokens, cached_tokens, now)
 
     def prefill_finished(self, node: NodeId, request: str, req: RoutedRequest | None, now: float) -> list[PushCounts]:
         """`node` finished the prefill of `request` (`req`: the router's record, None if it left)."""

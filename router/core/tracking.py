@@ -57,6 +57,8 @@ class RoutedRequest:
     routed_restore: int = 0
     prefill_started: bool = False
     prefill_done: bool = False
+    work_recorded: bool = False
+    """Whether its prefill work went into the planner's slice (once, when it arrived: its first routing)."""
     reserved: int = 0
     """Decode KV tokens reserved on `decode_node` until the KV is submitted there."""
     fetch_plan: tuple[FetchRun, ...] = ()

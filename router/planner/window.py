@@ -1,7 +1,7 @@
 """Planning-window slices: what the planner measures on each slice i (w̄_i, q̄_i of eq. 6).
 
-Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests whose
-prefill started in it with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2; the number of
+Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests that
+arrived in it (routed for the first time) with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2; the number of
 requests that finished in it with the sums of their measured t_out and decode iterations (t_out / accepted
 tokens per step); and the time integral of the number of requests in decode together with the time it covers.
 
@@ -237,7 +237,7 @@ class SliceRecorder:
             self._open = _Open()
 
     def record_prefill(self, t_uc: int, t_c: int, now: float) -> None:
-        """A request's prefill started at `now` with `t_uc` uncached and `t_c` cached tokens."""
+        """A request arrived at `now` with `t_uc` uncached and `t_c` cached tokens (those the router can reuse)."""
         self.advance(now)
         o = self._open
         o.requests += 1
