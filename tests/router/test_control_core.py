@@ -249,3 +249,20 @@ def test_no_planner_input_reads_a_requests_declared_output_length() -> None:
     assert sum(s.sum_decode_iterations for s in slices) == 4 * 120.0
     merged = slices[0]
     assert merged.mean_work is not None and merged.mean_work.t_out == 300
+
+
+def test_a_request_counts_in_the_slice_it_arrives_in_even_while_its_prefill_waits() -> None:
+    """E.3 measures w̄ over the requests that arrive in the window: requests queued behind a saturated prefill node
+    (never started) are in the planner's slices, once each, even when routed again."""
+    control, planner = cluster()
+    control.start(0.0)
+    core = control.core
+    for i in range(3):
+        req = request(core, f"q{i}", f"qb{i}", 2, name=f"q{i}")
+        assert core.route(req, 1.0 + i) is not None
+        core.prefill_sent(req)
+        assert core.route(req, 1.5 + i) is not None  # routed again (a hand-back): still one arrival
+    control.tick(10.0)
+    slices = [s for s in planner.seen[-1].slices if s.requests]
+    assert sum(s.requests for s in slices) == 3
+    assert sum(s.sum_t_uc + s.sum_t_c for s in slices) == 3 * (2 * PT + 5)  # every prompt token, none started
