@@ -213,6 +213,8 @@ def render_node_agent_settings(
         "eviction": spec.eviction.policy.value,
         **_credential_settings(cluster, spec),
         "peer_networks": peer_networks(spec),
+        # a fetch may name only a member of this cluster: an address of its node agents' headless Service
+        "peer_service": f"{node_agent_service_host(cluster)}:{NODE_AGENT_GRPC_PORT}",
     }
     if spec.engine.profile is not None:
         out["profile"] = spec.engine.profile

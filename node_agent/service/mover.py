@@ -49,11 +49,16 @@ def _host_of(address: str) -> str:
 class PeerPolicy:
     """Which addresses the node may connect to for KV: the configured peers' addresses, and IP literals in
     `networks` (the cluster's pod network; loopback by default). Host names are followed only when they are
-    a configured peer's address, so a caller can never point the node at an arbitrary host."""
+    a configured peer's address, so a caller can never point the node at an arbitrary host.
+
+    Membership: once `members` is set (the addresses the cluster's node-agent Service resolves to, refreshed by
+    the node agent), an IP literal must also be one of them: a fetch can only name a member of the cluster."""
 
     def __init__(self, peers: Mapping[str, str], networks: Sequence[str]) -> None:
         self.known = frozenset(peers.values())
         self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+        self.members: frozenset[str] | None = None
+        """IP addresses of the cluster's node agents (None: membership not checked)."""
 
     def check(self, peer: NodeId, address: str) -> str:
         if address in self.known:
@@ -65,6 +70,9 @@ class PeerPolicy:
             raise UnknownPeer(f"fetch run from peer {peer!r}: {address[:100]!r} is not a configured peer's address and not an IP address") from None
         if not any(ip in net for net in self.networks):
             raise UnknownPeer(f"fetch run from peer {peer!r}: {address!r} is outside the cluster's peer networks")
+        if self.members is not None and str(ip) not in self.members:
+            raise UnknownPeer(f"fetch run from peer {peer!r}: {address!r} is not a member of the cluster "
+                              f"({len(self.members)} node agent address(es) known)")  # fmt: skip
         return address
 
 

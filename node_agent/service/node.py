@@ -104,6 +104,7 @@ class NodeAgent:
         self._switch_done: asyncio.Future[SwitchReport] | None = None
         self._switch_started = 0.0
         self._state_task: asyncio.Task[None] | None = None
+        self._members_task: asyncio.Task[None] | None = None
         self._server: object | None = None
         self._metrics_server: MetricsServer | None = None
         self._transport: Transport | None = None
@@ -171,6 +172,9 @@ class NodeAgent:
         self.runner.start()
         if s.state_interval_s > 0:
             self._state_task = asyncio.get_running_loop().create_task(self._tick_state(s.state_interval_s))
+        if s.peer_service is not None:  # no fetch is allowed until the first lookup answered (then refreshed)
+            self.mover.policy.members = frozenset()
+            self._members_task = asyncio.get_running_loop().create_task(self._track_members(s.peer_service))
         self.accepting = True
 
     def _new_engine(self, mode: NodeMode) -> EngineCore:
@@ -205,6 +209,8 @@ class NodeAgent:
         self.accepting = False
         if self._state_task is not None:
             self._state_task.cancel()
+        if self._members_task is not None:
+            self._members_task.cancel()
         if self._relaunch is not None:
             self._relaunch.cancel()
         if hasattr(self, "hub"):
@@ -226,6 +232,23 @@ class NodeAgent:
             self.executor.shutdown(wait=False, cancel_futures=True)
         if hasattr(self, "serve_executor"):
             self.serve_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _resolve_members(self, service: str) -> None:
+        """The cluster's node agents: every address `service` (host:port) resolves to; kept as it was when the
+        lookup fails (a DNS hiccup must not refuse every fetch once members are known), and logged."""
+        host, _, port = service.rpartition(":")
+        try:
+            lookup = asyncio.get_running_loop().getaddrinfo(host, int(port) if port.isdigit() else None)
+            infos = await asyncio.wait_for(lookup, timeout=max(1.0, self.settings.peer_refresh_s))
+        except (OSError, asyncio.TimeoutError) as error:
+            log.warning("node %s: resolving the cluster's node agents (%s) failed: %s", self.node, service, error)
+            return
+        self.mover.policy.members = frozenset(str(info[4][0]) for info in infos)
+
+    async def _track_members(self, service: str) -> None:
+        while True:
+            await self._resolve_members(service)
+            await asyncio.sleep(self.settings.peer_refresh_s)
 
     # --- operations (called by the servicer) ---------------------------------------------------------
     def _check_accepting(self, work: bool = True) -> None:

@@ -167,6 +167,14 @@ class NodeAgentSettings(BaseSettings):
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
         description="Networks (CIDR) a fetch run's peer_address may point into, besides the addresses in peers.",
     )
+    peer_service: str | None = Field(
+        default=None,
+        min_length=3,
+        max_length=300,
+        description="The cluster's node-agent Service (host:port, a headless Service in Kubernetes): a fetch run's "
+        "peer_address must then be one of the addresses it resolves to (refreshed every peer_refresh_s).",
+    )
+    peer_refresh_s: float = Field(default=5.0, gt=0, le=3600, description="How often peer_service is resolved again.")
 
     @classmethod
     def settings_customise_sources(

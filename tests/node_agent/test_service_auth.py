@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolving_infra.core.types import NodeMode, Phase
+from evolving_infra.core.types import NodeId, NodeMode, Phase
 from evolving_infra.node_agent.api.auth import (
     AuthMode,
     ClusterCredentials,
@@ -340,3 +340,43 @@ def test_peer_addresses_only_within_the_cluster() -> None:
     for address in ("169.254.169.254:80", "evil.example:443", "10.1.0.1:50051", "[::1]:1", "nohost", "1.2.3.4:99999"):
         with pytest.raises(UnknownPeer):
             policy.check("b", address)
+
+
+def test_with_a_peer_service_a_fetch_may_name_only_a_member_of_the_cluster() -> None:
+    policy = PeerPolicy({}, ["0.0.0.0/0", "::/0"])  # any network, as Kubernetes clusters render it
+    policy.members = frozenset({"10.0.3.4", "10.0.3.5"})
+    assert policy.check("b", "10.0.3.4:50051") == "10.0.3.4:50051"
+    for address in ("10.0.3.6:50051", "169.254.169.254:80", "127.0.0.1:50051"):
+        with pytest.raises(UnknownPeer, match="not a member of the cluster"):
+            policy.check("b", address)
+
+
+def test_a_node_agent_learns_its_clusters_members_from_the_peer_service() -> None:
+    """`peer_service` resolves to the node agents' addresses (here `localhost`: loopback only); a fetch naming a
+    loopback address outside it is refused before any connection is made."""
+
+    async def scenario() -> tuple[frozenset[str] | None, bool]:
+        node = NodeAgent(NodeAgentSettings(node="m", mode=NodeMode.PREFILL, grpc_port=0, metrics_port=0,
+                                           metrics_enabled=False, insecure=True, peer_service="localhost:50051",
+                                           peer_refresh_s=0.05))  # fmt: skip
+        await node.start()
+        try:
+            for _ in range(200):  # the first lookup runs in the background (no fetch allowed before it answers)
+                if node.mover.policy.members:
+                    break
+                await asyncio.sleep(0.01)
+            members = node.mover.policy.members
+            try:
+                node.mover.address_of(NodeId("x"), "127.0.0.2:50051")
+                refused = False
+            except UnknownPeer:
+                refused = True
+            await asyncio.sleep(0.12)  # refreshed in the background, still the same members
+            assert node.mover.policy.members == members
+            return members, refused
+        finally:
+            await node.close(grace=None)
+
+    members, refused = asyncio.run(scenario())
+    assert members is not None and "127.0.0.1" in members and "127.0.0.2" not in members
+    assert refused

@@ -312,3 +312,14 @@ def test_a_crs_policy_settings_reach_the_router_and_bad_ones_make_the_cluster_in
         bad["routing"][where] = settings
         problems = validate_spec_semantics(AgentServingClusterSpec.model_validate(bad))
         assert len(problems) == 1 and __import__("re").search(message, problems[0]), problems
+
+
+def test_node_agents_accept_fetches_only_from_members_of_their_cluster(nine_nodes: dict[str, Any]) -> None:
+    """The rendered node agents check a fetch's peer address against their cluster's node-agent Service."""
+    from evolving_infra.operator.rendered import NODE_AGENT_GRPC_PORT, node_agent_service_host, render_node_agent_settings
+
+    cluster = ClusterRef("ns1", "c9", "uid-9")
+    spec = AgentServingClusterSpec.model_validate(copy.deepcopy(nine_nodes["spec"]))
+    rendered = render_node_agent_settings(cluster, spec, None)
+    assert rendered["peer_service"] == f"{node_agent_service_host(cluster)}:{NODE_AGENT_GRPC_PORT}"
+    assert agent_settings.NodeAgentSettings(node="n0", **rendered).peer_service == rendered["peer_service"]
