@@ -116,9 +116,9 @@ class BacklogStore:
         for known, table in self._tables:
             if known is kind:
                 return table
-        table: dict[NodeId, _Entry] = {}
-        self._tables.append((kind, table))
-        return table
+        fresh: dict[NodeId, _Entry] = {}
+        self._tables.append((kind, fresh))
+        return fresh
 
     def forget(self, node: NodeId) -> None:
         for _, table in self._tables:
