@@ -395,6 +395,12 @@ class LiveRouter:
         if nxt in done:
             return nxt.result()
         if stop in done:
+            if flight.prefill_loss and flight.tokens_sent:
+                # The prefill node was lost while this message was on its way: tokens streamed, so the decode node
+                # holds the prompt KV and the loss does not touch the request; keep streaming.
+                flight.interrupted.clear()
+                flight.prefill_loss = False
+                return await self._next(flight, it, deadline)
             raise _Retry(flight.reason)
         raise DeadlineExceeded(f"request {flight.req.id} passed its deadline")
 

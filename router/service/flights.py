@@ -56,13 +56,18 @@ class Flight:
     routed_cached: int = 0
     """The routing decision's estimate of the current attempt's reused prompt tokens."""
 
-    def interrupt(self, reason: str) -> None:
+    prefill_loss: bool = False
+    """The interrupt is the loss of the attempt's prefill node (not its decode node)."""
+
+    def interrupt(self, reason: str, prefill_loss: bool = False) -> None:
         self.reason = reason
+        self.prefill_loss = prefill_loss
         self.interrupted.set()
 
     def new_attempt(self, wire: str, routed_cached: int) -> None:
         self.interrupted.clear()
         self.reason = ""
+        self.prefill_loss = False
         self.wire = wire
         self.progress = AttemptProgress()
         self.routed_cached = routed_cached

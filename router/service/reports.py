@@ -160,7 +160,7 @@ class NodeReports:
         for flight in list(router.flights.values()):
             # a flight already streaming has its prompt KV on its decode node: its prefill node's loss is not its
             if node == flight.req.decode_node or (node == flight.req.prefill_node and not flight.tokens_sent):
-                flight.interrupt(f"node {node} became unavailable ({reason})")
+                flight.interrupt(f"node {node} became unavailable ({reason})", prefill_loss=node != flight.req.decode_node)
         router.refresh_gauges()
 
     def on_up(self, node: NodeId) -> None:
