@@ -24,6 +24,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
+from evolving_infra.core.plugins import PolicyRegistry
 from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.service.settings import MAX_PAGES
 from evolving_infra.operator.meta import ClusterRef
@@ -158,24 +159,52 @@ def prefill_settings(spec: AgentServingClusterSpec) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ChosenPolicy:
+    """One policy the spec chooses, with its settings as the router gets them and the CR field they come from."""
+
+    registry: PolicyRegistry[Any]
+    name: str
+    settings: dict[str, Any]
+    field: str
+
+    def validate(self) -> None:
+        """Raises PolicyError naming `field` when the declaration refuses the settings (the router's check)."""
+        self.registry.validate(self.name, self.settings, self.field)
+
+
+def chosen_policies(spec: AgentServingClusterSpec) -> tuple[ChosenPolicy, ChosenPolicy, ChosenPolicy]:
+    """Planner, prefill routing and decode binding: the typed fields' settings, then the free-form ones over them."""
+    routing = spec.routing
+    return (
+        ChosenPolicy(PLANNERS, spec.planner.effective_policy.value,
+                     {**planner_settings(spec), **(spec.planner.settings or {})}, "planner.settings"),
+        ChosenPolicy(PREFILL_ROUTING, routing.prefill_policy.value,
+                     {**prefill_settings(spec), **(routing.prefill_settings or {})}, "routing.prefillSettings"),
+        ChosenPolicy(DECODE_BINDING, routing.decode_policy.value, dict(routing.decode_settings or {}),
+                     "routing.decodeSettings"),
+    )  # fmt: skip
+
+
 def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -> dict[str, Any]:
     """`RouterSettings` fields: node discovery through the headless Service, the spec's policies and
     windows, and the kubernetes applier writing this cluster's `status.targetSplit` (none when static)."""
     planner = spec.planner
+    chosen_planner, prefill, decode = chosen_policies(spec)
     out: dict[str, Any] = {
         "host": POD_BIND_HOST,
         "port": ROUTER_HTTP_PORT,
         "metrics_port": ROUTER_METRICS_PORT,
         "nodes_dns": f"{node_agent_service_host(cluster)}:{NODE_AGENT_GRPC_PORT}",
-        "planner": planner.effective_policy.value,
-        "planner_settings": {**planner_settings(spec), **(planner.settings or {})},
+        "planner": chosen_planner.name,
+        "planner_settings": chosen_planner.settings,
         "window_s": float(planner.window_seconds),
         "slices": planner.slices,
         "warmup_s": float(planner.warmup_seconds),
-        "prefill_routing": spec.routing.prefill_policy.value,
-        "routing_settings": {**prefill_settings(spec), **(spec.routing.prefill_settings or {})},
-        "decode_routing": spec.routing.decode_policy.value,
-        "decode_settings": dict(spec.routing.decode_settings or {}),
+        "prefill_routing": prefill.name,
+        "routing_settings": prefill.settings,
+        "decode_routing": decode.name,
+        "decode_settings": decode.settings,
         "eviction": spec.eviction.policy.value,
         "applier": "none" if planner.mode is PlannerMode.STATIC else "kubernetes",
         "cluster_name": cluster.name,
@@ -191,9 +220,8 @@ def render_router_settings(cluster: ClusterRef, spec: AgentServingClusterSpec) -
     if spec.engine.model is not None:
         out["model_name"] = spec.engine.model
     # the settings the router will check at load, checked here too: a mismatch fails the reconcile, never runs
-    PLANNERS.validate(out["planner"], out["planner_settings"], "planner.settings")
-    PREFILL_ROUTING.validate(out["prefill_routing"], out["routing_settings"], "routing.prefillSettings")
-    DECODE_BINDING.validate(out["decode_routing"], out["decode_settings"], "routing.decodeSettings")
+    for policy in (chosen_planner, prefill, decode):
+        policy.validate()
     return out
 
 

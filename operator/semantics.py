@@ -104,21 +104,12 @@ def _policy_settings_problems(spec: AgentServingClusterSpec) -> list[str]:
     """The chosen policies' settings (the typed fields plus `planner.settings`, `routing.prefillSettings`,
     `routing.decodeSettings`) checked against their declarations, as the router will check them at start."""
     from evolving_infra.core.plugins import PolicyError
-    from evolving_infra.operator.rendered import planner_settings, prefill_settings
-    from evolving_infra.router.planner.registry import PLANNERS
-    from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
+    from evolving_infra.operator.rendered import chosen_policies  # rendered builds on this module
 
-    checks = (
-        (PLANNERS, spec.planner.effective_policy.value, {**planner_settings(spec), **(spec.planner.settings or {})},
-         "planner.settings"),
-        (PREFILL_ROUTING, spec.routing.prefill_policy.value,
-         {**prefill_settings(spec), **(spec.routing.prefill_settings or {})}, "routing.prefillSettings"),
-        (DECODE_BINDING, spec.routing.decode_policy.value, dict(spec.routing.decode_settings or {}), "routing.decodeSettings"),
-    )  # fmt: skip
     problems: list[str] = []
-    for registry, name, settings, where in checks:
+    for policy in chosen_policies(spec):
         try:
-            registry.validate(name, settings, where)
+            policy.validate()
         except PolicyError as error:
             problems.append(str(error))
     return problems

@@ -46,19 +46,11 @@ class FetchRun:
         """The run of `pages` (consecutive pages of `prompt`, in prompt order) pulled from `peer`.
 
         Raises ValueError when `pages` is empty or is not a consecutive stretch of `prompt`."""
-        prompt = tuple(prompt)
-        if not pages:
-            raise ValueError(f"fetch run from peer {peer!r} names no pages")
-        try:
-            start = prompt.index(pages[0])
-        except ValueError:
-            raise ValueError(f"fetch run from peer {peer!r}: page {pages[0]!r} is not in the prompt") from None
-        end = start + len(pages)
-        if prompt[start:end] != tuple(pages):
-            raise ValueError(
-                f"fetch run from peer {peer!r}: its {len(pages)} pages are not consecutive prompt pages from page {start}"
-            )
-        return cls(start, end, frozenset((peer,)), prompt)
+        runs = cls.runs_of(peer, pages, prompt)
+        if len(runs) != 1:
+            what = "names no pages" if not runs else f"its {len(pages)} pages are not consecutive prompt pages"
+            raise ValueError(f"fetch run from peer {peer!r}: {what}")
+        return runs[0]
 
     @classmethod
     def runs_of(cls, peer: NodeId, pages: Sequence[PageHash], prompt: Sequence[PageHash]) -> tuple[FetchRun, ...]:
