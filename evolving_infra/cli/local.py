@@ -4,7 +4,9 @@ Starts N node agents and the router as local processes (evolving_infra.local), r
 built-in preset through the router's HTTP API, shows live progress (requests, throughput, TTFT, KV hit rate,
 the split and switches), and writes `report.md`, `report.json`, `requests.jsonl` and plots into `--out`
 (default `runs/local-<timestamp>`). With no arguments it runs the `shift` preset (about two minutes), which
-makes the planner re-split the cluster.
+makes the planner re-split the cluster. With `--against smg` the same workload then runs through our cache-aware
+baseline and through SGLang's real gateway at a static split, and the report compares the three
+(`evolving_infra.local.against`).
 
 Exit status: 0 when the run finished with every request answered; 1 when requests failed or the cluster broke
 (the message names the process and its last log lines); 2 for bad arguments; 130 after Ctrl-C (a partial
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -29,11 +32,12 @@ from rich.live import Live
 from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.local.against import Peer, SideKey, compare, peer_sides
 from evolving_infra.local.agents import ClientSettings
 from evolving_infra.local.cluster import ClusterSpec, Gateway, check_policies, parse_split
 from evolving_infra.local.presets import PRESETS, Preset, PresetName, preset
-from evolving_infra.local.report import write_report
-from evolving_infra.local.run import LocalRunConfig, LocalRunError, RunStatus, run_local
+from evolving_infra.local.report import markdown, write_report
+from evolving_infra.local.run import LocalRunConfig, LocalRunError, LocalRunResult, RunStatus, run_local
 from evolving_infra.node_agent.service.sglang_http import ServerIdentity
 from evolving_infra.router.planner import PlannerName
 from evolving_infra.router.routing import PrefillPolicyName
@@ -73,6 +77,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gateway", choices=[g.value for g in Gateway], default=Gateway.OURS.value,
                    help="what fronts the node agents: our router (default), or smg, SGLang's model gateway in PD mode "
                    "with cache-aware prefill routing at the static split (scripts/peers/setup-smg.sh)")  # fmt: skip
+    p.add_argument("--against", choices=[x.value for x in Peer], default=None, metavar="PEER",
+                   help="then run the same workload through our cache-aware baseline and through the real peer (smg: "
+                   "SGLang's gateway, scripts/peers/setup-smg.sh) at a static split, and compare the three in the report")
+    p.add_argument("--against-split", default=None, metavar="SPLIT",
+                   help="the static split of the --against runs (default: the initial split)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workload and the cluster")
     p.add_argument("--noise", type=float, default=None,
                    help="relative iteration-time noise of the engines (default: the node agents', 0.05)")
@@ -112,6 +121,10 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
         raise CliError(f"{label} has no requests to replay", USAGE_ERROR)
     nodes = args.nodes or base.nodes
     gateway = Gateway(args.gateway)
+    if args.against_split is not None and args.against is None:
+        raise CliError("--against-split needs --against", USAGE_ERROR)
+    if args.against is not None and gateway is not Gateway.OURS:
+        raise CliError("--against compares our router's run with the peer's: drop --gateway", USAGE_ERROR)
     if gateway is Gateway.SMG:
         if args.planner not in ("ours", "static") or args.warmup:
             raise CliError("--gateway smg runs at the static split with no warmup (no --planner, no --warmup)", USAGE_ERROR)
@@ -145,6 +158,12 @@ def _configure(args: argparse.Namespace) -> tuple[LocalRunConfig, Trace, str]:
     if gateway is Gateway.SMG:  # SGLang's API: text prompts (one word per token), a model name, no branch calls
         client = dataclasses.replace(client, text_prompts=True, finish_branches=False, model=ServerIdentity().model)
     config = LocalRunConfig(cluster=cluster, mode=mode, client=client, duration_s=duration, workdir=args.work_dir)
+    if args.against is not None:
+        try:
+            prefill_static = None if args.against_split is None else parse_split(args.against_split, nodes)[0]
+            peer_sides(config, Peer(args.against), prefill=prefill_static)
+        except ValueError as exc:
+            raise CliError(f"--against-split: {exc}", USAGE_ERROR) from exc
     return config, trace, label
 
 
@@ -209,21 +228,9 @@ def _fidelity(report: dict[str, Any], record_dir: Path, console: Console) -> Non
     console.print(f"what-if replays: {fidelity.command} [--nodes N --split S --system S]")
 
 
-def _run(args: argparse.Namespace) -> int:
-    config, trace, label = _configure(args)
-    if config.cluster.gateway is Gateway.SMG:
-        from evolving_infra.local.smg import SmgUnavailable, require_smg
-
-        try:
-            require_smg()
-        except SmgUnavailable as exc:
-            raise CliError(f"--gateway smg: {exc}", 1) from exc
-    out = args.out or Path("runs") / f"local-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    console = Console(stderr=True)
-    command = "evolving-infra local " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["local"] else "evolving-infra local"
-    console.print(f"[bold]evolving-infra local[/]: {label}; {config.cluster.nodes} nodes ({config.cluster.split}), "
-                  f"speed-up {config.cluster.speed_up:g}x; report in {out}")  # fmt: skip
-    live = None if args.quiet else Live(console=console, refresh_per_second=4, transient=False)
+def _run_one(config: LocalRunConfig, trace: Trace, console: Console, quiet: bool) -> LocalRunResult:
+    """One run with live progress; Ctrl-C propagates as KeyboardInterrupt after the cluster is down."""
+    live = None if quiet else Live(console=console, refresh_per_second=4, transient=False)
     shown = [0.0]
 
     def on_status(status: RunStatus) -> None:
@@ -232,14 +239,37 @@ def _run(args: argparse.Namespace) -> int:
             shown[0] = now
             live.update(_render(status, config, len(trace.requests)))
 
+    if live is not None:
+        live.start()
     try:
+        return run_local(config, trace, on_status)
+    finally:
         if live is not None:
-            live.start()
-        try:
-            result = run_local(config, trace, on_status)
-        finally:
-            if live is not None:
-                live.stop()
+            live.stop()
+
+
+def _require_smg(flag: str) -> None:
+    from evolving_infra.local.smg import SmgUnavailable, require_smg
+
+    try:
+        require_smg()
+    except SmgUnavailable as exc:
+        raise CliError(f"{flag}: {exc}", 1) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    config, trace, label = _configure(args)
+    if config.cluster.gateway is Gateway.SMG:
+        _require_smg("--gateway smg")
+    if args.against == Peer.SMG.value:
+        _require_smg("--against smg")
+    out = args.out or Path("runs") / f"local-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    console = Console(stderr=True)
+    command = "evolving-infra local " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["local"] else "evolving-infra local"
+    console.print(f"[bold]evolving-infra local[/]: {label}; {config.cluster.nodes} nodes ({config.cluster.split}), "
+                  f"speed-up {config.cluster.speed_up:g}x; report in {out}")  # fmt: skip
+    try:
+        result = _run_one(config, trace, console, args.quiet)
     except LocalRunError as exc:
         raise CliError(str(exc), 1) from exc
     except KeyboardInterrupt:
@@ -257,4 +287,61 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"{failed} of {report['run']['issued']} requests failed (see {out / 'report.md'})", 1)
     if not result.replay.records:
         raise CliError("no request finished during the run", 1)
+    if args.against is not None:
+        return _against(args, config, trace, label, report, out, console)
     return 0
+
+
+def _against(args: argparse.Namespace, config: LocalRunConfig, trace: Trace, label: str, report: dict[str, Any],
+             out: Path, console: Console) -> int:  # fmt: skip
+    """The `--against` runs after the main one (evolving_infra.local.against), each with its own report folder
+    under OUT/against-PEER/, and the comparison added to the main report."""
+    peer = Peer(args.against)
+    prefill = None if args.against_split is None else parse_split(args.against_split, config.cluster.nodes)[0]
+    sides = peer_sides(config, peer, prefill=prefill)
+    reports: dict[SideKey, dict[str, Any]] = {SideKey.OURS: report}
+    descriptions = {SideKey.OURS: f"our router, planner {config.cluster.planner}, routing {config.cluster.routing}, "
+                                  f"initial split {config.cluster.split}, warmup {config.cluster.warmup_s:g} s"}  # fmt: skip
+    problems: list[str] = []
+    for side in sides:
+        folder = out / f"against-{peer.value}" / side.key.name.lower()
+        console.print(f"[bold]against {peer.value}[/]: {side.key.value}: {side.description}; report in {folder}")
+        try:
+            result = _run_one(side.config, trace, console, args.quiet)
+        except LocalRunError as exc:
+            problems.append(f"{side.key.value}: {exc}")
+            console.print(f"{side.key.value} did not run to the end: {exc}")
+            continue
+        except KeyboardInterrupt:
+            console.print(f"interrupted during the {side.key.value} run (its cluster was shut down)")
+            return 130
+        side_report = write_report(result, trace, folder, trace_label=label, command=f"{report['command']} ({side.key.value})")
+        reports[side.key], descriptions[side.key] = side_report, side.description
+        if side_report["run"]["failed"] or not side_report["run"]["finished"]:
+            problems.append(f"{side.key.value}: {side_report['run']['failed']} requests failed, "
+                            f"{side_report['run']['finished']} finished (see {folder / 'report.md'})")  # fmt: skip
+    if SideKey.SMG not in reports:
+        raise CliError(f"--against {peer.value}: no run of the peer to compare with ({'; '.join(problems)})", 1)
+    report["against"] = compare(reports, descriptions)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(markdown(report), encoding="utf-8")
+    Console().print(_against_table(report["against"]))
+    if problems:
+        raise CliError(f"--against {peer.value}: " + "; ".join(problems), 1)
+    return 0
+
+
+def _against_table(comparison: dict[str, Any]) -> Table:
+    ref = comparison["reference"]
+    t = Table(title=f"ours vs the real peer (differences from {ref})")
+    t.add_column("figure", style="bold")
+    for side in comparison["sides"]:
+        t.add_column(side, justify="right")
+    for row in comparison["rows"]:
+        cells = []
+        for side in comparison["sides"]:
+            value, diff = row["values"][side], row["differences"].get(side)
+            text = "-" if value is None else (f"{value:,.0f}" if row["figure"].startswith("requests") else f"{value:,.3f}")
+            cells.append(text + ("" if diff is None else f" ({diff:+.0%})"))
+        t.add_row(row["figure"], *cells)
+    return t

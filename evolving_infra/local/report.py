@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from evolving_infra.local.against import comparison_markdown
 from evolving_infra.local.run import LocalRunResult
 from evolving_infra.sim.export import write_requests_jsonl
 from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
@@ -145,6 +146,8 @@ def markdown(report: dict[str, Any]) -> str:
     decisions = ", ".join(f"{k}: {int(v)}" for k, v in sorted(report["planner_decisions"].items())) or "none"
     lines += ["", f"Planner decisions: {decisions}.", "",
               "Plots: `split_over_time.png`, `latency_cdf.png`, `kv_lost.png`; per request: `requests.jsonl`.", ""]  # fmt: skip
+    if report.get("against"):
+        lines += comparison_markdown(report["against"])
     lines += peers_markdown(report.get("peers") or [])
     return "\n".join(lines)
 
