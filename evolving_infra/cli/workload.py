@@ -13,6 +13,7 @@ from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.workloads import KINDS, OverrideError, default_params, describe, generate_with, shapes, write_trace
 from evolving_infra.workloads.params import format_value, with_overrides
 from evolving_infra.workloads.shape import format_shape
+from evolving_infra.workloads.window import format_window, window_shape
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +38,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="override a parameter, e.g. --set pause_s.mean=8 or --set putnam.steps.sigma=0.5 (repeatable)",
     )
     gen.add_argument("--shape", action="store_true", help="also print the shape of each workload in the trace")
+    gen.add_argument(
+        "--closed-loop",
+        type=int,
+        metavar="N",
+        help="also print the shape of the requests a closed loop of N agents issues in --window at fixed latencies "
+        "(table D.1's CC figures; no simulation): the paper's scored window",
+    )
+    gen.add_argument(
+        "--window", default="1800:5100", metavar="START:END", help="seconds of --closed-loop (default 1800:5100)"
+    )
     gen.add_argument("out", metavar="OUT", help="output file, ending in .jsonl or .jsonl.gz")
     gen.set_defaults(handler=_generate)
 
@@ -65,6 +76,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise CliError(f"OUT {str(out)!r}: directory {str(parent)!r} does not exist", USAGE_ERROR)
     if args.agents < 1:
         raise CliError(f"--agents must be >= 1, got {args.agents}", USAGE_ERROR)
+    start, end = _window(args.window)
+    if args.closed_loop is not None and (args.closed_loop < 1 or not 0 <= start < end):
+        raise CliError(f"--closed-loop {args.closed_loop} --window {args.window!r}: need N >= 1 and 0 <= START < END",
+                       USAGE_ERROR)  # fmt: skip
     try:
         params = with_overrides(default_params(args.kind), _parse_overrides(args.overrides))
         records = generate_with(args.kind, args.agents, args.seed, params)
@@ -88,7 +103,17 @@ def _generate(args: argparse.Namespace) -> int:
     if args.shape:
         for label, s in found.items():
             print(format_shape(label, s))
+    if args.closed_loop is not None:
+        print(format_window(window_shape(records, args.closed_loop, start, end)))
     return 0
+
+
+def _window(text: str) -> tuple[float, float]:
+    first, _, second = text.partition(":")
+    try:
+        return float(first), float(second)
+    except ValueError:
+        raise CliError(f"--window {text!r}: expected START:END in seconds, e.g. 1800:5100", USAGE_ERROR) from None
 
 
 def _kinds(args: argparse.Namespace) -> int:

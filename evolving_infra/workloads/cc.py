@@ -198,13 +198,14 @@ class _CCAgent:
                 continue
             done += 1
 
-    def step(self, br: BranchState, new: int, pause: float, after: list[str] | None = None) -> bool:
-        """Append `new` tokens to `br` and issue its next request; False when the context bound forbids it."""
+    def step(self, br: BranchState, new: int, pause: float, rng: random.Random | None = None) -> bool:
+        """Append `new` tokens to `br` and issue its next request (output drawn from `rng`, default the
+        agent's); False when the context bound forbids it."""
         assert br.last is not None
-        sizes = fit(br.context, new, self.p.output_tokens.sample_int(self.rng), self.p.max_context_tokens)
+        sizes = fit(br.context, new, self.p.output_tokens.sample_int(rng or self.rng), self.p.max_context_tokens)
         if sizes is None or sizes[0] < new:
             return False
-        self.b.request(br, after=after or [br.last], delay_s=pause, base=br.last, keep=br.context,
+        self.b.request(br, after=[br.last], delay_s=pause, base=br.last, keep=br.context,
                        new=sizes[0], output=sizes[1])  # fmt: skip
         return True
 
@@ -228,34 +229,48 @@ class _CCAgent:
         return issued + 1
 
     def call_subagents(self, main: BranchState) -> bool:
-        p, rng, b = self.p, self.rng, self.b
+        """Spawn several branches at once from the calling request and join them: a burst of first requests.
+
+        Each spawned branch draws from its own random stream (seeded from the agent's), so what happens inside
+        it (its sizes, whether it inherits, how soon it meets the context bound) never shifts the draws of the
+        main branch: the main branch is the same for every `subagent_inherit_prob`.
+        """
+        p, rng = self.p, self.rng
         assert main.last is not None
         caller = main.last
         lasts: list[str] = []
         result = 0
         for _ in range(max(1, p.subagents_per_call.sample_int(rng))):
-            self.subs += 1
-            sub = b.branch(f"sub{self.subs}")
-            task, output = p.subagent_task_tokens.sample_int(rng), p.output_tokens.sample_int(rng)
-            inherited = fit(main.context, task, output, p.max_context_tokens)
-            if p.subagent_inherit_prob > 0 and rng.random() < p.subagent_inherit_prob and inherited is not None \
-                    and inherited[0] == task:  # fmt: skip
-                b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), base=caller,
-                          keep=main.context, new=task, output=inherited[1])  # fmt: skip
-            else:
-                start = shared_start(SUB_PREFIX, p.subagent_prefix_tokens)
-                sizes = fit(int(start.get("keep", 0)), task, output, p.max_context_tokens)
-                assert sizes is not None
-                b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), new=sizes[0],
-                          output=sizes[1], **start)  # fmt: skip
-            for _ in range(max(1, p.subagent_steps.sample_int(rng)) - 1):
-                if not self.step(sub, p.tool_result_tokens.sample_int(rng), p.tool_pause_s.sample(rng)):
-                    break
-            b.end(sub)
-            assert sub.last is not None
-            lasts.append(sub.last)
+            own = random.Random(rng.getrandbits(64))
+            lasts.append(self.spawn(main, caller, own))
             result += p.subagent_result_tokens.sample_int(rng)
         return self.join(main, caller, lasts, result, p.subagent_return_pause_s.sample(rng))
+
+    def spawn(self, main: BranchState, caller: str, rng: random.Random) -> str:
+        """One spawned branch, ended; returns its last request. With probability `subagent_inherit_prob` it
+        starts from the caller's whole context plus its task (a fork in the paper's terms), else from the
+        sub-agent prefix plus its task (a new context)."""
+        p, b = self.p, self.b
+        self.subs += 1
+        sub = b.branch(f"sub{self.subs}")
+        task, output = p.subagent_task_tokens.sample_int(rng), p.output_tokens.sample_int(rng)
+        inherit = rng.random() < p.subagent_inherit_prob
+        inherited = fit(main.context, task, output, p.max_context_tokens) if inherit else None
+        if inherited is not None and inherited[0] == task:
+            b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), base=caller,
+                      keep=main.context, new=task, output=inherited[1])  # fmt: skip
+        else:
+            start = shared_start(SUB_PREFIX, p.subagent_prefix_tokens)
+            sizes = fit(int(start.get("keep", 0)), task, output, p.max_context_tokens)
+            assert sizes is not None
+            b.request(sub, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), new=sizes[0],
+                      output=sizes[1], **start)  # fmt: skip
+        for _ in range(max(1, p.subagent_steps.sample_int(rng)) - 1):
+            if not self.step(sub, p.tool_result_tokens.sample_int(rng), p.tool_pause_s.sample(rng), rng=rng):
+                break
+        b.end(sub)
+        assert sub.last is not None
+        return sub.last
 
     def fork(self, main: BranchState) -> bool:
         p, rng, b = self.p, self.rng, self.b
@@ -269,8 +284,9 @@ class _CCAgent:
         fork = b.branch(f"fork{self.forks}")
         b.request(fork, after=[caller], delay_s=p.subagent_spawn_pause_s.sample(rng), base=caller,
                   keep=main.context, new=sizes[0], output=sizes[1])  # fmt: skip
-        for _ in range(max(1, p.fork_steps.sample_int(rng)) - 1):
-            if not self.step(fork, p.tool_result_tokens.sample_int(rng), p.tool_pause_s.sample(rng)):
+        own = random.Random(rng.getrandbits(64))  # the fork's steps: its own stream, as for spawned branches
+        for _ in range(max(1, p.fork_steps.sample_int(own)) - 1):
+            if not self.step(fork, p.tool_result_tokens.sample_int(own), p.tool_pause_s.sample(own), rng=own):
                 break
         b.end(fork)
         assert fork.last is not None

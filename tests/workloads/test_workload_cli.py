@@ -21,6 +21,15 @@ def test_generate_writes_a_trace_and_a_summary(tmp_path: Path, capsys: pytest.Ca
     assert "ideal token reuse" in text
 
 
+def test_generate_prints_the_closed_loop_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cc.jsonl"
+    args = ["workload", "generate", "--kind", "cc", "--agents", "6", "--closed-loop", "3", "--window", "60:600", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "closed loop, requests issued in [60, 600) s at fixed latencies: " in text
+    assert "3 agents started" in text and "busy branches" in text and "uncached tokens per request" in text
+
+
 def test_generate_applies_overrides(tmp_path: Path) -> None:
     out = tmp_path / "p.jsonl"
     args = ["workload", "generate", "--kind", "putnam", "--agents", "3", "--set", "steps.mean=2", "--set",
@@ -47,6 +56,9 @@ def test_kinds_lists_every_parameter(capsys: pytest.CaptureFixture[str]) -> None
         (["--kind", "cc", "--agents", "2", "--set", "nope=1"], "no parameter 'nope'"),
         (["--kind", "cc", "--agents", "2", "--set", "fork_prob"], "expected PATH=VALUE"),
         (["--kind", "shift", "--agents", "2"], "at least 4 agents"),
+        (["--kind", "cc", "--agents", "2", "--closed-loop", "0"], "need N >= 1"),
+        (["--kind", "cc", "--agents", "2", "--closed-loop", "2", "--window", "60:30"], "0 <= START < END"),
+        (["--kind", "cc", "--agents", "2", "--closed-loop", "2", "--window", "1:x"], "expected START:END"),
     ],
 )
 def test_bad_arguments_exit_2(
