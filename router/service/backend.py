@@ -277,7 +277,6 @@ class LiveRouter:
             await self._bind(flight, deadline)
             target = req.decode_node
             assert target is not None
-            self.core.decode_handover(req)
             call = self.clients[target].submit_decode(
                 decode_to(req, flight.wire, node, addresses[node], trace), deadline - loop.time()
             )
@@ -291,6 +290,10 @@ class LiveRouter:
                     raise self._classify(error, target) from None
                 kind = message.WhichOneof("progress")
                 if kind == "accepted":
+                    # The request counts as bound to its decode node (the binder's view, its KV reservation) until
+                    # the node accepts it, as in the simulator: handing it over when the call goes out left a
+                    # burst's requests counted nowhere while their KV was pulled, and all bound to one node.
+                    self.core.decode_handover(req)
                     if not req.prefill_done:
                         self.push(self.core.prefill_finished(node, req.id, req, self.now()))
                     self.push(self.core.decode_submitted(req, self.now()))
