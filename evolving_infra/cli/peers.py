@@ -41,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--block-tokens", type=int, choices=[b.value for b in BlockTokens], default=64)
     p.add_argument("--service-s", type=float, default=0.0, help="service time assumed for cross-branch arrivals")
     p.add_argument("--no-host-offload", action="store_true", help="no host-memory tier in Dynamo's mocker")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="closed loop: N agents active on our side, N sessions in Dynamo's replay (needs one branch "
+                   "per agent, e.g. putnam; default: open loop)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for Dynamo's replay")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="flag differences above this")
     p.add_argument("--log", help="write Dynamo's log to this file")
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either --workload KIND or --trace FILE (not both)", USAGE_ERROR)
     if args.agents < 1 or args.timeout <= 0 or args.tolerance < 0 or args.service_s < 0:
         raise CliError("--agents must be >= 1, --timeout > 0, --tolerance and --service-s >= 0", USAGE_ERROR)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise CliError(f"--concurrency must be >= 1, got {args.concurrency}", USAGE_ERROR)
     sides = _sides(args.sides)
     try:
         trace = workload_trace(args.workload, args.agents, args.seed) if args.workload else load_trace(args.trace)
@@ -99,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         report = judge_dynamo(
             trace, profile=profile, split=args.split, sides=sides, seed=args.seed, block_tokens=args.block_tokens,
             service_s=args.service_s, host_offload=not args.no_host_offload, timeout_s=args.timeout,
-            tolerance=args.tolerance, log_path=Path(args.log) if args.log else None,
+            tolerance=args.tolerance, log_path=Path(args.log) if args.log else None, concurrency=args.concurrency,
         )  # fmt: skip
     except DynamoUnavailable as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
@@ -117,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
         ComparisonRow(Figure(r["figure"]), r["values"], r["differences"], tuple(r["flagged"]))
         for r in report["comparison"]
     ]
+    loop = "open loop" if args.concurrency is None else f"closed loop, {args.concurrency} agents"
     print(f"{report['trace']['requests']:,} requests ({report['matched_requests']:,} completed by every side), "
-          f"profile {profile}, split {args.split}; reference: {REFERENCE}")  # fmt: skip
+          f"profile {profile}, split {args.split}, {loop}; reference: {REFERENCE}")  # fmt: skip
     print(render_markdown(rows, REFERENCE))
     speed = ", ".join(f"{k} {v['requests_per_wall_s']:,.0f} req/wall-s" for k, v in report["speed"].items())
     print(f"speed: {speed}")
@@ -177,4 +183,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append(f"--service-s {args.service_s:g}")
     if args.no_host_offload:
         out.append("--no-host-offload")
+    if args.concurrency is not None:
+        out.append(f"--concurrency {args.concurrency}")
     return out

@@ -1,11 +1,12 @@
 """Dynamo's own replay as the judge of our Dynamo baseline: one workload, replayed open loop by Dynamo's replay
 (its KV router and mocker engines, disaggregated, with our profile's timing, `dynamo_timing`) and by our
-simulator under several configurations, compared figure by figure (`metrics.compare`).
+simulator under several configurations, compared figure by figure (`metrics.compare`). Open loop by default;
+closed loop with `concurrency` (agents on our side, sessions in Dynamo's: one branch per agent required).
 
 Sides (`OurSide`): `dynamo-kv` is our re-implementation of Dynamo's KV router on our SGLang-like baseline
 engines at the same static split (the closest analogue of Dynamo's replay); `dynamo` is the paper's Dynamo
 baseline preset (Dynamo's planner on SGLang workers behind the SGLang gateway); `evolving` is our system.
-Every side replays the same trace open loop (agents start at their `start_s`, turns follow completions)
+Every side replays the same trace open loop (agents start at their `start_s`, turns follow completions) or closed loop
 from an empty cluster with the profile's models and no warmup, and each request is matched across sides by
 (branch, position in the branch), which is also how Dynamo's replay names it (session id, turn index).
 
@@ -14,6 +15,7 @@ Boundary: runs simulations and one subprocess; the figures and the comparison ar
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import tempfile
 import time
@@ -90,15 +92,16 @@ def parse_split(split: str) -> tuple[int, int]:
     return prefill, decode
 
 
-def run_ours(side: OurSide, trace: Trace, *, profile: str, split: str, seed: int = 0) -> SideRun:
-    """Replay `trace` open loop in our simulator as `side`."""
+def run_ours(side: OurSide, trace: Trace, *, profile: str, split: str, seed: int = 0,
+             concurrency: int | None = None) -> SideRun:  # fmt: skip
+    """Replay `trace` in our simulator as `side`: open loop, or closed loop with `concurrency` agents active."""
     from evolving_infra.sim.run import simulate
     from evolving_infra.sim.systems import build_config
 
     preset, overrides = side.config()
     p, d = parse_split(split)
     cfg = build_config(preset, profile=profile, nodes=p + d, split=split.upper(), seed=seed, warmup_s=0.0,
-                       models="profile", collocated_warmup=False, **overrides)  # fmt: skip
+                       models="profile", collocated_warmup=False, agents=concurrency, **overrides)  # fmt: skip
     start = time.perf_counter()
     result = simulate(cfg, trace)
     wall = time.perf_counter() - start
@@ -119,20 +122,33 @@ def judge_dynamo(
     trace: Trace, *, profile: str, split: str, sides: Sequence[OurSide] = tuple(OurSide), seed: int = 0,
     block_tokens: int = 64, service_s: float = 0.0, host_offload: bool = True, python: Path | None = None,
     timeout_s: float = 600.0, tolerance: float = DEFAULT_TOLERANCE, log_path: Path | None = None,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
-    """Replay `trace` in Dynamo's replay and in our simulator as each of `sides`; the report (JSON-ready)."""
+    """Replay `trace` in Dynamo's replay and in our simulator as each of `sides`; the report (JSON-ready).
+
+    `concurrency`: closed loop, that many agents active on our side and that many sessions in Dynamo's
+    (`replay_concurrency`). Dynamo counts sessions, i.e. branches, so the trace must have one branch per agent
+    for the two to mean the same (ValueError otherwise)."""
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ValueError(f"closed-loop concurrency must be >= 1, got {concurrency}")
+        if len(trace.branches) != len(trace.agents):
+            raise ValueError(f"a closed-loop comparison needs one branch per agent (Dynamo's replay_concurrency counts "
+                             f"sessions, i.e. branches): this trace has {len(trace.agents)} agents and "
+                             f"{len(trace.branches)} branches; compare it open loop")  # fmt: skip
     python = python or find_dynamo_python()  # fail before any work when the side environment is missing
     hw = load_profile(profile)
     p, d = parse_split(split)
     fit = fit_timing(hw, trace)
     rows, export = export_rows(trace, block_tokens, service_s=service_s)
-    setup = DynamoSetup.for_profile(hw, p, d, host_offload=host_offload, block_tokens=block_tokens)
+    setup = dataclasses.replace(DynamoSetup.for_profile(hw, p, d, host_offload=host_offload, block_tokens=block_tokens),
+                                replay_concurrency=concurrency)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="evolving-infra-peers-") as tmp:
         path = Path(tmp) / "trace.mooncake.jsonl"
         write_rows(rows, path)
         dyn = run_dynamo_replay(path, setup, fit, python=python, timeout_s=timeout_s, log_path=log_path)
     runs = [SideRun(REFERENCE, dyn.requests, dyn.wall_s, {"failed": dyn.failed, "version": dyn.dynamo_version})]
-    runs += [run_ours(s, trace, profile=profile, split=split, seed=seed) for s in sides]
+    runs += [run_ours(s, trace, profile=profile, split=split, seed=seed, concurrency=concurrency) for s in sides]
     common, dropped = matched(runs)
     metrics = {s.name: summarize(s.requests) for s in common}
     rows_cmp = compare(metrics, REFERENCE, tolerance)
@@ -140,6 +156,7 @@ def judge_dynamo(
         "trace": {"name": trace.name, "requests": len(trace.requests), "agents": len(trace.agents),
                   "branches": len(trace.branches)},
         "profile": profile, "split": split, "seed": seed, "reference": REFERENCE, "tolerance": tolerance,
+        "loop": "open" if concurrency is None else {"closed": concurrency},
         "export": export.to_dict(), "service_s": service_s, "timing_fit": fit.describe(),
         "dynamo_setup": {"prefill_workers": setup.prefill_workers, "decode_workers": setup.decode_workers,
                          "block_tokens": setup.block_tokens, "router_mode": setup.router_mode,
