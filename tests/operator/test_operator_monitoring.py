@@ -172,7 +172,7 @@ def test_the_component_builds_and_its_pod_monitors_find_the_workloads(tmp_path: 
     done = subprocess.run([KUBECTL, "kustomize", str(site)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
-    for key in (("PodMonitor", "evolving-infra-workloads"), ("PodMonitor", "evolving-infra-operator"), ("PrometheusRule", "evolving-infra-alerts"), ("ConfigMap", "evolving-infra-dashboard")):
+    for key in (("PodMonitor", "evolving-infra-workloads"), ("PodMonitor", "evolving-infra-operator"), ("PodMonitor", "evolving-infra-gateway"), ("PrometheusRule", "evolving-infra-alerts"), ("ConfigMap", "evolving-infra-dashboard")):
         assert docs[key]["metadata"]["namespace"] == "evolving-infra-system", key
     assert docs[("ConfigMap", "evolving-infra-dashboard")]["metadata"]["labels"]["grafana_dashboard"] == "1"
     json.loads(docs[("ConfigMap", "evolving-infra-dashboard")]["data"]["evolving-infra.json"])
@@ -189,3 +189,24 @@ def test_the_component_builds_and_its_pod_monitors_find_the_workloads(tmp_path: 
     assert all(selected(workloads, t) for t in _pod_templates().values())
     assert not selected(workloads, operator)
     assert selected(docs[("PodMonitor", "evolving-infra-operator")], operator)
+
+
+def test_the_gateway_pod_monitor_finds_the_global_router_and_keeps_its_labels() -> None:
+    """The fleet's global router (manifests/components/gateway) is scraped by its own PodMonitor: it selects the
+    gateway's pods and metrics port and nothing the operator makes, and no gateway series loses a label to the
+    target's."""
+    from evolving_infra.gateway.metrics import GatewayMetrics
+
+    monitor = yaml.safe_load((COMPONENT / "podmonitor-gateway.yaml").read_text(encoding="utf-8"))
+    assert "podmonitor-gateway.yaml" in yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())["resources"]
+    gateway = yaml.safe_load((REPO / "manifests" / "components" / "gateway" / "deployment.yaml").read_text())["spec"]["template"]
+    selector = NodeSelector.from_kube(monitor["spec"]["selector"])
+    ports = {p["name"]: p["containerPort"] for c in gateway["spec"]["containers"] for p in c.get("ports", ())}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert selector_matches(selector, gateway["metadata"]["labels"]) and endpoint["port"] in ports
+    assert "--admin-port=" + str(ports[endpoint["port"]]) in gateway["spec"]["containers"][0]["args"]  # /metrics lives there
+    assert not any(selector_matches(selector, t["metadata"]["labels"]) for t in _pod_templates().values())
+    assert endpoint["honorLabels"]  # the series' own `endpoint` (the OpenAI endpoint) wins over the port name
+    relabelled = {r["targetLabel"] for r in endpoint.get("relabelings", ())}
+    for name, labels in exported([GatewayMetrics().registry]).items():
+        assert not labels & ((TARGET_LABELS - {"endpoint"}) | relabelled), name
