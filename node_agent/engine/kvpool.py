@@ -35,8 +35,11 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress
+from operator import not_
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -96,18 +99,17 @@ class KvPool:
                 if not isinstance(count, int) or count < 0:
                     raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
         counts = self._counts
-        flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
-        if 0 in values:
-            flipped = []
-            for page, count in updates.items():
-                if count:
-                    if page not in counts:
-                        flipped.append(page)
-                    counts[page] = count
-                elif counts.pop(page, None) is not None:
-                    flipped.append(page)
+        flipped: set[PageHash]  # pages whose count went from 0 to positive or back (only read as a set)
+        if 0 in values:  # C-level passes: the positive ones as below, the zeros that were counted dropped
+            keys = updates.keys()
+            positive = dict(compress(updates.items(), values))
+            dropped = counts.keys() & compress(keys, map(not_, values))
+            flipped = positive.keys() - counts.keys()
+            counts.update(positive)
+            deque(map(counts.__delitem__, dropped), maxlen=0)
+            flipped |= dropped
         else:  # all positive (the usual case): the new ones flip, and one C-level update
-            flipped = [page for page in updates if page not in counts]
+            flipped = updates.keys() - counts.keys()
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)

@@ -38,6 +38,7 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
 from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
+from evolving_infra.node_agent.engine.scan import host_pins, split_prefix
 from evolving_infra.node_agent.profile import HardwareProfile
 
 
@@ -174,7 +175,11 @@ class PrefillScheduler:
         fetch: list[PageHash] = []
         in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
         capacity = l2.capacity
-        for page in req.prompt_pages[: self._max_prefix(req)]:
+        prefix = req.prompt_pages[: self._max_prefix(req)]
+        if not peer_of:  # nothing to fetch: the same walk with C-level passes
+            pins = host_pins(prefix, in_l2, (in_l1, arriving) if arriving else (in_l1,), capacity)
+            prefix = ()
+        for page in prefix:
             if len(pins) + len(fetch) >= capacity:
                 break
             if page in in_l2:
@@ -240,16 +245,7 @@ class PrefillScheduler:
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
-        in_l1: list[PageHash] = []
-        from_l2: list[tuple[int, PageHash]] = []
-        l1_has, l2_has = l1.resident_set(), l2.resident_set()
-        for i, page in enumerate(req.prompt_pages[: self._max_prefix(req)]):
-            if page in l1_has:
-                in_l1.append(page)
-            elif page in l2_has:
-                from_l2.append((i, page))
-            else:
-                break
+        in_l1, from_l2 = split_prefix(req.prompt_pages[: self._max_prefix(req)], l1.resident_set(), l2.resident_set())
         k = len(in_l1) + len(from_l2)
         local = local_ok
         total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
