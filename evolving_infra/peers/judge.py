@@ -6,6 +6,10 @@ closed loop with `concurrency` (agents on our side, sessions in Dynamo's: one br
 Sides (`OurSide`): `dynamo-kv` is our re-implementation of Dynamo's KV router on our SGLang-like baseline
 engines at the same static split (the closest analogue of Dynamo's replay); `dynamo` is the paper's Dynamo
 baseline preset (Dynamo's planner on SGLang workers behind the SGLang gateway); `evolving` is our system.
+Our engines run the profile's eq. 1/2 without the ground-truth effects and noise that `simulate` adds by default
+(`exact_models`): Dynamo's mocker gets one timing table fitted to those same equations for every worker
+(`dynamo_timing`), so both simulators' engines take the same time and the comparison is of the systems' routing
+and scheduling, not of their engines.
 Every side replays the same trace open loop (agents start at their `start_s`, turns follow completions) or closed loop
 from an empty cluster with the profile's models and no warmup, and each request is matched across sides by
 (branch, position in the branch), which is also how Dynamo's replay names it (session id, turn index).
@@ -101,11 +105,13 @@ def run_ours(side: OurSide, trace: Trace, *, profile: str, split: str, seed: int
     preset, overrides = side.config()
     p, d = parse_split(split)
     cfg = build_config(preset, profile=profile, nodes=p + d, split=split.upper(), seed=seed, warmup_s=0.0,
-                       models="profile", collocated_warmup=False, agents=concurrency, **overrides)  # fmt: skip
+                       models="profile", collocated_warmup=False, agents=concurrency, exact_models=True,
+                       **overrides)  # fmt: skip
     start = time.perf_counter()
     result = simulate(cfg, trace)
     wall = time.perf_counter() - start
-    detail = {"preset": preset, "overrides": overrides, "events": result.events, "stop_reason": result.stop_reason,
+    detail = {"preset": preset, "overrides": overrides, "engines": "exact eq. 1/2 (as Dynamo's mocker)",
+              "events": result.events, "stop_reason": result.stop_reason,
               "switches": len(result.switches), "sim_end_s": result.end_time}  # fmt: skip
     return SideRun(side.value, our_requests(trace, result.records), wall, detail)
 
