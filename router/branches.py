@@ -1,18 +1,37 @@
-"""Branch table and branch counts: algorithms E.1 (branch version of a request) and E.2 (counts).
+"""Branch table and branch counts: algorithms E.1 (branch version of a request) and E.2 (counts), per run.
 
 Notation as in the paper: a branch β has a version v_β, the path π_β of its latest request (the hashes of
 the full pages of its input, including the pages its prefill adds), and per node n the set C[β][n] of pages
 it is counted on there; N_β = {n : C[β][n] ≠ ∅}. R[b][n] is the number of active branches counted on page
 b at node n. `Count(β, n, π)` makes β count exactly π on n: +1 on π \\ C[β][n], -1 on C[β][n] \\ π.
 
-Invariants (after every public call; property-tested in tests/router/test_branches_machine.py):
+**Runs.** Page hashes are chained (a page's hash names its whole prefix), so the active paths form a prefix
+tree, and page b sits at the same depth (index) in every path holding it. The table keeps that tree as runs:
+consecutive pages of the paths that every active path holds entirely or not at all (a run ends where a path
+ends or forks), with one count per node for the whole run. C[β][n] is a list of [lo, hi) index ranges over
+π_β whose ends are run boundaries, so Count(β, n, π) is one step per run: placing a branch of 850 pages that
+is new to a node adds 1 to each run of its path (usually a few) instead of to 850 pages. Adjacent runs merge
+again when nothing tells them apart (one child, the same paths and the same counts). The changed counts are
+recorded as the changed runs' pages; `take_updates` still answers page -> count, built with one C-level dict
+update per run.
+
+If a path breaks the chain rule (a page at two depths, or under two parents: arbitrary page ids, or a 64-bit
+hash collision), the table converts itself into the page-exact table (`branches_pages.PageBranchTable`, the
+oracle) and goes on page by page (`stats.page_exact` is then True). Answers are the same either way.
+
+Invariants (after every public call; property-tested in tests/router/test_branches_machine.py, and against
+the page-exact table in tests/router/test_branches_runs.py):
 1. no count is negative, and only positive counts are stored;
 2. R[b][n] == |{β active : b ∈ C[β][n]}| for every page b and node n;
 3. for every active branch β and phase φ not in β's `unsettled` phases, at most one node of phase φ holds
    counts of β ("at most one copy per phase"). A phase is unsettled only between a placement whose target
    does not yet hold the current version and the `confirm_held` of that target, and after a P->D phase
    switch carried a second decode copy over, until β's next settled decode placement;
-4. after every branch has ended, every count is zero (no R entry remains).
+4. after every branch has ended, every count is zero (no R entry remains);
+5. (runs) every page of an active path maps to the one run holding it; a run's pages are consecutive pages
+   of every path through it (all or none of them), `refs` is the number of those paths and `children` the
+   number of runs starting under its last page; C[β][n]'s ranges end at run boundaries, so every page of a
+   run has the run's counts.
 
 Choices where the paper leaves room (docs/kv-directory.md explains them):
 - Same-phase moves: `place(β, n, held=True)` says n already holds the current version (the source is
@@ -22,8 +41,7 @@ Choices where the paper leaves room (docs/kv-directory.md explains them):
 - Releasing a same-phase copy releases every other node of that phase holding counts of β, including a copy
   a P->D switch carried over.
 - Eviction (E.2 lines 19-20) drops the evicted pages from every C[β][n]; a later placement of β on n counts
-  them again (n will hold them again after its prefill or fetch). R[·][n] serves as the index: evicted pages
-  with no count on n are in no C[β][n], so only the branches on n are scanned, and only for counted pages.
+  them again (n will hold them again after its prefill or fetch).
 - `drop_node` (the node died) releases every count on it and forgets its phase.
 
 Boundary: pure bookkeeping; callers pass the node phases and the events (requests, placements,
@@ -33,124 +51,333 @@ incremental `take_updates`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import add, not_, sub
+from itertools import chain, repeat
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, Phase
+from evolving_infra.router.branches_pages import BranchState, BranchStats, PageBranchTable, Placement, RequestVersion
 
-_EMPTY: frozenset[PageHash] = frozenset()
+__all__ = ["BranchState", "BranchStats", "BranchTable", "PageBranchTable", "Placement", "RequestVersion"]
 
+Ranges = tuple[tuple[int, int], ...]
+"""Sorted, disjoint, non-adjacent [lo, hi) index ranges over a branch's path."""
 
-@dataclass(frozen=True, slots=True)
-class RequestVersion:
-    """Output of algorithm E.1 for one request."""
-
-    branch: BranchId
-    version: int
-    old_path: tuple[PageHash, ...]
-    new_path: tuple[PageHash, ...]
-    new_branch: bool
-    rewritten: bool
+_NONE: Ranges = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Result of placing a branch on a node: which same-phase copies were released or still wait."""
-
-    branch: BranchId
-    node: NodeId
-    version: int
-    added: int
-    released: tuple[NodeId, ...]
-    awaiting: tuple[NodeId, ...]
+class _NotChained(Exception):
+    """A path breaks the chain rule; the table turns page-exact."""
 
 
-@dataclass(frozen=True, slots=True)
-class BranchState:
-    """Read-only snapshot of one branch's row of the table."""
+class _Run:
+    """Consecutive pages of the active paths' tree: `depth` is the index of the first page in every path
+    holding it, `parent` the page before it (None at a root); one count per node (positive only)."""
 
-    version: int
-    path: tuple[PageHash, ...]
-    counted: dict[NodeId, frozenset[PageHash]]
-    targets: dict[Phase, NodeId]
-    unsettled: frozenset[Phase]
+    __slots__ = ("pages", "depth", "parent", "counts", "refs", "children")
+
+    def __init__(self, pages: tuple[PageHash, ...], depth: int, parent: PageHash | None) -> None:
+        self.pages = pages
+        self.depth = depth
+        self.parent = parent
+        self.counts: dict[NodeId, int] = {}
+        self.refs = 0
+        self.children = 0
 
 
-@dataclass(slots=True)
-class BranchStats:
-    requests: int = 0
-    rewrites: int = 0
-    placements: int = 0
-    stale_confirmations: int = 0
-    branches_ended: int = 0
-    unknown_branch_ends: int = 0
-    pages_evicted: int = 0
+def _minus(a: Ranges, b: Ranges) -> Ranges:
+    """a \\ b."""
+    if not b or not a:
+        return a
+    out: list[tuple[int, int]] = []
+    j = 0
+    for lo, hi in a:
+        while j < len(b) and b[j][1] <= lo:
+            j += 1
+        k = j
+        while lo < hi and k < len(b) and b[k][0] < hi:
+            if b[k][0] > lo:
+                out.append((lo, b[k][0]))
+            lo = max(lo, b[k][1])
+            k += 1
+        if lo < hi:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _ranges(positions: Iterable[int]) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return tuple(out)
+
+
+def _size(ranges: Ranges) -> int:
+    return sum(hi - lo for lo, hi in ranges)
+
+
+def _common(a: Sequence[PageHash], b: Sequence[PageHash]) -> int:
+    """Length of the common prefix of two page tuples (C-level slice comparisons, binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(slots=True)
 class _Branch:
     version: int = 1
     path: tuple[PageHash, ...] = ()
-    path_set: frozenset[PageHash] = _EMPTY
-    counted: dict[NodeId, frozenset[PageHash]] = field(default_factory=dict)
+    counted: dict[NodeId, Ranges] = field(default_factory=dict)
     targets: dict[Phase, NodeId] = field(default_factory=dict)
     unsettled: set[Phase] = field(default_factory=set)
 
 
 class BranchTable:
-    """Branch versions and paths (E.1) and the counts R[b][n] (E.2), over nodes whose phases it is told."""
+    """Branch versions and paths (E.1) and the counts R[b][n] (E.2) per run of pages, over nodes whose phases
+    it is told (see the module docstring)."""
 
-    __slots__ = ("_branches", "_phase", "_counts", "_on_node", "_dirty", "stats")
+    __slots__ = ("_branches", "_phase", "_run", "_node_runs", "_on_node", "_dirty", "_exact", "stats")
 
     def __init__(self, phases: dict[NodeId, Phase] | None = None) -> None:
         self._branches: dict[BranchId, _Branch] = {}
         self._phase: dict[NodeId, Phase] = dict(phases or {})
-        self._counts: dict[NodeId, dict[PageHash, int]] = {}
+        self._run: dict[PageHash, _Run] = {}  # every page of an active path -> its run
+        self._node_runs: dict[NodeId, dict[_Run, None]] = {}  # runs with a positive count on the node
         self._on_node: dict[NodeId, set[BranchId]] = {}
-        self._dirty: dict[NodeId, set[PageHash]] = {}
+        self._dirty: dict[NodeId, list[tuple[tuple[PageHash, ...], int]]] = {}  # changed (pages, depth)
+        self._exact: PageBranchTable | None = None
         self.stats = BranchStats()
 
+    # ------------------------------------------------------------------------------------------ runs
+    def _split(self, r: _Run, o: int) -> None:
+        """Split run `r` before its page `o` (0 < o < len); the smaller part moves to a new run object."""
+        pages = r.pages
+        run = self._run
+        if o * 2 >= len(pages):  # the right part is the smaller: it moves
+            new = _Run(pages[o:], r.depth + o, pages[o - 1])
+            new.children = r.children
+            r.pages = pages[:o]
+            r.children = 1
+            moved = new.pages
+        else:
+            new = _Run(pages[:o], r.depth, r.parent)
+            new.children = 1
+            r.pages = pages[o:]
+            r.depth += o
+            r.parent = pages[o - 1]
+            moved = new.pages
+        new.refs = r.refs
+        new.counts = dict(r.counts)
+        for node in r.counts:
+            self._node_runs[node][new] = None
+        run.update(zip(moved, repeat(new)))
+
+    def _cut(self, path: tuple[PageHash, ...], i: int) -> None:
+        """A run boundary before index `i` of `path` (whose page `i - 1` is in the tree)."""
+        if 0 < i < len(path):
+            r = self._run[path[i - 1]]
+            if r.depth + len(r.pages) > i:
+                self._split(r, i - r.depth)
+
+    def _merge(self, path: tuple[PageHash, ...], i: int) -> None:
+        """Merge the runs on either side of index `i` of `path` if nothing tells them apart."""
+        if not 0 < i < len(path):
+            return
+        run = self._run
+        left = run.get(path[i - 1])
+        right = run.get(path[i])
+        if (
+            left is None or right is None or left is right or left.children != 1 or right.depth != i
+            or left.refs != right.refs or left.counts != right.counts
+        ):  # fmt: skip
+            return
+        if len(left.pages) >= len(right.pages):
+            keep, gone = left, right
+            keep.pages = left.pages + right.pages
+            keep.children = right.children
+            run.update(zip(right.pages, repeat(keep)))
+        else:
+            keep, gone = right, left
+            keep.pages = left.pages + right.pages
+            keep.depth = left.depth
+            keep.parent = left.parent
+            run.update(zip(left.pages, repeat(keep)))
+        for node in gone.counts:
+            del self._node_runs[node][gone]
+
+    def _plan(self, path: tuple[PageHash, ...], start: int) -> int:
+        """Check that `path[start:]` continues the tree as a chain (`path[:start]` is in it already); the index
+        where its new pages begin. Raises `_NotChained`."""
+        run = self._run
+        n = len(path)
+        i = start
+        while i < n:
+            r = run.get(path[i])
+            if r is None:
+                break
+            o = i - r.depth
+            if not (0 <= o < len(r.pages) and r.pages[o] == path[i]):
+                raise _NotChained  # the page sits at another depth in the tree
+            if (r.pages[o - 1] if o else r.parent) != (path[i - 1] if i else None):
+                raise _NotChained  # the page sits under another parent in the tree
+            m = min(len(r.pages) - o, n - i)
+            k = _common(r.pages[o : o + m], path[i : i + m])
+            i += k
+            if k < m:
+                break  # the path leaves the run inside it: the rest is new (checked below)
+        if i < n:
+            new = path[i:]
+            if not run.keys().isdisjoint(new) or len(set(new)) != len(new):
+                raise _NotChained
+        return i
+
+    def _attach(self, path: tuple[PageHash, ...], start: int) -> None:
+        """`path` becomes an active path from index `start` on (its pages before `start` already are)."""
+        n = len(path)
+        if start >= n:
+            return
+        fresh = self._plan(path, start)
+        run = self._run
+        self._cut(path, start)
+        i = start
+        while i < fresh:
+            r = run[path[i]]
+            m = min(len(r.pages), fresh - i)
+            if m < len(r.pages):
+                self._split(r, m)
+                r = run[path[i]]
+            r.refs += 1
+            i += m
+        if fresh < n:
+            new = _Run(path[fresh:], fresh, path[fresh - 1] if fresh else None)
+            new.refs = 1
+            run.update(zip(new.pages, repeat(new)))
+            if fresh:
+                run[path[fresh - 1]].children += 1
+
+    def _detach(self, path: tuple[PageHash, ...], start: int) -> None:
+        """`path` is no longer an active path from index `start` on; runs no path holds leave."""
+        n = len(path)
+        if start >= n:
+            return
+        run = self._run
+        self._cut(path, start)
+        gone: list[_Run] = []
+        i = start
+        while i < n:
+            r = run[path[i]]
+            r.refs -= 1
+            if not r.refs:
+                gone.append(r)
+            i += len(r.pages)
+        for r in gone:
+            assert not r.counts, "a run without paths kept counts"
+            deque(map(run.pop, r.pages), maxlen=0)
+        if gone and gone[0].parent is not None:
+            parent = run.get(gone[0].parent)
+            if parent is not None:
+                parent.children -= 1
+        self._merge(path, start)
+
+    def _add(self, path: tuple[PageHash, ...], node: NodeId, ranges: Ranges, delta: int) -> None:
+        """R[·][node] += delta on the pages of `ranges` of `path`."""
+        run = self._run
+        marks = self._dirty.setdefault(node, [])
+        mine = self._node_runs[node]
+        for lo, hi in ranges:
+            self._cut(path, lo)
+            self._cut(path, hi)
+            i = lo
+            while i < hi:
+                r = run[path[i]]
+                c = r.counts.get(node, 0) + delta
+                if c:
+                    if c == 1 and delta > 0:
+                        mine[r] = None
+                    r.counts[node] = c
+                else:
+                    del r.counts[node]
+                    del mine[r]
+                marks.append((r.pages, r.depth))
+                i += len(r.pages)
+        for lo, hi in ranges:
+            self._merge(path, hi)
+            self._merge(path, lo)
+
     # ------------------------------------------------------------------------------------- E.2 Count
-    def _count(self, branch: BranchId, b: _Branch, node: NodeId, pages: frozenset[PageHash]) -> int:
-        """Count(β, n, π); returns the number of pages newly counted."""
-        current = b.counted.get(node, _EMPTY)
-        if current == pages:
+    def _count(self, branch: BranchId, b: _Branch, node: NodeId, target: Ranges) -> int:
+        """Count(β, n, π) for π given as index ranges of β's path; returns the number of pages newly counted."""
+        current = b.counted.get(node, _NONE)
+        if current == target:
             return 0
-        added = pages - current
-        dropped = current - pages
-        counts = self._counts.setdefault(node, {})
-        # Page by page as C-level maps: +1 on `added`; -1 on `dropped`, dropping the counts that reach 0.
-        counts.update(zip(added, map(add, map(counts.get, added, repeat(0)), repeat(1))))
+        self._node_runs.setdefault(node, {})
+        added = _minus(target, current)
+        dropped = _minus(current, target)
+        if added:
+            self._add(b.path, node, added, 1)
         if dropped:
-            counts.update(zip(dropped, map(sub, map(counts.__getitem__, dropped), repeat(1))))
-            for page in compress(dropped, map(not_, map(counts.__getitem__, dropped))):
-                del counts[page]
-        dirty = self._dirty.setdefault(node, set())
-        dirty |= added
-        dirty |= dropped
-        if pages:
-            b.counted[node] = pages
+            self._add(b.path, node, dropped, -1)
+        if target:
+            b.counted[node] = target
             self._on_node.setdefault(node, set()).add(branch)
         else:
             del b.counted[node]
             self._on_node[node].discard(branch)
-        return len(added)
+        return _size(added)
+
+    def _whole(self, b: _Branch) -> Ranges:
+        return ((0, len(b.path)),) if b.path else _NONE
 
     def _release_same_phase(
         self, branch: BranchId, b: _Branch, keep: NodeId, phase: Phase
     ) -> tuple[NodeId, ...]:
         others = tuple(m for m in b.counted if m != keep and self._phase.get(m) is phase)
         for m in others:
-            self._count(branch, b, m, _EMPTY)
+            self._count(branch, b, m, _NONE)
         b.unsettled.discard(phase)
         return others
+
+    # ------------------------------------------------------------------------------- page-exact form
+    def _to_exact(self) -> PageBranchTable:
+        """Turn page-exact (a path broke the chain rule): the same branches, counts and pending changes."""
+        pending = {node: self._take(node) for node in tuple(self._dirty)}
+        exact = PageBranchTable(self._phase)
+        for node in self._node_runs:  # the nodes in the order they first held counts (`nodes_with_counts`)
+            exact._counts[node] = {}
+        for branch, b in self._branches.items():
+            exact.restore(branch, self._state(b))
+        exact._dirty.clear()  # restoring counted the pages again; only the changes not yet taken are pending
+        for node, updates in pending.items():
+            if updates:
+                exact._dirty[node] = set(updates)
+        exact.stats = self.stats
+        self.stats.page_exact = True
+        self._exact = exact
+        self._branches.clear()
+        self._run.clear()
+        self._node_runs.clear()
+        self._on_node.clear()
+        self._dirty.clear()
+        return exact
 
     # ----------------------------------------------------------------------------------------- nodes
     def set_phase(self, node: NodeId, phase: Phase) -> tuple[BranchId, ...]:
         """Record `node`'s phase. D->P releases every branch's counts on it (returned); P->D keeps them."""
+        if self._exact is not None:
+            return self._exact.set_phase(node, phase)
         old = self._phase.get(node)
         self._phase[node] = phase
         if old is None or old is phase:
@@ -159,7 +386,7 @@ class BranchTable:
         for branch in branches:
             b = self._branches[branch]
             if old is Phase.DECODE:
-                self._count(branch, b, node, _EMPTY)
+                self._count(branch, b, node, _NONE)
             elif sum(1 for m in b.counted if self._phase[m] is phase) > 1:
                 b.unsettled.add(phase)
         for row in self._branches.values():
@@ -168,6 +395,8 @@ class BranchTable:
         return branches if old is Phase.DECODE else ()
 
     def phase(self, node: NodeId) -> Phase:
+        if self._exact is not None:
+            return self._exact.phase(node)
         try:
             return self._phase[node]
         except KeyError:
@@ -175,39 +404,50 @@ class BranchTable:
 
     def drop_node(self, node: NodeId) -> tuple[BranchId, ...]:
         """The node died: release every branch's counts on it and forget its phase."""
+        if self._exact is not None:
+            return self._exact.drop_node(node)
         branches = tuple(sorted(self._on_node.get(node, ())))
         for branch in branches:
-            self._count(branch, self._branches[branch], node, _EMPTY)
+            self._count(branch, self._branches[branch], node, _NONE)
         for row in self._branches.values():
             for phase, target in list(row.targets.items()):
                 if target == node:
                     del row.targets[phase]
         self._phase.pop(node, None)
         self._on_node.pop(node, None)
-        self._counts.pop(node, None)
+        self._node_runs.pop(node, None)
         return branches
 
     # -------------------------------------------------------------------------------- E.1 + requests
     def request(self, branch: BranchId, path: Sequence[PageHash]) -> RequestVersion:
         """Algorithm E.1 for a request of `branch` whose input's full pages are `path`, then E.2 lines 5-8."""
-        self.stats.requests += 1
+        if self._exact is not None:
+            return self._exact.request(branch, path)
         new_path = tuple(path)
         b = self._branches.get(branch)
+        old_path = b.path if b is not None else ()
+        keep = _common(old_path, new_path)
+        try:
+            self._plan(new_path, keep)
+        except _NotChained:
+            return self._to_exact().request(branch, new_path)
+        self.stats.requests += 1
         if b is None:
             b = self._branches[branch] = _Branch()
-            old_path: tuple[PageHash, ...] = ()
             new_branch, rewritten = True, False
         else:
-            old_path = b.path
             new_branch = False
-            rewritten = new_path[: len(old_path)] != old_path
-        b.path = new_path
-        b.path_set = frozenset(new_path)
+            rewritten = keep < len(old_path)
         if rewritten:
             b.version += 1
             self.stats.rewrites += 1
             for node in tuple(b.counted):
-                self._count(branch, b, node, b.counted[node] & b.path_set)
+                self._count(branch, b, node, tuple((lo, min(hi, keep)) for lo, hi in b.counted[node] if lo < keep))
+            self._detach(old_path, keep)
+        b.path = new_path
+        self._attach(new_path, keep)
+        if not rewritten:
+            self._merge(new_path, len(old_path))
         return RequestVersion(branch, b.version, old_path, new_path, new_branch, rewritten)
 
     def place(self, branch: BranchId, node: NodeId, *, held: bool = True) -> Placement:
@@ -217,10 +457,12 @@ class BranchTable:
         phase are released now (P2P/D2D move). `held=False`: they stay counted until `confirm_held`.
         Copies on nodes of the other phase always keep their counts (P2D/D2P).
         """
+        if self._exact is not None:
+            return self._exact.place(branch, node, held=held)
         b = self._row(branch, "place")
         phase = self.phase(node)
         self.stats.placements += 1
-        added = self._count(branch, b, node, b.path_set)
+        added = self._count(branch, b, node, self._whole(b))
         b.targets[phase] = node
         released: tuple[NodeId, ...] = ()
         awaiting: tuple[NodeId, ...] = ()
@@ -240,6 +482,8 @@ class BranchTable:
         Stale (unknown branch, older version, or `node` not the branch's current target in its phase):
         nothing changes and `stats.stale_confirmations` grows.
         """
+        if self._exact is not None:
+            return self._exact.confirm_held(branch, node, version)
         b = self._branches.get(branch)
         phase = self._phase.get(node)
         if b is None or phase is None or version != b.version or b.targets.get(phase) != node:
@@ -249,44 +493,78 @@ class BranchTable:
 
     def end(self, branch: BranchId) -> bool:
         """The branch finished: release all its counts and remove it. False if the branch is unknown."""
+        if self._exact is not None:
+            return self._exact.end(branch)
         b = self._branches.pop(branch, None)
         if b is None:
             self.stats.unknown_branch_ends += 1
             return False
         for node in tuple(b.counted):
-            self._count(branch, b, node, _EMPTY)
+            self._count(branch, b, node, _NONE)
+        self._detach(b.path, 0)
         self.stats.branches_ended += 1
         return True
 
     def evicted(self, node: NodeId, pages: Iterable[PageHash]) -> int:
         """E.2 lines 19-20: `node` freed its host copies of `pages`; returns counts dropped."""
+        if self._exact is not None:
+            return self._exact.evicted(node, pages)
         gone = frozenset(pages)
         self.stats.pages_evicted += len(gone)
-        counts = self._counts.get(node)
-        # R[b][n] indexes the counted pages: only a page with a positive count is in some C[β][n] (invariant 2).
-        counted = counts.keys() & gone if counts else None
-        if not counted:
+        mine = self._node_runs.get(node)
+        if not mine:
             return 0
+        hit: dict[_Run, list[PageHash]] = {}
+        run = self._run
+        for page in run.keys() & gone:
+            r = run[page]
+            if r in mine:
+                hit.setdefault(r, []).append(page)
+        if not hit:
+            return 0
+        spans: list[tuple[PageHash, int, int]] = []  # (first page, lo, hi) in depth, evicted and counted here
+        for r, got in hit.items():
+            if len(got) == len(r.pages):  # the whole run
+                spans.append((r.pages[0], r.depth, r.depth + len(r.pages)))
+            else:
+                hits = set(got)
+                for lo, hi in _ranges(i for i, p in enumerate(r.pages) if p in hits):
+                    spans.append((r.pages[lo], r.depth + lo, r.depth + hi))
         dropped = 0
         for branch in sorted(self._on_node.get(node, ())):
             b = self._branches[branch]
+            path = b.path
+            cut = tuple(sorted((lo, hi) for first, lo, hi in spans if lo < len(path) and path[lo] == first))
+            if not cut:
+                continue
             current = b.counted[node]
-            if not current.isdisjoint(counted):
-                hit = current & counted
-                dropped += len(hit)
-                self._count(branch, b, node, current - hit)
+            left = _minus(current, cut)
+            if left != current:
+                dropped += _size(current) - _size(left)
+                self._count(branch, b, node, left)
         return dropped
 
     def restore(self, branch: BranchId, state: BranchState) -> None:
         """Persistence hook (`router.branch_snapshot`): recreate `branch` as a snapshot recorded it. Its pages
         are counted again on each node with a phase (so invariant 2 holds by construction); copies on nodes
         without one are dropped, with the targets naming them. Raises ValueError for a branch already here."""
+        if self._exact is not None:
+            return self._exact.restore(branch, state)
         if branch in self._branches:
             raise ValueError(f"branch {branch!r} is already in the table")
-        b = self._branches[branch] = _Branch(state.version, tuple(state.path), frozenset(state.path))
-        for node, pages in state.counted.items():
-            if node in self._phase and pages:
-                self._count(branch, b, node, frozenset(pages))
+        path = tuple(state.path)
+        where = {p: i for i, p in enumerate(path)}
+        counted = {n: pages for n, pages in state.counted.items() if n in self._phase and pages}
+        try:
+            if len(where) != len(path) or any(not where.keys() >= pages for pages in counted.values()):
+                raise _NotChained
+            self._plan(path, 0)
+        except _NotChained:
+            return self._to_exact().restore(branch, state)
+        b = self._branches[branch] = _Branch(state.version, path)
+        self._attach(path, 0)
+        for node, pages in counted.items():
+            self._count(branch, b, node, _ranges(map(where.__getitem__, pages)))
         b.targets = {phase: node for phase, node in state.targets.items() if self._phase.get(node) is phase}
         b.unsettled = set(state.unsettled)
 
@@ -299,36 +577,134 @@ class BranchTable:
 
     def count(self, page: PageHash, node: NodeId) -> int:
         """R[page][node]."""
-        return self._counts.get(node, {}).get(page, 0)
+        if self._exact is not None:
+            return self._exact.count(page, node)
+        r = self._run.get(page)
+        return r.counts.get(node, 0) if r is not None else 0
 
     def counts_for(self, node: NodeId) -> dict[PageHash, int]:
         """A copy of the positive counts on `node`."""
-        return dict(self._counts.get(node, {}))
+        if self._exact is not None:
+            return self._exact.counts_for(node)
+        out: dict[PageHash, int] = {}
+        for r in self._node_runs.get(node, ()):
+            out.update(zip(r.pages, repeat(r.counts[node])))
+        return out
+
+    def _take(self, node: NodeId) -> dict[PageHash, int]:
+        marks = self._dirty.pop(node, None)
+        if not marks:
+            return {}
+        run = self._run
+        out: dict[PageHash, int] = {}
+        for pages, depth in marks:
+            i, n = 0, len(pages)
+            while i < n:
+                r = run.get(pages[i])
+                if r is None:  # no active path holds it, nor (chained) the pages after it
+                    out.update(zip(pages[i:], repeat(0)))
+                    break
+                o = depth + i - r.depth
+                m = min(n - i, len(r.pages) - o)
+                if not (pages is r.pages or pages[i : i + m] == r.pages[o : o + m]):
+                    m = _common(pages[i : i + m], r.pages[o : o + m])  # the rest left the tree
+                    out.update(zip(pages[i : i + m], repeat(r.counts.get(node, 0))))
+                    out.update(zip(pages[i + m :], repeat(0)))
+                    break
+                out.update(zip(pages[i : i + m], repeat(r.counts.get(node, 0))))
+                i += m
+        return out
 
     def take_updates(self, node: NodeId) -> dict[PageHash, int]:
         """Counts on `node` that changed since the last call for it (0 = released); clears the record."""
-        dirty = self._dirty.pop(node, None)
-        if not dirty:
-            return {}
-        counts = self._counts.get(node, {})
-        return dict(zip(dirty, map(counts.get, dirty, repeat(0))))
+        if self._exact is not None:
+            return self._exact.take_updates(node)
+        return self._take(node)
+
+    def dirty_nodes(self) -> tuple[NodeId, ...]:
+        """Nodes with count changes not yet taken (`take_updates`), in the order they first changed."""
+        if self._exact is not None:
+            return self._exact.dirty_nodes()
+        return tuple(n for n, marks in self._dirty.items() if marks)
 
     def branches(self) -> tuple[BranchId, ...]:
+        if self._exact is not None:
+            return self._exact.branches()
         return tuple(self._branches)
 
     def __contains__(self, branch: object) -> bool:
+        if self._exact is not None:
+            return branch in self._exact
         return branch in self._branches
 
     def __len__(self) -> int:
         """Active branches."""
+        if self._exact is not None:
+            return len(self._exact)
         return len(self._branches)
 
+    def _state(self, b: _Branch) -> BranchState:
+        path = b.path
+        counted = {n: frozenset(chain.from_iterable(path[lo:hi] for lo, hi in r)) for n, r in b.counted.items()}
+        return BranchState(b.version, path, counted, dict(b.targets), frozenset(b.unsettled))
+
     def state(self, branch: BranchId) -> BranchState:
-        b = self._row(branch, "read")
-        return BranchState(b.version, b.path, dict(b.counted), dict(b.targets), frozenset(b.unsettled))
+        if self._exact is not None:
+            return self._exact.state(branch)
+        return self._state(self._row(branch, "read"))
 
     def nodes_with_counts(self) -> tuple[NodeId, ...]:
-        return tuple(n for n, c in self._counts.items() if c)
+        if self._exact is not None:
+            return self._exact.nodes_with_counts()
+        return tuple(n for n, runs in self._node_runs.items() if runs)
 
     def phases(self) -> dict[NodeId, Phase]:
+        if self._exact is not None:
+            return self._exact.phases()
         return dict(self._phase)
+
+    @property
+    def runs(self) -> int:
+        """Runs in the tree (0 once page-exact)."""
+        return len(set(map(id, self._run.values())))
+
+    def check(self) -> None:
+        """Assert invariant 5 and the counts against the branches' ranges (for tests; walks everything)."""
+        if self._exact is not None:
+            return
+        runs = {id(r): r for r in self._run.values()}.values()
+        for r in runs:
+            assert r.pages and all(self._run[p] is r for p in r.pages), "a run's pages map to it"
+            assert r.refs > 0
+            assert all(c > 0 for c in r.counts.values())
+            kids = sum(1 for s in runs if s.parent is not None and s.parent == r.pages[-1])
+            assert kids == r.children, (kids, r.children)
+            if r.parent is not None:
+                up = self._run[r.parent]
+                assert up.depth + len(up.pages) == r.depth and up.pages[-1] == r.parent
+            else:
+                assert r.depth == 0
+        refs: dict[int, int] = {}
+        counts: dict[int, dict[NodeId, int]] = {}
+        for b in self._branches.values():
+            i = 0
+            while i < len(b.path):
+                r = self._run[b.path[i]]
+                assert r.depth == i and b.path[i : i + len(r.pages)] == r.pages, "a path holds whole runs"
+                refs[id(r)] = refs.get(id(r), 0) + 1
+                i += len(r.pages)
+            for node, ranges in b.counted.items():
+                assert ranges and all(lo < hi <= len(b.path) for lo, hi in ranges)
+                for lo, hi in ranges:
+                    i = lo
+                    while i < hi:
+                        r = self._run[b.path[i]]
+                        assert r.depth == i and i + len(r.pages) <= hi, "ranges end at run boundaries"
+                        per = counts.setdefault(id(r), {})
+                        per[node] = per.get(node, 0) + 1
+                        i += len(r.pages)
+        for r in runs:
+            assert refs.get(id(r), 0) == r.refs, "refs count the paths through the run"
+            assert counts.get(id(r), {}) == r.counts, "a run's counts are its branches' ranges"
+        for node, mine in self._node_runs.items():
+            assert set(map(id, mine)) == {id(r) for r in runs if node in r.counts}

@@ -38,7 +38,7 @@ from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier
-from evolving_infra.router.branches import BranchTable
+from evolving_infra.router.branches import BranchTable, PageBranchTable
 from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.core.effects import PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
@@ -95,7 +95,7 @@ class RouterCore:
         binder: DecodeBinder,
         settings: CoreSettings | None = None,
         directory: KvDirectory | None = None,
-        branches: BranchTable | None = None,
+        branches: BranchTable | PageBranchTable | None = None,
     ) -> None:
         self.nodes: dict[NodeId, NodeTrack] = dict(nodes)
         self.settings = settings or CoreSettings()
@@ -114,6 +114,7 @@ class RouterCore:
         self.last_switch_end: float | None = None
         name = getattr(router, "name", None)
         self._pool_fetches_prefix = self.settings.shared_pool and name is not PrefillPolicyName.TTFT
+        self._order: dict[NodeId, int] = {}  # position of each node in `nodes` (rebuilt when a node joins)
 
     # -- nodes -----------------------------------------------------------------------------------------
     def add_node(self, node: NodeTrack, phase: Phase) -> None:
@@ -137,9 +138,17 @@ class RouterCore:
 
     # -- counts ----------------------------------------------------------------------------------------
     def take_counts(self) -> list[PushCounts]:
-        """Every count changed since the last call, per node (in node order)."""
+        """Every count changed since the last call, per node (in node order); only the nodes whose counts
+        changed are visited."""
+        dirty = self.branches.dirty_nodes()
+        if not dirty:
+            return []
+        order = self._order
+        if len(order) != len(self.nodes) or any(node not in order and node in self.nodes for node in dirty):
+            order = self._order = {node: i for i, node in enumerate(self.nodes)}
         take = self.branches.take_updates
-        return [PushCounts(node, updates) for node in self.nodes if (updates := take(node))]
+        mine = sorted((order[node], node) for node in dirty if node in order)
+        return [PushCounts(node, updates) for _, node in mine if (updates := take(node))]
 
     def absorb(self, events: Iterable[KvEvent]) -> list[PushCounts]:
         """KV events to the directory, host removals to the branch counts; the count changes (none if no events)."""
