@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress
-from operator import not_
+from itertools import compress, filterfalse
+from operator import itemgetter, not_
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -101,15 +101,15 @@ class KvPool:
         counts = self._counts
         flipped: set[PageHash]  # pages whose count went from 0 to positive or back (only read as a set)
         if 0 in values:  # C-level passes: the positive ones as below, the zeros that were counted dropped
-            keys = updates.keys()
+            # (never `keys() - counts.keys()`: a keys view's difference iterates all of `counts`)
             positive = dict(compress(updates.items(), values))
-            dropped = counts.keys() & compress(keys, map(not_, values))
-            flipped = positive.keys() - counts.keys()
+            dropped = set(filter(counts.__contains__, compress(updates.keys(), map(not_, values))))
+            flipped = set(filterfalse(counts.__contains__, positive))
             counts.update(positive)
             deque(map(counts.__delitem__, dropped), maxlen=0)
             flipped |= dropped
         else:  # all positive (the usual case): the new ones flip, and one C-level update
-            flipped = updates.keys() - counts.keys()
+            flipped = set(filterfalse(counts.__contains__, updates))
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
@@ -148,6 +148,15 @@ class KvPool:
     ) -> None:
         """For each (page, parent) of `items` in order: `_stored` in `tier` (unless None), then in L2 if the
         page is in `missing` (write-through). Each tier's latest event grows while its chain continues."""
+        if tier is not None and isinstance(items, list) and len(items) > 1 and (not missing or len(missing) == len(items)):
+            pages, parents = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
+            if parents[1:] == pages[:-1]:  # one chain, written through whole or not at all: the loop below
+                # would append every page after the first to the events the first page joins or starts
+                self._stored_run(tier, items[:1], missing, time)
+                self._outbox[self._last[tier]][3].extend(pages[1:])
+                if missing:
+                    self._outbox[self._last[Tier.HOST]][3].extend(pages[1:])
+                return
         first: list[PageHash] | None = None  # page lists of each tier's latest event, once this run made one
         host: list[PageHash] | None = None
         outbox, last = self._outbox, self._last
@@ -249,7 +258,8 @@ class KvPool:
             self._removed_all(Tier.HOST, victims, now)
         l2.touch_all(set(pages).difference(missing), now)
         if missing:
-            l2.insert_all({page: parent_of[page] for page in pages if page in missing}, now)
+            lacking = list(filter(missing.__contains__, pages))  # in run order
+            l2.insert_all(dict(zip(lacking, map(parent_of.__getitem__, lacking))), now)
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)

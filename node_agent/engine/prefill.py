@@ -38,7 +38,7 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
 from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
-from evolving_infra.node_agent.engine.scan import host_pins, split_prefix
+from evolving_infra.node_agent.engine.scan import host_walk, split_prefix
 from evolving_infra.node_agent.profile import HardwareProfile
 
 
@@ -171,25 +171,9 @@ class PrefillScheduler:
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
         req, l1, l2 = job.req, self.pool.l1, self.pool.l2
         peer_of = {p: run.peer for run in req.fetch for p in run.pages}
-        pins: list[PageHash] = []
-        fetch: list[PageHash] = []
         in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
-        capacity = l2.capacity
-        prefix = req.prompt_pages[: self._max_prefix(req)]
-        if not peer_of:  # nothing to fetch: the same walk with C-level passes
-            pins = host_pins(prefix, in_l2, (in_l1, arriving) if arriving else (in_l1,), capacity)
-            prefix = ()
-        for page in prefix:
-            if len(pins) + len(fetch) >= capacity:
-                break
-            if page in in_l2:
-                pins.append(page)
-            elif page in in_l1 or page in arriving:
-                continue  # reused from L1, or arriving with another request's fetch
-            elif page in peer_of:
-                fetch.append(page)
-            else:
-                break
+        skipped = (in_l1, arriving) if arriving else (in_l1,)  # reused from L1, or arriving with another fetch
+        pins, fetch = host_walk(req.prompt_pages[: self._max_prefix(req)], in_l2, skipped, peer_of.keys(), l2.capacity)
         if fetch and len(fetch) > l2.free and l2.room(pins) < len(fetch):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).

@@ -48,30 +48,43 @@ def split_prefix(
     return list(compress(prefix, head)), list(compress(enumerate(prefix), map(not_, head)))
 
 
-def host_pins(
+def host_walk(
     prefix: Sequence[PageHash],
     host: AbstractSet[PageHash],
     skipped: Sequence[AbstractSet[PageHash]],
+    fetchable: AbstractSet[PageHash],
     limit: int,
-) -> list[PageHash]:
-    """The pages of `prefix` to pin in host memory when nothing is to be fetched: walking `prefix`, a page in
-    `host` is pinned, a page in one of `skipped` (GPU memory, pages arriving) is passed over, any other page
-    ends the walk, and so does reaching `limit` pins. The loop it replaces:
+) -> tuple[list[PageHash], list[PageHash]]:
+    """Host admission's walk over `prefix`: (pages to pin, pages to fetch). A page in `host` is pinned, else a
+    page in one of `skipped` (GPU memory, pages arriving) is passed over, else a page in `fetchable` is
+    fetched, else the walk ends; it also ends once `limit` pages are pinned or fetched. The loop it replaces:
 
         for page in prefix:
-            if len(pins) >= limit: break
+            if len(pins) + len(fetch) >= limit: break
             if page in host: pins.append(page)
             elif any(page in s for s in skipped): continue
+            elif page in fetchable: fetch.append(page)
             else: break
     """
     in_host = list(map(host.__contains__, prefix))
     ok = in_host
+    skip: list[bool] | None = None  # in one of `skipped` (read only where not in `host`)
     for other in skipped:
         if all(ok):
             break
-        ok = list(map(or_, ok, map(other.__contains__, prefix)))
-    pins = list(compress(prefix, in_host[: _leading(ok)]))
-    return pins[: max(0, limit)]
+        flags = list(map(other.__contains__, prefix))
+        skip = flags if skip is None else list(map(or_, skip, flags))
+        ok = list(map(or_, ok, flags))
+    if fetchable and not all(ok):
+        ok = list(map(or_, ok, map(fetchable.__contains__, prefix)))
+    gap = _leading(ok)
+    hosted = in_host[:gap]
+    # within the walk every page is pinned, passed over or fetched: taken = pinned or not passed over
+    take = [True] * gap if skip is None else list(map(or_, hosted, map(not_, skip[:gap])))
+    limit = max(0, limit)
+    taken = list(compress(prefix, take))[:limit]
+    taken_hosted = list(compress(hosted, take))[:limit]
+    return list(compress(taken, taken_hosted)), list(compress(taken, map(not_, taken_hosted)))
 
 
 def missing_pairs(pages: Sequence[PageHash], present: AbstractSet[PageHash]) -> list[Pair]:

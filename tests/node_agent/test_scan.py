@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolving_infra.core.pages import PageHash
-from evolving_infra.node_agent.engine.scan import host_pins, missing_pairs, split_prefix
+from evolving_infra.node_agent.engine.scan import host_walk, missing_pairs, split_prefix
 
 pages_st = st.lists(st.integers(0, 15).map(PageHash), max_size=24)
 set_st = st.frozensets(st.integers(0, 15).map(PageHash), max_size=16)
@@ -26,21 +26,28 @@ def test_split_prefix_is_the_walk(prefix: list[PageHash], first: frozenset[PageH
     assert split_prefix(tuple(prefix), first, second) == (a, b)
 
 
-@given(pages_st, set_st, st.lists(set_st, max_size=2), st.integers(0, 30))
-def test_host_pins_is_the_walk(
-    prefix: list[PageHash], host: frozenset[PageHash], skipped: list[frozenset[PageHash]], limit: int
+@given(pages_st, set_st, st.lists(set_st, max_size=2), set_st, st.integers(0, 30))
+def test_host_walk_is_the_walk(
+    prefix: list[PageHash],
+    host: frozenset[PageHash],
+    skipped: list[frozenset[PageHash]],
+    fetchable: frozenset[PageHash],
+    limit: int,
 ) -> None:
     pins: list[PageHash] = []
+    fetch: list[PageHash] = []
     for page in prefix:
-        if len(pins) >= limit:
+        if len(pins) + len(fetch) >= limit:
             break
         if page in host:
             pins.append(page)
         elif any(page in s for s in skipped):
             continue
+        elif page in fetchable:
+            fetch.append(page)
         else:
             break
-    assert host_pins(tuple(prefix), host, skipped, limit) == pins
+    assert host_walk(tuple(prefix), host, skipped, fetchable, limit) == (pins, fetch)
 
 
 @given(pages_st, set_st)
