@@ -27,7 +27,7 @@ from evolving_infra.router.routing.decode import (
     RoundRobinBinder,
     kv_tokens_needed,
 )
-from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings
+from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings, DynamoLoads
 from evolving_infra.router.routing.inputs import (
     DecodeNodeView,
     PrefillNodeState,
@@ -75,6 +75,7 @@ __all__ = [
     "DecodePolicyName",
     "DynamoKvRouter",
     "DynamoKvSettings",
+    "DynamoLoads",
     "FetchTiming",
     "FewestRequestsBinder",
     "JobTiming",

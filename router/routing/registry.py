@@ -24,7 +24,7 @@ from evolving_infra.router.routing.decode import (
     PowerOfTwoBinder,
     RoundRobinBinder,
 )
-from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings
+from evolving_infra.router.routing.dynamo_kv import DynamoKvRouter, DynamoKvSettings, DynamoLoads
 from evolving_infra.router.routing.least_loaded import LeastLoadedRouter
 from evolving_infra.router.routing.round_robin import RoundRobinRouter
 from evolving_infra.router.routing.sticky import StickyRouter, StickySettings
@@ -44,6 +44,9 @@ class DynamoKvPolicySettings:
     host_credit: float = 0.75
     disk_credit: float = 0.25
     pool_credit: float = 0.0
+    loads: DynamoLoads = DynamoLoads.DYNAMO
+    """`dynamo` (as Dynamo's router source: new blocks and distinct active pages) or `prompt-blocks` (the paper's
+    appendix A.3 reading: whole prompts, no sharing)."""
 
 
 def _dynamo(pool: bool) -> Any:

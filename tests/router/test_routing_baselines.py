@@ -18,6 +18,7 @@ from evolving_infra.router.routing import (
     CacheAwareSettings,
     DynamoKvRouter,
     DynamoKvSettings,
+    DynamoLoads,
     FetchTiming,
     PrefillNodeView,
     PrefillPolicyName,
@@ -187,10 +188,11 @@ def test_sticky_keeps_a_branch_on_its_node_and_places_new_branches_on_the_least_
         (10, 0, 0, 0, 0, 0.0),
     ],
 )
-def test_dynamo_cost_formula(
+def test_dynamo_cost_formula_in_the_papers_reading(
     gpu: int, host: int, disk: int, charged: int, decode_only: int, expected_cost: float
 ) -> None:
-    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False))
+    """`loads=prompt-blocks` (shared/baselines.md, the paper's A.3): whole prompts charged, credit off the sum."""
+    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False, loads=DynamoLoads.PROMPT_BLOCKS))
     for _ in range(charged):
         send(router, request(10, prefix=9), "p-a")
     for _ in range(decode_only):
@@ -207,14 +209,15 @@ def test_dynamo_cost_formula(
 def test_dynamo_lowest_cost_wins_and_the_node_recomputes_what_it_lacks() -> None:
     router = DynamoKvRouter()
     for _ in range(3):
-        send(router, request(10), "p-a")
+        send(router, request(10), "p-a")  # sent without a credit: each computes its 10 blocks there
     holder = PrefillNodeView(NodeId("p-a"), own_gpu_pages=10, cluster_prefix_pages=10)
     empty = PrefillNodeView(NodeId("p-b"), cluster_prefix_pages=10, fetch_pages=10)
     decision = router.route(request(10, extra=5), [holder, empty], now=0.0)
-    # p-a: 30 + 10 - 10 + 30 = 60 blocks (11 prompt blocks with the partial one: 30 + 11 - 10 + 30 = 61)
+    # p-a: prefill 30 charged + (11 prompt blocks - 10 credit) = 31; decode: the 10 pages the three share, once,
+    # and the request's 10 full pages are among them -> 41. p-b: 11 + 10 new pages = 21.
     assert decision.node == "p-b" and decision.reason is RouteReason.LOWEST_KV_COST
-    assert decision.score_of(NodeId("p-a")).score == pytest.approx(61.0)
-    assert decision.score_of(NodeId("p-b")).score == pytest.approx(11.0)
+    assert decision.score_of(NodeId("p-a")).score == pytest.approx(41.0)
+    assert decision.score_of(NodeId("p-b")).score == pytest.approx(21.0)
     assert (decision.fetch_tokens, decision.recompute_tokens, decision.fetch_timing) == (0, 10 * PAGE, FetchTiming.NONE)
 
 
@@ -262,22 +265,90 @@ def test_dynamo_adjusted_cost_is_never_negative(
     for view in nodes:
         cost = router.cost(req, view)
         assert cost.adjusted_prefill >= 0 and cost.cost >= 0
-        assert cost.adjusted_prefill >= cost.raw_prefill - cost.credit
+        assert cost.adjusted_prefill >= cost.raw_prefill - cost.credit - 1e-9
     decision = router.route(req, nodes, now=0.0)
     assert decision.score_of(decision.node).score == min(s.score for s in decision.diagnostics)
 
 
-def test_dynamo_charges_follow_first_token_and_finish() -> None:
-    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False))  # an aggregated worker decodes it too
+@pytest.mark.parametrize(("loads", "idle_cost"), [(DynamoLoads.PROMPT_BLOCKS, 4.0), (DynamoLoads.DYNAMO, 8.0)])
+def test_dynamo_charges_follow_first_token_and_finish(loads: DynamoLoads, idle_cost: float) -> None:
+    router = DynamoKvRouter(DynamoKvSettings(disaggregated=False, loads=loads))  # an aggregated worker decodes it too
     r = request(10)
     send(router, r, "p-a")
     view = PrefillNodeView(NodeId("p-a"))
+    # request(4) shares its 4 pages with r: with Dynamo's loads they are already active (decode 10 + 0 new)
     assert (router.cost(request(4), view).charged_prefill, router.cost(request(4), view).decode_blocks) == (10, 10)
     router.on_first_token(r.id, now=1.0)
     router.on_first_token(r.id, now=1.5)  # repeated report: no double release
     assert (router.cost(request(4), view).charged_prefill, router.cost(request(4), view).decode_blocks) == (0, 10)
     router.on_finished(r.id, now=2.0)
-    assert router.cost(request(4), view).cost == 4.0
+    assert router.cost(request(4), view).cost == idle_cost  # 4 prefill blocks (+ its own 4 pages with Dynamo's)
+
+
+def test_dynamo_loads_count_shared_pages_once_and_charge_only_what_is_computed() -> None:
+    """As Dynamo's router keeps its loads (module docstring): a worker's decode load is its distinct active
+    pages plus the request's pages not among them, and a routed request charges prefill with the blocks it
+    computes there (prompt blocks less the credit it was routed with)."""
+    router = DynamoKvRouter()
+    for _ in range(2):
+        send(router, request(10, prefix=1), "p-a")  # same ten pages twice
+    view = PrefillNodeView(NodeId("p-a"))
+    other = request(5, prefix=2)
+    assert router.cost(other, view).decode_blocks == 10 + 5
+    assert DynamoKvRouter(DynamoKvSettings(loads=DynamoLoads.PROMPT_BLOCKS)).cost(other, view).decode_blocks == 0
+    fresh = DynamoKvRouter()
+    holder = PrefillNodeView(NodeId("p-h"), own_gpu_pages=8, own_host_pages=2, cluster_prefix_pages=10)
+    r = request(10, prefix=3, extra=5)  # 11 prompt blocks, credit 8 + 1.5
+    decision = fresh.route(r, [holder], now=0.0)
+    fresh.on_routed(r, decision, now=0.0)
+    assert fresh.cost(request(1, prefix=4), PrefillNodeView(NodeId("p-h"))).charged_prefill == pytest.approx(1.5)
+    fresh.on_first_token(r.id, now=1.0)  # disaggregated: gone from the prefill worker
+    assert fresh.cost(request(1, prefix=4), PrefillNodeView(NodeId("p-h"))).cost == pytest.approx(2.0)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["route", "first", "finish"]), st.integers(0, 5), st.integers(0, 2),
+                          st.integers(1, 6), st.booleans()), max_size=40))  # fmt: skip
+def test_dynamo_active_pages_are_the_distinct_pages_of_the_active_requests(
+    steps: list[tuple[str, int, int, int, bool]],
+) -> None:
+    """Against a plain recount: after any order of routing, first tokens and finishes (repeats included), each
+    worker's decode load is the number of distinct full pages of its active requests, its prefill charge the
+    prompt blocks of those still prefilling; everything returns to zero when all are done."""
+    for disaggregated in (True, False):
+        router = DynamoKvRouter(DynamoKvSettings(disaggregated=disaggregated))
+        reqs: list[tuple[RouteRequest, str]] = []
+        prefilling: set[int] = set()
+        active: set[int] = set()
+        for op, key, node_i, pages, fam in steps:
+            node = f"p{node_i}"
+            if op == "route":
+                r = request(pages, prefix=1 + int(fam))
+                reqs.append((r, node))
+                send(router, r, node)
+                prefilling.add(len(reqs) - 1)
+                active.add(len(reqs) - 1)
+                continue
+            if not reqs:
+                continue
+            key %= len(reqs)
+            if op == "first":
+                router.on_first_token(reqs[key][0].id, now=0.0)
+                prefilling.discard(key)
+                if disaggregated:
+                    active.discard(key)
+            else:
+                router.on_finished(reqs[key][0].id, now=0.0)
+                prefilling.discard(key)
+                active.discard(key)
+        probe = request(1, prefix=99)
+        for node in ("p0", "p1", "p2"):
+            pages = {h for k in active if reqs[k][1] == node for h in reqs[k][0].page_hashes}
+            blocks = sum(len(reqs[k][0].page_hashes) for k in prefilling if reqs[k][1] == node)
+            cost = router.cost(probe, PrefillNodeView(NodeId(node)))
+            assert (cost.decode_blocks, cost.charged_prefill) == (len(pages) + 1, pytest.approx(blocks))
+        for r, _ in reqs:
+            router.on_finished(r.id, now=1.0)
+        assert not router._active and not router._prefill and not router._decode  # noqa: SLF001
 
 
 def test_dynamo_disaggregated_prefill_worker_is_free_of_a_request_at_its_first_token() -> None:
@@ -287,11 +358,11 @@ def test_dynamo_disaggregated_prefill_worker_is_free_of_a_request_at_its_first_t
     r = request(10)
     send(router, r, "p-a")
     view = PrefillNodeView(NodeId("p-a"))
-    assert router.cost(request(4), view).cost == 24.0  # 10 charged + 4 new + 10 decode
+    assert router.cost(request(4), view).cost == 24.0  # 10 charged + 4 new + 10 active pages (its 4 among them)
     router.on_first_token(r.id, now=1.0)
-    assert router.cost(request(4), view).cost == 4.0
+    assert router.cost(request(4), view).cost == 8.0  # 4 new + its own 4 pages
     router.on_finished(r.id, now=2.0)  # finishing later on a decode node releases nothing twice
-    assert router.cost(request(4), view).cost == 4.0
+    assert router.cost(request(4), view).cost == 8.0
 
 
 # --- round robin ---------------------------------------------------------------------------------------
