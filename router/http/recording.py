@@ -5,6 +5,11 @@ over, the output's token ids and the first token's time when it ends (however it
 Branches are keyed by `BranchRef.scoped_id()` (tenants kept apart); the recorder writes its own ids, never the
 client's. The clock is injected (the router's).
 
+Times are the HTTP front end's, as near the client as the router sees: a request arrives when the front end
+received it (`RequestContext.arrived_at`: before its body was read, parsed and checked; the handover time outside
+a front end), and its first token counts once the front end has written it to the client's stream (the
+generator resumes after the front end wrote the chunk), not when the backend produced it.
+
 `write_recording` writes the trace and the fitted node models at shutdown.
 
 Boundary: async glue between the HTTP front end's backend protocol and the pure recorder, and the two files.
@@ -12,6 +17,7 @@ Boundary: async glue between the HTTP front end's backend protocol and the pure 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -28,6 +34,7 @@ from evolving_infra.router.http.backend import (
     TokenChunk,
 )
 from evolving_infra.router.fitting import FittedNodeModel
+from evolving_infra.router.http.state import CURRENT
 from evolving_infra.router.recording import TraceRecorder, models_document
 from evolving_infra.traces.writer import write_records
 
@@ -45,21 +52,24 @@ class RecordingBackend:
     async def complete(self, request: CompletionRequest) -> AsyncIterator[TokenChunk]:
         rid = str(request.request_id)
         parent = request.parent.scoped_id() if request.parent is not None else None
-        self.recorder.begin(rid, request.branch.scoped_id(), parent, request.prompt_token_ids, self.clock())
+        arrived = self.clock() - _since_arrival()
+        self.recorder.begin(rid, request.branch.scoped_id(), parent, request.prompt_token_ids, arrived)
         output: list[int] = []
         first: float | None = None
         cached: int | None = None
         stream = self.inner.complete(request)
         try:
             async for chunk in stream:
-                if chunk.token_ids and first is None:
-                    first = self.clock()
                 output.extend(chunk.token_ids)
                 if chunk.cached_tokens is not None:
                     cached = chunk.cached_tokens
                 yield chunk
+                if chunk.token_ids and first is None:
+                    first = self.clock()  # the front end wrote it and asks for more
         finally:
-            self.recorder.end(rid, output, self.clock(), first_token_s=first, cached_tokens=cached)
+            end = self.clock()
+            first = first if first is not None or not output else end  # the stream ended at its first tokens
+            self.recorder.end(rid, output, end, first_token_s=first, cached_tokens=cached)
             close = getattr(stream, "aclose", None)
             if close is not None:
                 await close()
@@ -74,6 +84,14 @@ class RecordingBackend:
 
     def readiness(self) -> Readiness:
         return self.inner.readiness()
+
+
+def _since_arrival() -> float:
+    """Seconds since the HTTP front end received the current request (0 outside a front end's request)."""
+    context = CURRENT.get(None)
+    if context is None:
+        return 0.0
+    return max(0.0, asyncio.get_running_loop().time() - context.arrived_at)
 
 
 def write_recording(

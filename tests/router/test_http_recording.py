@@ -52,3 +52,27 @@ def test_chat_turns_through_http_are_recorded_as_a_valid_trace() -> None:
     assert sub.relation is Relation.FORK and sub.keep > 0  # shares the system prompt's pages with main
     assert [e.branch for e in trace.branch_ends] == ["b1"]
     assert main_requests[1].after[-1] == sub.id, "the parent's next turn waits for the finished sub-agent"
+
+
+def test_times_are_the_front_ends_arrival_and_the_first_token_handed_to_it() -> None:
+    """A request is recorded from when the front end received it (`RequestContext.arrived_at`, before its body
+    was parsed), and its first token once the front end took it and asked for more (it had written it)."""
+    from evolving_infra.core.types import RequestId
+    from evolving_infra.router.http.backend import BranchRef, CompletionRequest
+    from evolving_infra.router.http.state import CURRENT, RequestContext
+
+    recorder = TraceRecorder(4)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        backend = RecordingBackend(FakeBackend(), recorder, clock=loop.time)
+        CURRENT.set(RequestContext(RequestId("q1"), loop.time() - 0.2))  # the front end got it 0.2 s ago
+        request = CompletionRequest(RequestId("q1"), "m", tuple(range(10)), BranchRef(None, "main"), max_tokens=3)
+        stream = backend.complete(request)
+        async for chunk in stream:
+            if chunk.token_ids:
+                await asyncio.sleep(0.1)  # the front end writing the first token
+
+    asyncio.run(main())
+    (row,) = [r for r in recorder.records() if r["kind"] == "request"]
+    assert row["recorded_ttft_s"] >= 0.3 and row["recorded_e2e_s"] >= row["recorded_ttft_s"]
