@@ -151,7 +151,8 @@ class BranchTable:
 
     __slots__ = ("_branches", "_phase", "_run", "_node_runs", "_on_node", "_dirty", "_exact", "stats")
 
-    def __init__(self, phases: dict[NodeId, Phase] | None = None) -> None:
+    def __init__(self, phases: dict[NodeId, Phase] | None = None, *, page_exact: bool = False) -> None:
+        """`page_exact`: keep the counts page by page from the start (the oracle's form, for comparisons)."""
         self._branches: dict[BranchId, _Branch] = {}
         self._phase: dict[NodeId, Phase] = dict(phases or {})
         self._run: dict[PageHash, _Run] = {}  # every page of an active path -> its run
@@ -160,6 +161,8 @@ class BranchTable:
         self._dirty: dict[NodeId, list[tuple[tuple[PageHash, ...], int]]] = {}  # changed (pages, depth)
         self._exact: PageBranchTable | None = None
         self.stats = BranchStats()
+        if page_exact:
+            self._to_exact()
 
     # ------------------------------------------------------------------------------------------ runs
     def _split(self, r: _Run, o: int) -> None:

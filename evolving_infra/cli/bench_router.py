@@ -40,6 +40,7 @@ from evolving_infra.core.kv_events import KvStored
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, RequestId, Tier
 from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core import CoreSettings, NodeTrack, PoolSnapshot, RoutedRequest, RouterCore
 from evolving_infra.router.http import RouterHttpSettings, start_server
 from evolving_infra.router.http.backend import BranchRef, CompletionRequest
@@ -58,6 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--decisions", type=int, default=2000, help="timed routing decisions")
     p.add_argument("--http-requests", type=int, default=400, help="timed HTTP requests (and as many direct calls)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--page-exact-counts", action="store_true",
+                   help="keep the branch counts page by page (the oracle's form) instead of per run, to compare")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(handler=_router)
     s = sub.add_parser("switch", help="phase-switch time after drain on a local cluster (node-reported)")
@@ -71,15 +74,18 @@ def _pages(tag: str, n: int) -> tuple[PageHash, ...]:
     return tuple(chain_hashes(f"{tag}:{i}".encode() for i in range(n)))
 
 
-def build_core(prefill_nodes: int, prefixes: int, branches: int, rng: random.Random) -> tuple[RouterCore, list[tuple[str, tuple[PageHash, ...]]]]:
+def build_core(
+    prefill_nodes: int, prefixes: int, branches: int, rng: random.Random, *, page_exact_counts: bool = False
+) -> tuple[RouterCore, list[tuple[str, tuple[PageHash, ...]]]]:
     shape = shape_from_profile(load_profile(PROFILE))
     nodes = [NodeId(f"p{i:03d}") for i in range(prefill_nodes)] + [NodeId(f"d{i:02d}") for i in range(max(1, prefill_nodes // 3))]
     tracks = {}
     for n in nodes:
         phase = Phase.PREFILL if n.startswith("p") else Phase.DECODE
         tracks[n] = NodeTrack(n, phase, mode=NodeMode(phase.value), pool=PoolSnapshot(PT, l1_free=100_000, l1_cached=50_000))
+    table = BranchTable({n: t.phase or Phase.PREFILL for n, t in tracks.items()}, page_exact=page_exact_counts)
     core = RouterCore(tracks, router=make_prefill_router("ttft"), binder=make_decode_binder("fewest-requests", random.Random(1)),
-                      settings=CoreSettings(shared_pool=True, kv_capacity_tokens=shape.l1_tokens))  # fmt: skip
+                      settings=CoreSettings(shared_pool=True, kv_capacity_tokens=shape.l1_tokens), branches=table)  # fmt: skip
     prefill = [n for n in nodes if n.startswith("p")]
     for n in nodes:
         core.router_models[n] = shape.router_model()
@@ -131,16 +137,18 @@ def _request(core: RouterCore, rid: str, branch: str, path: tuple[PageHash, ...]
 
 def bench_decisions(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    core, contexts = build_core(args.prefill_nodes, args.prefixes, args.branches, rng)
+    core, contexts = build_core(args.prefill_nodes, args.prefixes, args.branches, rng, page_exact_counts=args.page_exact_counts)
     requests = [_request(core, f"t{i}", *rng.choice(contexts), rng) for i in range(args.decisions)]
     latencies, cpu = [], []
+    pushed = 0
     now = 1.0
     gc.collect()  # the setup's garbage is not the router's: do not time its collection
     for req in requests:
         started, cpu_started = time.perf_counter(), time.thread_time()
-        core.route(req, now)
+        routed = core.route(req, now)
         cpu.append(time.thread_time() - cpu_started)
         latencies.append(time.perf_counter() - started)
+        pushed += sum(len(push.counts) for push in routed.counts) if routed is not None else 0
         core.forget(req, now)
         now += 0.001
     latencies.sort()
@@ -157,6 +165,8 @@ def bench_decisions(args: argparse.Namespace) -> dict[str, Any]:
         "decisions_per_cpu_s": len(cpu) / sum(cpu), "latency_cpu_p50_ms": 1e3 * cpu[len(cpu) // 2],
         "latency_cpu_p99_ms": p99(cpu),
         "mean_queue": statistics.fmean(len(t.sent) for t in core.nodes.values() if t.phase is Phase.PREFILL),
+        "count_updates_per_decision": pushed / len(latencies),
+        "branch_counts": "pages" if core.branches.stats.page_exact else "runs", "branch_runs": core.branches.runs,
     }  # fmt: skip
 
 

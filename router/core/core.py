@@ -38,7 +38,7 @@ from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier
-from evolving_infra.router.branches import BranchTable, PageBranchTable
+from evolving_infra.router.branches import BranchTable
 from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.core.effects import PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
@@ -95,7 +95,7 @@ class RouterCore:
         binder: DecodeBinder,
         settings: CoreSettings | None = None,
         directory: KvDirectory | None = None,
-        branches: BranchTable | PageBranchTable | None = None,
+        branches: BranchTable | None = None,
     ) -> None:
         self.nodes: dict[NodeId, NodeTrack] = dict(nodes)
         self.settings = settings or CoreSettings()
