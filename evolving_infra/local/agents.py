@@ -8,6 +8,12 @@ branch, the parent-branch header. A branch that ends is finished with `POST /v1/
 Time: the replay clock is emulated seconds, `speed_up` x the wall seconds since the replay began, the nodes' clock
 rate, so the trace's pauses (`delay_s`) and the records are in the same seconds as the node agents' times.
 
+Connections: like an agent framework's HTTP client, the agents share one pool of persistent (keep-alive)
+connections, and `warm_connections` of them are opened before the replay clock starts (one `GET /v1/models`
+each, at once), so the first requests do not pay for connection set-up and the client's first use of its HTTP
+stack. A request's latency is measured by the client: from its issue (the request leaves the client) to the
+first token and the last one read from the stream.
+
 Bounds: at most `max_in_flight` requests are open at once (the rest wait; their latency counts from when they were
 due); each request has a wall-clock deadline; an overload answer (503 with `x-should-retry: true`) is retried a
 few times before its first byte; a request that still fails is counted as failed and completed for the replayer,
@@ -69,6 +75,11 @@ class ClientSettings:
     """Call `POST /v1/branches/{id}/finish` when a branch ends (our router's API; other gateways have none)."""
     model: str | None = None
     """The `model` field of each request (None: not sent; SGLang's gateway requires one)."""
+    warm_connections: int = 16
+    """Connections opened before the replay starts: at most this many, one per agent of the trace (0: none)."""
+    keepalive_s: float = 8.0
+    """Wall seconds an idle pooled connection is kept (shorter than the router's idle limit, 10 s by default, so
+    the client, not the server, closes it: no request is sent on a connection the server is closing)."""
 
 
 @dataclass
@@ -131,6 +142,8 @@ class AgentClients:
         self._t0 = 0.0
         self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._session: aiohttp.ClientSession | None = None
+        self.warmed = 0
+        """Connections opened before the replay (`_open_connections`)."""
 
     def now(self) -> float:
         """Replay time: emulated seconds since the replay began."""
@@ -141,9 +154,11 @@ class AgentClients:
         self._t0 = loop.time()
         stopped_by = "completed"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-        connector = aiohttp.TCPConnector(limit=self.settings.max_in_flight + 8)
+        connector = aiohttp.TCPConnector(limit=self.settings.max_in_flight + 8, keepalive_timeout=self.settings.keepalive_s)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._session = session
+            self.warmed = await self._open_connections(session)
+            self._t0 = loop.time()
             self._apply(self.replayer.start(0.0))
             while not self.replayer.done:
                 if stop.is_set():
@@ -166,6 +181,22 @@ class AgentClients:
             self._session = None
         wall = loop.time() - self._t0
         return ReplayResult(self.records, self.progress, self.replayer.done, stopped_by, wall, wall * self.settings.speed_up)
+
+    async def _open_connections(self, session: aiohttp.ClientSession) -> int:
+        """Open the pool's first connections (module docstring); returns how many answered. Best effort: a
+        server without `/v1/models` leaves the pool to open connections on demand."""
+        count = min(self.settings.warm_connections, self.settings.max_in_flight, len(self.trace.agents))
+
+        async def one() -> bool:
+            try:
+                async with session.get(f"{self.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                    await answer.read()
+                    return answer.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+                log.debug("opening a connection failed: %s", error)
+                return False
+
+        return sum(await asyncio.gather(*(one() for _ in range(max(0, count)))))
 
     async def _drain(self, on_tick: Callable[[ReplayProgress], None] | None) -> None:
         """Let requests in flight finish (at most `drain_s`), then cancel what is left."""
