@@ -98,8 +98,12 @@ class WindowShape:
     start_s: float
     end_s: float
     shapes: dict[str, Shape]
-    busy_branches: float
-    """Mean number of branches alive in the window (first issue to last finish): table C.3's N_branch."""
+    alive_branches: float
+    """Mean number of branches alive in the window (first issue to last finish; a parent waiting for its
+    sub-agents counts)."""
+    little_branches: float
+    """Table C.3's Little's-law figure X x (E2E + pause): the window's requests per second times their mean
+    latency plus mean `delay_s` (a parent's wait for its sub-agents is not a pause)."""
     requests_per_s: float
     timeline: Timeline
 
@@ -113,11 +117,14 @@ def window_shape(records: Sequence[Mapping[str, object]], agents: int, start_s: 
     counted = {rid for rid, t in tl.issue.items() if start_s <= t < end_s}
     alive = sum(max(0.0, min(b, end_s) - max(a, start_s)) for a, b in tl.branch_span.values())
     span = end_s - start_s
-    return WindowShape(start_s, end_s, shapes(records, only=counted), alive / span, len(counted) / span, tl)
+    found = shapes(records, only=counted)
+    cycle = sum(tl.finish[r] - tl.issue[r] for r in counted) + sum(s.pause_s for s in found.values())
+    return WindowShape(start_s, end_s, found, alive / span, cycle / span, len(counted) / span, tl)
 
 
 def format_window(w: WindowShape) -> str:
     head = (f"closed loop, requests issued in [{w.start_s:g}, {w.end_s:g}) s at fixed latencies: "
-            f"{w.requests_per_s:.2f} req/s, {w.busy_branches:.1f} busy branches, "
+            f"{w.requests_per_s:.2f} req/s, {w.little_branches:.1f} busy branches X x (E2E + pause) "
+            f"({w.alive_branches:.1f} alive), "
             f"{w.timeline.agents_started} agents started{' (trace ran out)' if w.timeline.ran_out else ''}")  # fmt: skip
     return "\n".join([head, *(format_shape(label, s) for label, s in w.shapes.items())])

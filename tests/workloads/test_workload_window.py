@@ -59,7 +59,8 @@ def test_a_late_window_sees_older_agents_and_flags_a_short_trace() -> None:
     records: list[dict[str, Any]] = generate("cc", 40, 1)
     early, late = window_shape(records, 10, 0, 600), window_shape(records, 10, 1800, 2400)
     assert late.shapes["cc"].mean_prompt > early.shapes["cc"].mean_prompt
-    assert late.busy_branches >= 10 and late.requests_per_s > 0
+    assert late.alive_branches >= 10 and late.requests_per_s > 0
+    assert 0 < late.little_branches <= late.alive_branches + 1e-9
     assert not late.timeline.ran_out
     assert window_shape(generate("cc", 3, 1), 10, 1800, 2400).timeline.ran_out
 
