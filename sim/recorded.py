@@ -23,8 +23,17 @@ decode iteration, calibrated from the recording's own timestamps against a repla
   of the prompt's KV (real bytes over gRPC instead of the profile's link), and the first token's way back
   (the client sees it from the decode node, after its first iteration; the simulator's TTFT ends at the
   prefill). Charged on each replayed request's first token and end (`charge_records`).
-Medians keep a few cold requests (first connections, requests that arrived together on a busy machine) from
-setting the constant; what they cost beyond it stays uncharged, and the fidelity check shows it.
+- `cold_start_s`: once, at the start: how much longer than `request_s` the recording's first request took (its
+  residual once the iteration cost is charged, less `request_s`). This is the live cluster's start-up transient
+  (the first RPCs, streams and KV pulls of freshly started processes, stretched by the machine's load). It is
+  charged inside the simulation as a start-up hold (`hold_start`): the agents that start before the first
+  request's arrival + `cold_start_s` start `cold_start_s` later (in the same order and at the same gaps, which
+  decide who waits for whose prefix), their latency still counted from when they were due, and requests that
+  wait on them (for their context, or for a shared prefix they compute) wait longer too. One
+  sample, the one there is: the hold is measured on the run, not predicted; the requests it delays besides the
+  first are.
+Medians keep a few slow requests (requests that arrived together on a busy machine) from setting the constants;
+what they cost beyond them stays uncharged, and the fidelity check shows it.
 
 Boundary: pure conversion (plus reading the JSON file in `load_models`).
 """
@@ -42,6 +51,7 @@ from typing import Any
 
 from evolving_infra.node_agent.profile import DecodeModel, GroundTruth, HardwareProfile, PrefillModel
 from evolving_infra.sim.records import RequestRecord
+from evolving_infra.traces.records import Trace
 
 MODELS_KIND = "evolving-infra-node-models"
 
@@ -75,24 +85,30 @@ class LivePathOverheads:
     """Per decode iteration: added to eq. 2's fixed cost d0."""
     requests: int
     """Requests the medians were taken over."""
+    cold_start_s: float = 0.0
+    """Once, at the start: a hold before the cluster takes in its first requests (`hold_start`)."""
 
     def __post_init__(self) -> None:
-        for name in ("request_s", "iteration_s"):
+        for name in ("request_s", "iteration_s", "cold_start_s"):
             value = getattr(self, name)
             if not math.isfinite(value):
                 raise ValueError(f"live_path.{name} must be finite, got {value}")
+        if self.cold_start_s < 0:
+            raise ValueError(f"live_path.cold_start_s must be >= 0, got {self.cold_start_s}")
         if self.requests < 1:
             raise ValueError(f"live_path.requests must be >= 1, got {self.requests}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "method": "median residuals of the recording against an uncharged replay"}
+        return {**dataclasses.asdict(self), "method": "median residuals of the recording against an uncharged replay; "
+                "cold_start_s: the first request's residual beyond request_s"}  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "live_path") -> LivePathOverheads:
         if not isinstance(doc, dict):
             raise ModelsFileError(f"{source}: 'live_path' must be an object")
         try:
-            return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]))
+            return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]),
+                       float(doc.get("cold_start_s", 0.0)))  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelsFileError(f"{source}: bad live_path: {exc}") from None
 
@@ -108,7 +124,8 @@ def calibrate_overheads(
 ) -> LivePathOverheads:  # fmt: skip
     """The live path's overheads from the recording's own timestamps (`recorded_ttft_s`, `recorded_e2e_s` of its
     request rows, emulated seconds): `iteration_s` against the replay that charges nothing (`uncharged`),
-    `request_s` against the replay that charges only that (`charged_iterations`). Replay records
+    `request_s` against the replay that charges only that (`charged_iterations`), and `cold_start_s` from the
+    first request (the earliest `recorded_arrival_s`; 0 when the rows carry no arrivals). Replay records
     are matched to rows by request id; rows without both times, or not replayed, are left out. Negative
     estimates are charged as 0."""
     rows = {str(r["id"]): r for r in recorded if r.get("recorded_ttft_s") is not None and r.get("recorded_e2e_s") is not None}
@@ -121,11 +138,35 @@ def calibrate_overheads(
                    for s in charged_iterations if s.request_id in rows]  # fmt: skip
     if not per_iteration or not per_request:
         raise ValueError("no recorded request with its TTFT and E2E was replayed: nothing to calibrate on")
+    request_s = max(0.0, statistics.median(per_request))
+    replayed = {s.request_id: s for s in charged_iterations if s.request_id in rows}
+    arrivals = [(float(rows[rid]["recorded_arrival_s"]), rid) for rid in replayed if rows[rid].get("recorded_arrival_s") is not None]
+    cold = 0.0
+    if arrivals:
+        first = replayed[min(arrivals)[1]]
+        cold = max(0.0, float(rows[first.request_id]["recorded_ttft_s"]) - (first.first_token - first.issued) - request_s)
     return LivePathOverheads(
-        request_s=max(0.0, statistics.median(per_request)),
-        iteration_s=max(0.0, statistics.median(per_iteration)),
-        requests=len(per_request),
-    )
+        request_s=request_s, iteration_s=max(0.0, statistics.median(per_iteration)), requests=len(per_request),
+        cold_start_s=cold,
+    )  # fmt: skip
+
+
+def hold_start(trace: Trace, hold_s: float) -> tuple[Trace, dict[str, float]]:
+    """`trace` with the cluster's start-up hold: agents that start before the first agent's start + `hold_s`
+    start `hold_s` later (gaps kept). Also returns, per request it moved (each held agent's first requests: those waiting on
+    nothing), the time it was due, for `count_from_due`."""
+    if hold_s <= 0 or not trace.agents:
+        return trace, {}
+    until = min(a.start_s for a in trace.agents.values()) + hold_s
+    held = {aid: a.start_s for aid, a in trace.agents.items() if a.start_s < until}
+    agents = {aid: dataclasses.replace(a, start_s=a.start_s + hold_s) if aid in held else a for aid, a in trace.agents.items()}
+    due = {str(r.id): held[r.agent] + r.delay_s for r in trace.requests if r.agent in held and not r.after}
+    return dataclasses.replace(trace, agents=agents), due
+
+
+def count_from_due(records: Sequence[RequestRecord], due: Mapping[str, float]) -> list[RequestRecord]:
+    """Records of a held replay (`hold_start`) with each moved request's latency counted from when it was due."""
+    return [dataclasses.replace(r, since=min(r.origin, due[r.request_id])) if r.request_id in due else r for r in records]
 
 
 def with_iteration_cost(profile: HardwareProfile, overheads: LivePathOverheads, source: str = "live path") -> HardwareProfile:

@@ -8,10 +8,11 @@ speed-up). When the live router fitted no model (no warmup, or one too short) it
 and so does the replay; otherwise the replay's nodes run on the recorded fitted coefficients and the replay's
 router fits its own during the same warmup. Both sides are scored over the whole run, warmup included. The bound is relative: |replay - live| / live.
 
-The live path's own costs (HTTP, routing, gRPC, the KV pull, token streaming, the engine loop: see
-`sim.recorded`) are calibrated from the recording's timestamps in two uncharged-then-charged replays, written to
-the recording's `models.json` (`live_path`, so `simulate --models-from` charges the per-iteration part too) and
-charged in the replay that is compared. The figures of the uncharged replay are kept beside (`uncharged`).
+The live path's own costs (HTTP, routing, gRPC, the KV pull, token streaming, the engine loop, and the cluster's
+start-up transient: see `sim.recorded`) are calibrated from the recording's timestamps in two
+uncharged-then-charged replays, written to the recording's `models.json` (`live_path`, so `simulate
+--models-from` charges the per-iteration part too) and charged in the replay that is compared (a third run when
+there is a start-up hold). The figures of the uncharged replay are kept beside (`uncharged`).
 
 Boundary: building the replay's settings, running it (`sim.run.simulate`) and comparing numbers; files are
 read and written by the caller.
@@ -32,7 +33,8 @@ from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.metrics import compute_run_metrics
 from evolving_infra.sim.records import RequestRecord, ScoreWindow
 from evolving_infra.sim.recorded import (
-    LivePathOverheads, calibrate_overheads, charge_records, load_models, profile_with_models, with_iteration_cost,
+    LivePathOverheads, calibrate_overheads, charge_records, count_from_due, hold_start, load_models, profile_with_models,
+    with_iteration_cost,
 )  # fmt: skip
 from evolving_infra.sim.run import simulate
 from evolving_infra.sim.systems import build_config
@@ -127,6 +129,9 @@ def check_fidelity(report: Mapping[str, Any], record_dir: Path, bound: float = B
     cfg_cost, _ = replay_config(report, record_dir, with_cost)
     iterations_charged = simulate(cfg_cost, trace).records
     overheads = calibrate_overheads(rows, uncharged, iterations_charged, t_acc)
+    if overheads.cold_start_s > 0:
+        held, due = hold_start(trace, overheads.cold_start_s)
+        iterations_charged = count_from_due(simulate(cfg_cost, held).records, due)
     charged = charge_records(iterations_charged, overheads)
     models = record_dir / "models.json"
     if models.is_file():
