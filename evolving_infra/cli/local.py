@@ -224,7 +224,8 @@ def _fidelity(report: dict[str, Any], record_dir: Path, console: Console) -> Non
         o = fidelity.overheads
         bare = "; ".join(f"{f.name} {100 * f.relative_error:.1f} %" for f in fidelity.uncharged if f.relative_error is not None)
         console.print(f"live path charged (from the recording, in models.json): {1000 * o.request_s:.1f} ms per request, "
-                      f"{1000 * o.iteration_s:.2f} ms per decode iteration; errors without them: {bare}")  # fmt: skip
+                      f"{1000 * o.iteration_s:.2f} ms per decode iteration, a start-up hold of {1000 * o.cold_start_s:.1f} ms; "
+                      f"errors without them: {bare}")  # fmt: skip
     console.print(f"what-if replays: {fidelity.command} [--nodes N --split S --system S]")
 
 
