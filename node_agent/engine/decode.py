@@ -37,7 +37,6 @@ from evolving_infra.node_agent.engine.requests import (
     generated_pages,
     pages_needed,
 )
-from evolving_infra.node_agent.engine.scan import missing_pairs
 from evolving_infra.node_agent.profile import HardwareProfile
 
 _EPS = 1e-9
@@ -172,7 +171,7 @@ class DecodeScheduler:
             if not self.pool.make_room(Tier.GPU, need, now):
                 raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
             l1.reserve(job.rid, need)
-            received = missing_pairs(prompt, resident)
+            received = [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]
             self.pool.store_all(Tier.GPU, received, now, owner=job.rid)
             del self._queue[job.rid]
             self._start(job)

@@ -35,11 +35,8 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress, filterfalse
-from operator import itemgetter, not_
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -99,17 +96,18 @@ class KvPool:
                 if not isinstance(count, int) or count < 0:
                     raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
         counts = self._counts
-        flipped: set[PageHash]  # pages whose count went from 0 to positive or back (only read as a set)
-        if 0 in values:  # C-level passes: the positive ones as below, the zeros that were counted dropped
-            # (never `keys() - counts.keys()`: a keys view's difference iterates all of `counts`)
-            positive = dict(compress(updates.items(), values))
-            dropped = set(filter(counts.__contains__, compress(updates.keys(), map(not_, values))))
-            flipped = set(filterfalse(counts.__contains__, positive))
-            counts.update(positive)
-            deque(map(counts.__delitem__, dropped), maxlen=0)
-            flipped |= dropped
+        flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
+        if 0 in values:
+            flipped = []
+            for page, count in updates.items():
+                if count:
+                    if page not in counts:
+                        flipped.append(page)
+                    counts[page] = count
+                elif counts.pop(page, None) is not None:
+                    flipped.append(page)
         else:  # all positive (the usual case): the new ones flip, and one C-level update
-            flipped = set(filterfalse(counts.__contains__, updates))
+            flipped = [page for page in updates if page not in counts]
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
@@ -148,15 +146,6 @@ class KvPool:
     ) -> None:
         """For each (page, parent) of `items` in order: `_stored` in `tier` (unless None), then in L2 if the
         page is in `missing` (write-through). Each tier's latest event grows while its chain continues."""
-        if tier is not None and isinstance(items, list) and len(items) > 1 and (not missing or len(missing) == len(items)):
-            pages, parents = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
-            if parents[1:] == pages[:-1]:  # one chain, written through whole or not at all: the loop below
-                # would append every page after the first to the events the first page joins or starts
-                self._stored_run(tier, items[:1], missing, time)
-                self._outbox[self._last[tier]][3].extend(pages[1:])
-                if missing:
-                    self._outbox[self._last[Tier.HOST]][3].extend(pages[1:])
-                return
         first: list[PageHash] | None = None  # page lists of each tier's latest event, once this run made one
         host: list[PageHash] | None = None
         outbox, last = self._outbox, self._last
@@ -258,8 +247,7 @@ class KvPool:
             self._removed_all(Tier.HOST, victims, now)
         l2.touch_all(set(pages).difference(missing), now)
         if missing:
-            lacking = list(filter(missing.__contains__, pages))  # in run order
-            l2.insert_all(dict(zip(lacking, map(parent_of.__getitem__, lacking))), now)
+            l2.insert_all({page: parent_of[page] for page in pages if page in missing}, now)
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)

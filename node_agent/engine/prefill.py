@@ -38,7 +38,6 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
 from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
-from evolving_infra.node_agent.engine.scan import host_walk, split_prefix
 from evolving_infra.node_agent.profile import HardwareProfile
 
 
@@ -171,9 +170,21 @@ class PrefillScheduler:
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
         req, l1, l2 = job.req, self.pool.l1, self.pool.l2
         peer_of = {p: run.peer for run in req.fetch for p in run.pages}
+        pins: list[PageHash] = []
+        fetch: list[PageHash] = []
         in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
-        skipped = (in_l1, arriving) if arriving else (in_l1,)  # reused from L1, or arriving with another fetch
-        pins, fetch = host_walk(req.prompt_pages[: self._max_prefix(req)], in_l2, skipped, peer_of.keys(), l2.capacity)
+        capacity = l2.capacity
+        for page in req.prompt_pages[: self._max_prefix(req)]:
+            if len(pins) + len(fetch) >= capacity:
+                break
+            if page in in_l2:
+                pins.append(page)
+            elif page in in_l1 or page in arriving:
+                continue  # reused from L1, or arriving with another request's fetch
+            elif page in peer_of:
+                fetch.append(page)
+            else:
+                break
         if fetch and len(fetch) > l2.free and l2.room(pins) < len(fetch):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
@@ -229,7 +240,16 @@ class PrefillScheduler:
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
-        in_l1, from_l2 = split_prefix(req.prompt_pages[: self._max_prefix(req)], l1.resident_set(), l2.resident_set())
+        in_l1: list[PageHash] = []
+        from_l2: list[tuple[int, PageHash]] = []
+        l1_has, l2_has = l1.resident_set(), l2.resident_set()
+        for i, page in enumerate(req.prompt_pages[: self._max_prefix(req)]):
+            if page in l1_has:
+                in_l1.append(page)
+            elif page in l2_has:
+                from_l2.append((i, page))
+            else:
+                break
         k = len(in_l1) + len(from_l2)
         local = local_ok
         total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
