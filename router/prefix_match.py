@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import repeat
 
 import numpy as np
 
@@ -101,9 +102,14 @@ class PrefixMatch:
         `gpu`, `either`, `reachable_for` and `fetch_plan(node).fetch_pages`, from one pass over the stretches
         of equal masks (a page of the reachable prefix is fetched exactly when the node does not hold it)."""
         count = len(nodes)
-        gpu = np.fromiter((self.gpu.get(n, 0) for n in nodes), np.int64, count)
-        either = np.fromiter((self.either.get(n, 0) for n in nodes), np.int64, count)
-        reach = np.fromiter((self.reachable_for(n) for n in nodes), np.int64, count)
+        index = self._index
+        # C-level maps over the nodes (no Python step per node): this runs for every node at every decision
+        gpu = np.fromiter(map(self.gpu.get, nodes, repeat(0)), np.int64, count)
+        either = np.fromiter(map(self.either.get, nodes, repeat(0)), np.int64, count)
+        if all(map(index.__contains__, nodes)):  # `reachable_for` of known nodes
+            reach = np.fromiter(map(self.reachable.get, nodes, repeat(0)), np.int64, count)
+        else:
+            reach = np.fromiter(map(self.reachable_for, nodes), np.int64, count)
         stretches = self._stretches
         if not stretches or not reach.any():
             return gpu, either, reach, np.zeros(count, np.int64)
@@ -112,8 +118,7 @@ class PrefixMatch:
         width = (3 * len(self._ids) + 7) // 8
         raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
         bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(len(stretches), width), axis=1, bitorder="little")
-        index = self._index
-        slot = np.fromiter((index.get(n, -3) + 2 for n in nodes), np.int64, count)  # either bit 3i + 2; -1 unknown
+        slot = np.fromiter(map(index.get, nodes, repeat(-3)), np.int64, count) + 2  # either bit 3i + 2; -1 unknown
         held = np.where(slot >= 0, bits[:, np.maximum(slot, 0)], 0)
         overlap = np.clip(np.minimum(his[:, None], reach[None, :]) - los[:, None], 0, None)
         fetch = (overlap * (1 - held)).sum(axis=0)

@@ -112,6 +112,11 @@ class BacklogStore:
         entries[node] = entry
         return entry
 
+    def table(self, kind: object) -> dict[NodeId, _Entry]:
+        """The entries of state source `kind` by node (read-only for callers: an entry whose model is the node's
+        and whose parts equal the node's parts now is what `entry` would answer)."""
+        return self._table(kind)
+
     def _table(self, kind: object) -> dict[NodeId, _Entry]:
         for known, table in self._tables:
             if known is kind:

@@ -325,14 +325,23 @@ class TtftRouter(RouterHooks):
         exact: list[TtftEstimate] = []
         entry, max_age = self.backlogs.entry, s.state_max_age_s
         reported, record = StateSource.REPORTED, StateSource.ROUTER_RECORD
+        by_report, by_record = self.backlogs.table(reported), self.backlogs.table(record)
         for i, (node, state) in enumerate(zip(ids, nodes.states(), strict=True)):
             running, queue, unreported, in_flight, age, model = state
             if model is None:
                 _model(nodes.view(i))
-            if age is not None and age <= max_age:  # `state_source` and `_state_parts`, inlined
-                hit = entry(node, reported, model, (running, queue, unreported))  # type: ignore[arg-type]  # entry compares models by identity; None is fine
+            # `state_source`, `_state_parts` and the store's unchanged-entry answer, inlined (once per node per
+            # decision); anything else goes through `entry`
+            if age is not None and age <= max_age:
+                parts: tuple[Sequence[object], ...] = (running, queue, unreported)
+                hit = by_report.get(node)
+                if hit is None or hit.model is not model or hit.parts != parts:
+                    hit = entry(node, reported, model, parts)  # type: ignore[arg-type]  # entry compares models by identity; None is fine
             else:
-                hit = entry(node, record, model, (in_flight,))  # type: ignore[arg-type]  # entry compares models by identity; None is fine
+                parts = (in_flight,)
+                hit = by_record.get(node)
+                if hit is None or hit.model is not model or hit.parts != parts:
+                    hit = entry(node, record, model, parts)  # type: ignore[arg-type]  # entry compares models by identity; None is fine
             if hit.row is None:
                 exact.append(estimate_ttft(request, nodes.view(i), s, hit.backlog))
             else:
