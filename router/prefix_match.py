@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import repeat
+from operator import is_not
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class PrefixMatch:
         bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(len(stretches), width), axis=1, bitorder="little")
         slot = np.fromiter(map(index.get, nodes, repeat(-3)), np.int64, count) + 2  # either bit 3i + 2; -1 unknown
         held = np.where(slot >= 0, bits[:, np.maximum(slot, 0)], 0)
-        overlap = np.clip(np.minimum(his[:, None], reach[None, :]) - los[:, None], 0, None)
+        overlap = np.maximum(np.minimum(his[:, None], reach[None, :]) - los[:, None], 0)  # np.clip costs 10x
         fetch = (overlap * (1 - held)).sum(axis=0)
         return gpu, either, reach, fetch
 
@@ -181,7 +182,7 @@ def match_from_stretches(
                 acc &= mask
         for bit_index, node in bits_of(acc, ids):
             tiers[bit_index % 3][node] = end
-    reachable: dict[NodeId, int] = dict.fromkeys((n for n in ids if n is not None), pooled) if pooled else {}
+    reachable: dict[NodeId, int] = dict.fromkeys(filter(partial(is_not, None), ids), pooled) if pooled else {}
     if pooled < end:
         # Only pages no node holds in host memory constrain a node: its reachable prefix ends at the first such
         # page it does not hold itself (its either bit is clear there).
