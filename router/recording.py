@@ -201,7 +201,7 @@ class TraceRecorder:
         b.open += 1
 
     def end(self, rid: str, output: Sequence[int], now: float, *, first_token_s: float | None = None,
-            cached_tokens: int | None = None) -> None:  # fmt: skip
+            cached_tokens: int | None = None, queue_s: float | None = None) -> None:  # fmt: skip
         """The request `rid` ended at `now` having produced `output` (however it ended)."""
         o = self._open.pop(rid, None)
         b = self._open_branch.pop(rid, None)
@@ -226,6 +226,8 @@ class TraceRecorder:
             record["recorded_ttft_s"] = round(self._time(first_token_s) - o.arrival_s, 6)
         if cached_tokens is not None:
             record["recorded_cached_tokens"] = cached_tokens
+        if queue_s is not None:
+            record["recorded_queue_s"] = round(queue_s * self.time_scale, 6)
         if o.fresh_pages:
             self._fresh.append((len(self._body), o.fresh_pages))
         if "shared" in o.spec:

@@ -23,15 +23,19 @@ decode iteration, calibrated from the recording's own timestamps against a repla
   of the prompt's KV (real bytes over gRPC instead of the profile's link), and the first token's way back
   (the client sees it from the decode node, after its first iteration; the simulator's TTFT ends at the
   prefill). Charged on each replayed request's first token and end (`charge_records`).
-- `cold_start_s`: once, at the start: how much longer than `request_s` the recording's first request took (its
-  residual once the iteration cost is charged, less `request_s`). This is the live cluster's start-up transient
-  (the first RPCs, streams and KV pulls of freshly started processes, stretched by the machine's load). It is
-  charged inside the simulation as a start-up hold (`hold_start`): the agents that start before the first
-  request's arrival + `cold_start_s` start `cold_start_s` later (in the same order and at the same gaps, which
-  decide who waits for whose prefix), their latency still counted from when they were due, and requests that
-  wait on them (for their context, or for a shared prefix they compute) wait longer too. One
-  sample, the one there is: the hold is measured on the run, not predicted; the requests it delays besides the
-  first are.
+- the live cluster's start-up transient (the first RPCs, streams and KV pulls of freshly started processes,
+  stretched by the machine's load): how much longer than `request_s` the recording's first request took (its
+  residual once the iteration cost is charged, less `request_s`), in two parts by where it was spent:
+  - `cold_start_s`, the part before its prefill started (its recorded queue wait, `recorded_queue_s`, beyond
+    the replay's): the prefill side was not taking work. Charged inside the simulation as a start-up hold
+    (`hold_start`): the agents that start before the first request's arrival + `cold_start_s` start
+    `cold_start_s` later (in the same order and at the same gaps, which decide who waits for whose prefix),
+    their latency still counted from when they were due, and requests that wait on them (for their context,
+    or for a shared prefix they compute) wait longer too. A recording without queue waits puts it all here.
+  - `first_request_s`, the rest (its KV pull, the decode node's first stream): added to that request's first
+    token and end only (`charge_records`); nothing waits on it.
+  One sample, the one there is: the transient is measured on the run, what the hold does to the other
+  requests is predicted.
 Medians keep a few slow requests (requests that arrived together on a busy machine) from setting the constants;
 what they cost beyond them stays uncharged, and the fidelity check shows it.
 
@@ -44,7 +48,7 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,20 +91,24 @@ class LivePathOverheads:
     """Requests the medians were taken over."""
     cold_start_s: float = 0.0
     """Once, at the start: a hold before the cluster takes in its first requests (`hold_start`)."""
+    first_request_s: float = 0.0
+    """Once: added to the first request's first token and end (the rest of the start-up transient)."""
 
     def __post_init__(self) -> None:
-        for name in ("request_s", "iteration_s", "cold_start_s"):
+        for name in ("request_s", "iteration_s", "cold_start_s", "first_request_s"):
             value = getattr(self, name)
             if not math.isfinite(value):
                 raise ValueError(f"live_path.{name} must be finite, got {value}")
-        if self.cold_start_s < 0:
-            raise ValueError(f"live_path.cold_start_s must be >= 0, got {self.cold_start_s}")
+        for name in ("cold_start_s", "first_request_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"live_path.{name} must be >= 0, got {getattr(self, name)}")
         if self.requests < 1:
             raise ValueError(f"live_path.requests must be >= 1, got {self.requests}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "method": "median residuals of the recording against an uncharged replay; "
-                "cold_start_s: the first request's residual beyond request_s"}  # fmt: skip
+                "cold_start_s + first_request_s: the first request's residual beyond request_s, before and after its "
+                "prefill started"}  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "live_path") -> LivePathOverheads:
@@ -108,7 +116,7 @@ class LivePathOverheads:
             raise ModelsFileError(f"{source}: 'live_path' must be an object")
         try:
             return cls(float(doc["request_s"]), float(doc["iteration_s"]), int(doc["requests"]),
-                       float(doc.get("cold_start_s", 0.0)))  # fmt: skip
+                       float(doc.get("cold_start_s", 0.0)), float(doc.get("first_request_s", 0.0)))  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelsFileError(f"{source}: bad live_path: {exc}") from None
 
@@ -124,8 +132,8 @@ def calibrate_overheads(
 ) -> LivePathOverheads:  # fmt: skip
     """The live path's overheads from the recording's own timestamps (`recorded_ttft_s`, `recorded_e2e_s` of its
     request rows, emulated seconds): `iteration_s` against the replay that charges nothing (`uncharged`),
-    `request_s` against the replay that charges only that (`charged_iterations`), and `cold_start_s` from the
-    first request (the earliest `recorded_arrival_s`; 0 when the rows carry no arrivals). Replay records
+    `request_s` against the replay that charges only that (`charged_iterations`), and `cold_start_s` and
+    `first_request_s` from the first request (`first_request`; both 0 when the rows carry no arrivals). Replay records
     are matched to rows by request id; rows without both times, or not replayed, are left out. Negative
     estimates are charged as 0."""
     rows = {str(r["id"]): r for r in recorded if r.get("recorded_ttft_s") is not None and r.get("recorded_e2e_s") is not None}
@@ -140,15 +148,24 @@ def calibrate_overheads(
         raise ValueError("no recorded request with its TTFT and E2E was replayed: nothing to calibrate on")
     request_s = max(0.0, statistics.median(per_request))
     replayed = {s.request_id: s for s in charged_iterations if s.request_id in rows}
-    arrivals = [(float(rows[rid]["recorded_arrival_s"]), rid) for rid in replayed if rows[rid].get("recorded_arrival_s") is not None]
-    cold = 0.0
-    if arrivals:
-        first = replayed[min(arrivals)[1]]
-        cold = max(0.0, float(rows[first.request_id]["recorded_ttft_s"]) - (first.first_token - first.issued) - request_s)
+    first_id = first_request(rows[rid] for rid in replayed)
+    hold = rest = 0.0
+    if first_id is not None:
+        first, row = replayed[first_id], rows[first_id]
+        excess = max(0.0, float(row["recorded_ttft_s"]) - (first.first_token - first.issued) - request_s)
+        waited = row.get("recorded_queue_s")
+        hold = excess if waited is None else min(excess, max(0.0, float(waited) - (first.prefill_start - first.queued)))
+        rest = excess - hold
     return LivePathOverheads(
         request_s=request_s, iteration_s=max(0.0, statistics.median(per_iteration)), requests=len(per_request),
-        cold_start_s=cold,
+        cold_start_s=hold, first_request_s=rest,
     )  # fmt: skip
+
+
+def first_request(recorded: Iterable[Mapping[str, Any]]) -> str | None:
+    """The id of the recorded request that arrived first (earliest `recorded_arrival_s`; None: no arrivals)."""
+    arrivals = [(float(r["recorded_arrival_s"]), str(r["id"])) for r in recorded if r.get("recorded_arrival_s") is not None]
+    return min(arrivals)[1] if arrivals else None
 
 
 def hold_start(trace: Trace, hold_s: float) -> tuple[Trace, dict[str, float]]:
@@ -178,10 +195,14 @@ def with_iteration_cost(profile: HardwareProfile, overheads: LivePathOverheads, 
     return profile.model_copy(update={"decode": decode, "sources": sources})
 
 
-def charge_records(records: Sequence[RequestRecord], overheads: LivePathOverheads) -> list[RequestRecord]:
-    """Replayed requests with the live path's per-request cost added to their first token and end."""
-    d = overheads.request_s
-    return [dataclasses.replace(r, first_token=r.first_token + d, finish=r.finish + d) for r in records]
+def charge_records(records: Sequence[RequestRecord], overheads: LivePathOverheads, first: str | None = None) -> list[RequestRecord]:
+    """Replayed requests with the live path's per-request cost added to their first token and end, and
+    `first_request_s` too to the request `first` (the recording's first, `first_request`)."""
+    out = []
+    for r in records:
+        d = overheads.request_s + (overheads.first_request_s if r.request_id == first else 0.0)
+        out.append(dataclasses.replace(r, first_token=r.first_token + d, finish=r.finish + d))
+    return out
 
 
 def profile_with_models(base: HardwareProfile, doc: dict[str, Any], source: str = "recorded models") -> HardwareProfile:

@@ -33,8 +33,8 @@ from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.metrics import compute_run_metrics
 from evolving_infra.sim.records import RequestRecord, ScoreWindow
 from evolving_infra.sim.recorded import (
-    LivePathOverheads, calibrate_overheads, charge_records, count_from_due, hold_start, load_models, profile_with_models,
-    with_iteration_cost,
+    LivePathOverheads, calibrate_overheads, charge_records, count_from_due, first_request, hold_start, load_models,
+    profile_with_models, with_iteration_cost,
 )  # fmt: skip
 from evolving_infra.sim.run import simulate
 from evolving_infra.sim.systems import build_config
@@ -132,7 +132,7 @@ def check_fidelity(report: Mapping[str, Any], record_dir: Path, bound: float = B
     if overheads.cold_start_s > 0:
         held, due = hold_start(trace, overheads.cold_start_s)
         iterations_charged = count_from_due(simulate(cfg_cost, held).records, due)
-    charged = charge_records(iterations_charged, overheads)
+    charged = charge_records(iterations_charged, overheads, first_request(rows))
     models = record_dir / "models.json"
     if models.is_file():
         doc = load_models(models)

@@ -1,6 +1,7 @@
 """`RecordingBackend`: a `RouterBackend` that passes every call to another backend and feeds a
 `TraceRecorder` (router/recording.py) with what it served: the prompt's token ids when a request is handed
-over, the output's token ids and the first token's time when it ends (however it ends), and finished branches.
+over, the output's token ids, the first token's time and the prefill's queue wait (the backend's `ServingNodes`)
+when it ends (however it ends), and finished branches.
 
 Branches are keyed by `BranchRef.scoped_id()` (tenants kept apart); the recorder writes its own ids, never the
 client's. The clock is injected (the router's).
@@ -57,19 +58,22 @@ class RecordingBackend:
         output: list[int] = []
         first: float | None = None
         cached: int | None = None
+        queue: float | None = None
         stream = self.inner.complete(request)
         try:
             async for chunk in stream:
                 output.extend(chunk.token_ids)
                 if chunk.cached_tokens is not None:
                     cached = chunk.cached_tokens
+                if chunk.serving is not None and chunk.serving.queue_s is not None:
+                    queue = chunk.serving.queue_s
                 yield chunk
                 if chunk.token_ids and first is None:
                     first = self.clock()  # the front end wrote it and asks for more
         finally:
             end = self.clock()
             first = first if first is not None or not output else end  # the stream ended at its first tokens
-            self.recorder.end(rid, output, end, first_token_s=first, cached_tokens=cached)
+            self.recorder.end(rid, output, end, first_token_s=first, cached_tokens=cached, queue_s=queue)
             close = getattr(stream, "aclose", None)
             if close is not None:
                 await close()
