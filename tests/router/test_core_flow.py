@@ -175,3 +175,18 @@ def test_every_count_change_is_pushed_once_to_the_node_it_is_on(ops: list[tuple[
         got: dict[Any, int] = {k: v for k, v in mirror.get(node, {}).items() if v}
         assert got == expected
     assert core.take_counts() == []
+
+
+def test_take_counts_visits_the_changed_nodes_in_node_order_and_each_change_once() -> None:
+    core, _ = make_core({"p2": Phase.PREFILL, "p1": Phase.PREFILL, "d1": Phase.DECODE})
+    req = request(core, "r1", "b1", 5)
+    for node in ("p1", "d1", "p2"):  # counted on three nodes, changed in another order than the nodes'
+        core.branches.place(req.branch, NodeId(node), held=False)
+    core.branches.set_phase(NodeId("x"), Phase.PREFILL)  # a node the table knows and the core does not
+    core.branches.place(req.branch, NodeId("x"), held=False)
+    pushes = core.take_counts()
+    assert [p.node for p in pushes] == ["p2", "p1", "d1"]
+    assert all(dict(p.counts) == dict.fromkeys(req.prompt_pages, 1) for p in pushes)
+    assert core.take_counts() == []
+    core.add_node(NodeTrack(NodeId("x"), Phase.PREFILL, mode=NodeMode.PREFILL), Phase.PREFILL)
+    assert [p.node for p in core.take_counts()] == ["x"]  # kept until its node joined
