@@ -628,7 +628,7 @@ class BranchTable:
         """Nodes with count changes not yet taken (`take_updates`), in the order they first changed."""
         if self._exact is not None:
             return self._exact.dirty_nodes()
-        return tuple(n for n, marks in self._dirty.items() if marks)
+        return tuple(self._dirty)  # a node's list of changed runs is never empty
 
     def branches(self) -> tuple[BranchId, ...]:
         if self._exact is not None:
