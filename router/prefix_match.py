@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import lru_cache
 from itertools import repeat
-from operator import is_not
 
 import numpy as np
 
@@ -182,7 +181,7 @@ def match_from_stretches(
                 acc &= mask
         for bit_index, node in bits_of(acc, ids):
             tiers[bit_index % 3][node] = end
-    reachable: dict[NodeId, int] = dict.fromkeys(filter(partial(is_not, None), ids), pooled) if pooled else {}
+    reachable: dict[NodeId, int] = dict.fromkeys([n for n in ids if n is not None], pooled) if pooled else {}
     if pooled < end:
         # Only pages no node holds in host memory constrain a node: its reachable prefix ends at the first such
         # page it does not hold itself (its either bit is clear there).
