@@ -229,6 +229,8 @@ def _router(args: argparse.Namespace) -> int:
     t.add_row(f"decision latency p50 / p99 ({r['prefill_nodes']} prefill nodes)", f"{r['latency_p50_ms']:.2f} / {r['latency_p99_ms']:.2f} ms")
     t.add_row("same, thread CPU time", f"{r['latency_cpu_p50_ms']:.2f} / {r['latency_cpu_p99_ms']:.2f} ms")
     t.add_row("directory pages / mean queue per node", f"{r['directory_pages']} / {r['mean_queue']:.1f}")
+    t.add_row(f"branch counts ({r['branch_counts']}): pages pushed per decision / runs",
+              f"{r['count_updates_per_decision']:.0f} / {r['branch_runs']}")
     t.add_row("HTTP streaming request, mean (p99)", f"{h['http_mean_ms']:.2f} ({h['http_p99_ms']:.2f}) ms")
     t.add_row("backend called directly, mean", f"{h['direct_mean_ms']:.3f} ms")
     t.add_row("HTTP overhead per request", f"{h['overhead_mean_ms']:.2f} ms")
