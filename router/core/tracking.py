@@ -213,9 +213,12 @@ class NodeTrack:
         mode = self.current_mode()
         if mode is None:
             return False
-        if self.target is None:
-            return serves(mode, phase)
-        return serves(self.target, phase) and serves(mode, phase)
+        # `serves(mode, phase)` and `serves(target, phase)`, inlined: this runs for every node at every decision
+        want = _PREFILL_MODE if phase is Phase.PREFILL else _DECODE_MODE
+        if mode is not _COLLOCATED and mode is not want:
+            return False
+        target = self.target
+        return target is None or target is _COLLOCATED or target is want
 
     def serving_phase(self) -> Phase:
         """The phase the node counts in for the planner: its switch target while switching."""

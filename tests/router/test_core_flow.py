@@ -190,3 +190,15 @@ def test_take_counts_visits_the_changed_nodes_in_node_order_and_each_change_once
     assert core.take_counts() == []
     core.add_node(NodeTrack(NodeId("x"), Phase.PREFILL, mode=NodeMode.PREFILL), Phase.PREFILL)
     assert [p.node for p in core.take_counts()] == ["x"]  # kept until its node joined
+
+
+def test_accepts_is_serves_of_the_mode_and_of_the_switch_target() -> None:
+    from itertools import product
+
+    from evolving_infra.router.core.tracking import serves
+
+    for mode, target, phase in product([None, *NodeMode], [None, *NodeMode], Phase):
+        track = NodeTrack(NodeId("n"), Phase.PREFILL, mode=mode)
+        track.target = target
+        expected = mode is not None and serves(mode, phase) and (target is None or serves(target, phase))
+        assert track.accepts(phase) is expected, (mode, target, phase)
