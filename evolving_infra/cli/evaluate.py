@@ -7,7 +7,8 @@
 
 A run is a `RunSpec` (workload, concurrency, system preset, initial split, warmup, scored duration, seed and
 optional generator overrides, or a trace file instead of the generator); its result is one JSON file in the cache folder named by `RunSpec.key()`, so an
-interrupted matrix resumes where it stopped and `render` reads whatever has finished. The paper's figures
+interrupted matrix resumes where it stopped and `render` reads whatever has finished. A generator run's key carries a
+hash of the generators' source (`generator_fingerprint`), so runs cached before a generator changed are not reused. The paper's figures
 (tables C.1, C.3 and D.1) sit next to the measured ones in the rendered tables.
 
 Boundary: `run_spec` is the only function that simulates; the table renderers are pure functions of the cached
@@ -17,6 +18,8 @@ records (tested in tests/sim/test_evaluate_runner.py).
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import math
 import sys
@@ -139,6 +142,20 @@ def early_figures(records: Sequence[Any], start_s: float, span_s: float) -> dict
             "ttft_max": ttft[-1]}  # fmt: skip
 
 
+WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "workloads"
+
+
+@functools.cache
+def generator_fingerprint(folder: Path = WORKLOADS_DIR) -> str:
+    """8 hex digits of a hash over the workload generators' source (every `*.py` of `folder`, by name): a run
+    from a generator whose code or defaults changed gets another cache key, so a cached run never passes for a
+    run of today's generator."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:8]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One simulator run of the matrix."""
@@ -182,6 +199,8 @@ class RunSpec:
             base += "-" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)
         if self.trace is not None:
             base += f"-t{self.trace_sha256[:12]}-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in self.profile)
+        else:
+            base += f"-g{generator_fingerprint()}"
         if self.sim:
             tail = "_".join(f"{k}={v}" for k, v in self.sim)
             base += "-x" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in tail)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,6 +117,20 @@ def test_matrix_keys_are_unique_and_carry_the_window(name: str, warmup: float, d
     assert all(s.warmup_s == warmup and s.duration_s == duration and s.seed == seed for s in specs)
     if name not in PROTOCOL_MATRICES:  # the protocol's matrices search splits and start planners from 6P3D
         assert all(s.split == BEST_SPLIT[s.workload] for s in specs)
+
+
+def test_a_changed_generator_gives_another_cache_key(tmp_path: Path) -> None:
+    """Cached runs are named by `RunSpec.key()`; a generator run's key carries the generators' source hash, so a
+    run cached before the generator changed is not taken for a current one."""
+    from evolving_infra.cli.evaluate import generator_fingerprint
+
+    spec = RunSpec("cc", 90, "best-static", "4P5D", 600, 600)
+    assert spec.key().endswith(f"-g{generator_fingerprint()}")
+    (tmp_path / "cc.py").write_text("MAIN_STEPS = 200\n")
+    before = generator_fingerprint(tmp_path)
+    (tmp_path / "cc.py").write_text("MAIN_STEPS = 30\n")
+    generator_fingerprint.cache_clear()
+    assert generator_fingerprint(tmp_path) != before and len(before) == 8
 
 
 def test_overrides_change_the_key_and_unknown_matrix_is_refused() -> None:
