@@ -14,10 +14,11 @@ Boundary: orchestration; the CLI prints and writes files (`evolving_infra.cli.si
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.sim.cluster import build_cluster, initial_commands
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.export import write_metrics_json, write_requests_jsonl
@@ -105,6 +106,20 @@ def simulate(
     )
     return SimResult(cfg, metrics, state.records, state.switches, state.splits, state.spans, stats,
                      result.reason.value, now, kernel.processed, state if keep_state else None)
+
+
+def rescore(result: SimResult, trace: Trace, records: list[RequestRecord], note: dict[str, Any]) -> SimResult:
+    """`result` with `records` in place of its own (the same requests with times changed after the run, e.g. a
+    per-request cost added), scored again over the same window with the same ideal reuse; `note` goes into the
+    metrics' extra data."""
+    if {r.request_id for r in records} != {r.request_id for r in result.records}:
+        raise ValueError("rescore takes the run's own requests, with times changed")
+    ideal_arr = ideal_hit_tokens(trace, load_profile(result.config.profile).page_tokens)
+    ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+    window = ScoreWindow(result.metrics.window_start, result.metrics.window_end)
+    metrics = compute_run_metrics(records, window, ideal=ideal, switches=result.switches, splits=result.splits,
+                                  spans=result.spans, extra={**result.metrics.extra, **note})  # fmt: skip
+    return replace(result, metrics=metrics, records=list(records))
 
 
 def _window(cfg: SimConfig, records: list[RequestRecord], end: float | None) -> ScoreWindow:

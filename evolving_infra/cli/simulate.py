@@ -13,6 +13,7 @@ Boundary: argument parsing, progress and printing; the simulation is `evolving_i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -37,6 +38,7 @@ from evolving_infra.sim.run import SimResult, simulate, workload_trace
 from evolving_infra.sim.systems import build_config
 from evolving_infra.traces.errors import TraceError
 from evolving_infra.traces.loader import load_trace
+from evolving_infra.traces.records import Trace
 from evolving_infra.traces.stats import ideal_hit_tokens
 from evolving_infra.workloads import KINDS
 
@@ -154,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
         except WarmupTooShort as exc:
             raise CliError(str(exc), USAGE_ERROR) from None
     wall = time.perf_counter() - start
+    if args.models_from is not None:
+        result = _charge_live_path(result, trace, args.models_from, err)
     paths = result.write(args.out) if args.out else {}
     if args.out:
         ideal_arr = ideal_hit_tokens(trace, load_profile(cfg.profile).page_tokens)
@@ -187,6 +191,26 @@ def _with_recorded_models(cfg: SimConfig, path: str) -> SimConfig:
     target = folder / f"{profile.name}.json"
     target.write_text(profile.model_dump_json(indent=1), encoding="utf-8")
     return cfg.model_copy(update={"profile": str(target)})
+
+
+def _charge_live_path(result: SimResult, trace: Trace, path: str, err: Console) -> SimResult:
+    """A recording's models file with a live path (`live_path.request_s`, `local --record`): each request's first
+    token and end come that much later, as in the fidelity check (docs/traces.md), so a what-if replay reports what
+    the clients would have seen; the per-iteration cost is already in the engines (`_with_recorded_models`). The
+    start-up transient of the recorded run is not charged: it belongs to that run's start, not to a what-if."""
+    from evolving_infra.sim.recorded import LivePathOverheads, charge_records, load_models
+    from evolving_infra.sim.run import rescore
+
+    live = load_models(path).get("live_path")
+    if live is None:
+        return result
+    overheads = LivePathOverheads.from_dict(live, source=f"recorded models {path}")
+    if overheads.request_s <= 0:
+        return result
+    err.print(f"live path of {path}: {1000 * overheads.request_s:.1f} ms per request added to each first token and end, "
+              f"{1000 * overheads.iteration_s:.2f} ms per decode iteration in the engines")  # fmt: skip
+    charged = charge_records(result.records, dataclasses.replace(overheads, first_request_s=0.0))
+    return rescore(result, trace, charged, {"live_path_request_s": overheads.request_s})
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

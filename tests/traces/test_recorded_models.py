@@ -62,3 +62,26 @@ def test_simulate_models_from_changes_the_run(tmp_path: Path, capsys: pytest.Cap
     assert recorded["ttft_s"]["mean"] > plain["ttft_s"]["mean"]
     assert main(["simulate", *common, "--models-from", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_what_if_replay_charges_the_recorded_live_path_per_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A models file with a live path (as `local --record` writes it): `simulate --models-from` adds its
+    per-request cost to every request's first token and end, as the fidelity check does, so a what-if replay
+    reports what the clients would have seen; without `request_s` nothing moves."""
+    doc = models_document({"n0": _fitted("n0", 2e-5)}, profile=PROFILE)
+    common = [str(SAMPLE), "--profile", PROFILE, "--nodes", "4", "--warmup", "0", "--quiet", "--json"]
+    runs = {}
+    for request_s in (0.0, 0.25):
+        path = tmp_path / f"models-{request_s}.json"
+        path.write_text(json.dumps({**doc, "live_path": {"request_s": request_s, "iteration_s": 0.0, "requests": 9}}))
+        assert main(["simulate", *common, "--models-from", str(path), "--out", str(tmp_path / f"out-{request_s}")]) == 0
+        runs[request_s] = json.loads(capsys.readouterr().out)
+        assert "live_path_request_s" in runs[request_s] or request_s == 0.0
+    plain, charged = runs[0.0]["overall"], runs[0.25]["overall"]
+    assert charged["requests"] == plain["requests"] > 0
+    assert charged["ttft_s"]["mean"] == pytest.approx(plain["ttft_s"]["mean"] + 0.25)
+    assert charged["e2e_s"]["mean"] == pytest.approx(plain["e2e_s"]["mean"] + 0.25)
+    assert charged["kv_hit_rate"] == plain["kv_hit_rate"]
+    rows = [json.loads(line) for line in (tmp_path / "out-0.25" / "requests.jsonl").read_text().splitlines()]
+    base = {r["request_id"]: r for r in map(json.loads, (tmp_path / "out-0.0" / "requests.jsonl").read_text().splitlines())}
+    assert all(r["first_token"] == pytest.approx(base[r["request_id"]]["first_token"] + 0.25) for r in rows)
