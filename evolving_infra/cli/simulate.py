@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--routing", metavar="NAME",
                    help=f"prefill routing policy: {', '.join(_values(PrefillPolicyName))} or a plugin's")
     p.add_argument("--decode-routing", metavar="NAME", help=f"decode binder: {', '.join(_values(DecodePolicyName))}")
+    p.add_argument("--planner-set", action="append", default=None, metavar="KEY=VALUE",
+                   help="a setting of the planner (repeatable; VALUE is JSON or a string), e.g. window_s=40, slices=10, "
+                   "cooldown_s=120 for ours")  # fmt: skip
     p.add_argument("--plugin", action="append", default=None, metavar="MODULE_OR_FILE",
                    help="load a policy module first (repeatable): a dotted module name or a .py file")
     p.add_argument("--eviction", metavar="NAME", help=f"host eviction order: {', '.join(_values(EvictionPolicyName))} or a plugin's")
@@ -97,7 +100,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         "eviction": args.eviction, "data_plane": args.data_plane, "models": args.models, "profile": args.profile,
         "nodes": args.nodes, "split": args.split, "agents": args.agents, "seed": args.seed,
         "warmup_s": args.warmup, "duration_s": args.duration, "noise": args.noise,
-        "exact_models": args.exact_models,
+        "exact_models": args.exact_models, "planner_settings": _key_values(args.planner_set, "--planner-set"),
         "shared_pool": None if args.pool is None else args.pool == "shared", "plugins": args.plugin,
     }
     if args.nodes is not None and args.split is None:
@@ -172,6 +175,23 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"wrote {name}: {path}")
     err.print(f"simulated {result.end_time:,.0f} s in {wall:,.1f} s wall ({result.events:,} events)")
     return 0
+
+
+def _key_values(items: list[str] | None, flag: str) -> dict[str, Any] | None:
+    """`KEY=VALUE` items as a dict, each VALUE read as JSON when it is JSON (numbers, booleans, lists), else as
+    a string; None when none was given."""
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"{flag} takes KEY=VALUE, got {item!r}", USAGE_ERROR)
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 def _with_recorded_models(cfg: SimConfig, path: str) -> SimConfig:

@@ -102,14 +102,19 @@ def replay_config(
         target.write_text(base.model_dump_json(indent=1), encoding="utf-8")
         profile, extra = str(target), f" --models-from {models}"
     split = report["config"]["split"]
+    planner_settings: dict[str, Any] = {}
+    if cluster["planner"] == "ours":  # the run's window, slices and cooldown (emulated seconds), as its router had them
+        planner_settings = {"window_s": float(cluster["window_s"]), "slices": int(cluster["slices"]),
+                            "cooldown_s": float(cluster["cooldown_s"])}  # fmt: skip
     cfg = build_config(
         "evolving", profile=profile, nodes=int(cluster["nodes"]), split=split, planner=cluster["planner"],
         prefill_routing=cluster["routing"], warmup_s=warmup, models="fitted" if fitted else "profile",
-        seed=int(cluster.get("seed", 0)),
+        seed=int(cluster.get("seed", 0)), planner_settings=planner_settings or None,
     )  # fmt: skip
     command = (f"evolving-infra simulate {record_dir / 'trace.jsonl'} --profile {cluster['profile']}{extra} "
                f"--nodes {cluster['nodes']} --split {split} --planner {cluster['planner']} "
-               f"--routing {cluster['routing']} --warmup {warmup:g}")  # fmt: skip
+               f"--routing {cluster['routing']} --warmup {warmup:g}"
+               + "".join(f" --planner-set {k}={v:g}" for k, v in planner_settings.items()))  # fmt: skip
     return cfg, command
 
 

@@ -236,3 +236,28 @@ def test_a_models_file_with_a_live_path_charges_each_decode_iteration(tmp_path: 
     assert older.cold_start_s == older.first_request_s == 0.0
     with pytest.raises(ValueError, match="nothing to calibrate"):
         calibrate_overheads([], [], [], 1.0)
+
+
+def test_the_replay_plans_with_the_live_runs_window_and_prints_a_command_that_does_too(tmp_path: Path) -> None:
+    """The live router planned over the run's window, slices and cooldown (emulated seconds); the replay's planner
+    gets the same, and the printed what-if command builds the same settings through `simulate`'s parser."""
+    import shlex
+
+    from evolving_infra.cli.main import build_parser
+    from evolving_infra.cli.simulate import _config
+    from evolving_infra.local.fidelity import replay_config
+
+    cluster = {"nodes": 4, "planner": "ours", "routing": "ttft", "warmup_s": 0.0, "profile": "glm-5.2-4xgb300-tp4",
+               "seed": 3, "window_s": 40.0, "slices": 8, "cooldown_s": 30.0}  # fmt: skip
+    report = {"config": {"cluster": cluster, "split": "2P2D"}}
+    cfg, command = replay_config(report, tmp_path)
+    assert cfg.planner_settings == {"window_s": 40.0, "slices": 8, "cooldown_s": 30.0}
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert _config(args).planner_settings == cfg.planner_settings
+    static, _ = replay_config({"config": {"cluster": {**cluster, "planner": "static"}, "split": "2P2D"}}, tmp_path)
+    assert static.planner_settings == {}  # only ours takes a window as settings
+    from evolving_infra.cli.errors import CliError
+
+    for bad, message in ((["--planner-set", "window_s"], "KEY=VALUE"), (["--planner-set", "windows=40"], "invalid settings")):
+        with pytest.raises(CliError, match=message):
+            _config(build_parser().parse_args(["simulate", "--workload", "putnam", "--agents", "2", *bad]))
