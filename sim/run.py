@@ -95,8 +95,7 @@ def simulate(
     now = kernel.now
     for node in state.nodes.values():
         close_span(state, node, now)
-    ideal_arr = ideal_hit_tokens(trace, state.profile.page_tokens)
-    ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+    ideal = _ideal(trace, state.profile.page_tokens)
     window = _window(cfg, state.records, end)
     stats = _stats(state, now, kernel.processed, result.reason.value)
     metrics = compute_run_metrics(
@@ -114,12 +113,17 @@ def rescore(result: SimResult, trace: Trace, records: list[RequestRecord], note:
     metrics' extra data."""
     if {r.request_id for r in records} != {r.request_id for r in result.records}:
         raise ValueError("rescore takes the run's own requests, with times changed")
-    ideal_arr = ideal_hit_tokens(trace, load_profile(result.config.profile).page_tokens)
-    ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
     window = ScoreWindow(result.metrics.window_start, result.metrics.window_end)
+    ideal = _ideal(trace, load_profile(result.config.profile).page_tokens)
     metrics = compute_run_metrics(records, window, ideal=ideal, switches=result.switches, splits=result.splits,
                                   spans=result.spans, extra={**result.metrics.extra, **note})  # fmt: skip
     return replace(result, metrics=metrics, records=list(records))
+
+
+def _ideal(trace: Trace, page_tokens: int) -> dict[str, int]:
+    """Each request's ideal cached tokens (h*), by request id."""
+    ideal_arr = ideal_hit_tokens(trace, page_tokens)
+    return {r.id: int(ideal_arr[r.index]) for r in trace.requests}
 
 
 def _window(cfg: SimConfig, records: list[RequestRecord], end: float | None) -> ScoreWindow:

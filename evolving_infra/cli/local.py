@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
-from evolving_infra.local.against import Peer, SideKey, compare, peer_sides
+from evolving_infra.local.against import Peer, SideKey, compare, format_value, peer_sides
 from evolving_infra.local.agents import ClientSettings
 from evolving_infra.local.cluster import ClusterSpec, Gateway, check_policies, parse_split
 from evolving_infra.local.presets import PRESETS, Preset, PresetName, preset
@@ -341,8 +341,7 @@ def _against_table(comparison: dict[str, Any]) -> Table:
     for row in comparison["rows"]:
         cells = []
         for side in comparison["sides"]:
-            value, diff = row["values"][side], row["differences"].get(side)
-            text = "-" if value is None else (f"{value:,.0f}" if row["figure"].startswith("requests") else f"{value:,.3f}")
-            cells.append(text + ("" if diff is None else f" ({diff:+.0%})"))
+            diff = row["differences"].get(side)
+            cells.append(format_value(row, side) + ("" if diff is None else f" ({diff:+.0%})"))
         t.add_row(row["figure"], *cells)
     return t

@@ -31,7 +31,7 @@ from evolving_infra.local.cluster import Gateway
 from evolving_infra.local.run import LocalRunConfig
 from evolving_infra.node_agent.service.sglang_http import ServerIdentity
 
-__all__ = ["FIGURES", "Peer", "Side", "SideKey", "compare", "comparison_markdown", "peer_sides"]
+__all__ = ["FIGURES", "Peer", "Side", "SideKey", "compare", "comparison_markdown", "format_value", "peer_sides"]
 
 
 class Peer(str, Enum):
@@ -131,6 +131,14 @@ def compare(reports: Mapping[SideKey, Mapping[str, Any]], descriptions: Mapping[
     }  # fmt: skip
 
 
+def format_value(row: Mapping[str, Any], side: str) -> str:
+    """One side's figure of a comparison row as shown: counts whole, the rest to three decimals, "-" if missing."""
+    value = row["values"][side]
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if row["figure"].startswith("requests") else f"{value:,.3f}"
+
+
 def comparison_markdown(comparison: Mapping[str, Any]) -> list[str]:
     """The report section: one column per side, differences from the reference in parentheses (bold above the
     tolerance)."""
@@ -145,8 +153,7 @@ def comparison_markdown(comparison: Mapping[str, Any]) -> list[str]:
     for row in comparison["rows"]:
         cells = []
         for side in sides:
-            value = row["values"][side]
-            text = "-" if value is None else (f"{value:,.0f}" if row["figure"].startswith("requests") else f"{value:,.3f}")
+            text = format_value(row, side)
             diff = row["differences"].get(side)
             if side != ref and diff is not None:
                 note = f"{diff:+.0%}"
