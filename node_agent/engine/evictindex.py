@@ -1,11 +1,19 @@
-"""The eviction order of one tier's cached pages: ascending (policy key, page hash), kept as buckets of pages
+"""The eviction order of one tier's cached pages: ascending (policy key, tie-break), kept as buckets of pages
 that share a key.
+
+Tie-break among pages of one key (`rank`): the deepest page first, then the page hash. A page's depth is
+its position in its chain (0 for a first page; set when the node stores it, one more than its parent's when
+the node holds the parent, else 0, and kept while either tier holds it). So among pages the policy cannot
+tell apart (e.g. a released prefix, all last accessed at one time) a chain is cut from its end and keeps a
+whole prefix, as a radix-tree cache evicts leaves before their parents; the paper's E.2 fixes only the key
+`(count > 0, last access)`, not the order within it. (The page hash alone, used before, scattered evictions
+across chains.)
 
 Many cached pages share a key: a request's release unpins its whole prefix at one time, so those pages get
 one last access (and, under branch counts, one of two count groups). The order keeps one bucket (a set of
 pages) per distinct key and a heap of the keys. Entering a page costs one set insertion, and a whole run of
 pages with one key is entered by one C-level set update; choosing k victims walks the buckets in key order,
-each bucket sorted by page hash once (and again only after pages join it), its smallest entries taken
+each bucket sorted by tie-break once (and again only after pages join it), its smallest entries taken
 at once (C-level checks) when they are all live and nothing is excluded.
 
 Keys: the built-in policies' keys depend only on (count > 0, last access), so they are computed here from
@@ -16,7 +24,7 @@ Entries are lazy: a page that was pinned, evicted or re-keyed keeps its old entr
 rebuilt from the cached pages when stale ones outnumber live ones several times.
 
 Invariant (checked by `TierPool.check` through `holds`): every cached page is a member of the bucket of its
-current key. Then `victims` yields exactly the cached pages, in ascending (key, page hash) order, each once:
+current key. Then `victims` yields exactly the cached pages, in ascending (key, rank) order, each once:
 buckets come off the heap in key order, and a key is in the heap exactly while it has a bucket.
 
 Boundary: ordering only; the tier owns the page tables this reads (cached set, last access, counts) and tells
@@ -26,7 +34,7 @@ the order when a cached page's key may have changed.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from itertools import groupby, repeat
 from operator import eq
 
@@ -72,11 +80,12 @@ class EvictionOrder:
         cached: set[PageHash],
         access: dict[PageHash, float],
         counts: dict[PageHash, int],
+        depth: dict[PageHash, int],
     ) -> None:
         self.policy = policy
         self.coarse = coarse_key(policy)
         self.keyed_by_count = self.coarse is not _lru_key  # whether a count change can move a page
-        self._cached, self._access, self._counts = cached, access, counts
+        self._cached, self._access, self._counts, self._depth = cached, access, counts, depth
         self._buckets: dict[Key, _Bucket] = {}
         self._keys: list[Key] = []  # a heap; a key is in it exactly while it has a bucket
         self._size = 0  # entries in all buckets, stale ones included
@@ -88,6 +97,11 @@ class EvictionOrder:
         if self.coarse is not None:
             return self.coarse(page in self._counts, self._access[page])
         return self.policy.key(HostPage(page, self._counts.get(page, 0), self._access[page]))
+
+    def rank(self, page: PageHash) -> int:
+        """The tie-break of resident `page` among pages of one key, ascending: deeper pages first (a page
+        before its parent), then the page hash; one integer (hash minus depth * 2^64, hashes being below 2^64)."""
+        return page - (self._depth[page] << 64)
 
     def _validity(self) -> Callable[[PageHash, Key], bool]:
         """`valid(page, key)`: whether an entry is live (the page is cached and `key` is its key now)."""
@@ -194,22 +208,35 @@ class EvictionOrder:
         self._size = 0
         self.enter_each(self._cached)
 
-    def floor(self, pages: set[PageHash], now: float) -> tuple[Key, PageHash] | None:
-        """The smallest (key, page hash) a page of `pages` (non-empty) has once accessed at `now`; None for a
-        policy without coarse keys."""
+    def floor(self, pages: set[PageHash], now: float, depths: Mapping[PageHash, int]) -> tuple[Key, int] | None:
+        """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`, the depths of
+        pages without one taken from `depths`; None for a policy without coarse keys."""
         coarse = self.coarse
         if coarse is None:
             return None
+        if depths:
+            known, extra = self._depth, depths
+
+            def rank(page: PageHash) -> int:
+                d = known.get(page)
+                return page - ((extra[page] if d is None else d) << 64)
+
+            return self._floor(coarse, pages, now, rank)
+        return self._floor(coarse, pages, now, self.rank)
+
+    def _floor(
+        self, coarse: Callable[[bool, float], Key], pages: set[PageHash], now: float, rank: Callable[[PageHash], int]
+    ) -> tuple[Key, int]:
         if self.keyed_by_count:
             free = pages.difference(self._counts)
             if free:
-                return coarse(False, now), min(free)
-            return coarse(True, now), min(pages)
-        return coarse(False, now), min(pages)
+                return coarse(False, now), min(map(rank, free))
+            return coarse(True, now), min(map(rank, pages))
+        return coarse(False, now), min(map(rank, pages))
 
     # --- choosing victims ----------------------------------------------------------------------------
     def victims(self, n: int, exclude: Container[PageHash]) -> list[PageHash]:
-        """The first `n` cached pages not in `exclude`, in ascending (key, page hash) order, taken out of the
+        """The first `n` cached pages not in `exclude`, in ascending (key, rank) order, taken out of the
         order (the caller evicts them); stale entries met on the way are dropped."""
         out: list[PageHash] = []
         keep: list[Key] = []
@@ -221,7 +248,7 @@ class EvictionOrder:
             members = bucket.members
             order = bucket.order
             if order is None:
-                order = bucket.order = sorted(members, reverse=True)
+                order = bucket.order = sorted(members, key=self.rank, reverse=True)
             k = min(n - len(out), len(order))
             if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
                 chunk = order[-k:]

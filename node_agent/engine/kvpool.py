@@ -15,9 +15,10 @@ Rules:
   chain in one tier at one time are merged into that tier's latest event) or `KvRemoved`, in the order
   the changes happen within each tier, so replaying the events per tier gives exactly the resident set.
 
-Eviction order is ascending `(policy.key(page), page hash)` over the unpinned pages, the order the keyed
-policies' `victims` give; each tier keeps it as lazy buckets of equal key (`evictindex`); with
-`check=True` every choice is compared with `policy.victims` over a full snapshot.
+Eviction order is ascending `(policy.key(page), -depth, page hash)` over the unpinned pages: among pages of
+equal key the deepest goes first, so a chain loses its end before its prefix (`evictindex`; both tiers share
+one table of page depths); each tier keeps it as lazy buckets of equal key; with `check=True` every choice is
+compared with that order computed over a full snapshot (`expected_victims`).
 
 Runs: `store_all`, `land_all` and evictions handle a whole run of pages at once (C-level set and dict
 operations) with exactly the state of the page-by-page calls; the L2 victims of a run's write-through are
@@ -35,6 +36,7 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -75,9 +77,11 @@ class KvPool:
     ) -> None:
         self.node = node
         self._counts: dict[PageHash, int] = {}
+        self._depth: dict[PageHash, int] = {}  # pages either tier holds -> depth (shared by both)
         self._policies = {Tier.GPU: gpu_policy or LruEviction(), Tier.HOST: host_policy}
-        self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts)
-        self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts)
+        self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, self._depth)
+        self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts, self._depth)
+        self.l1._peer, self.l2._peer = self.l2, self.l1
         self._outbox: list[tuple[str, Tier, PageHash | None, list[PageHash], float]] = []
         self._last: dict[Tier, int] = {}  # index in the outbox of each tier's latest event
         self._skipped = 0
@@ -198,7 +202,7 @@ class KvPool:
 
     def _evict(self, tier: Tier, n: int, now: float, excluded: frozenset[PageHash]) -> list[PageHash]:
         pool = self.tier(tier)
-        expected = self._policies[tier].victims(pool.candidates(self._counts, excluded), n) if self.check else None
+        expected = self.expected_victims(tier, n, excluded) if self.check else None
         victims = pool.victims(n, excluded)
         if expected is not None and victims != expected:
             raise PoolInvariantError(f"{tier.value}: eviction order {victims} differs from the policy's {expected}")
@@ -224,13 +228,21 @@ class KvPool:
         self._removed_all(tier, victims, now)
         return victims
 
+    def expected_victims(self, tier: Tier, n: int, excluded: frozenset[PageHash] = frozenset()) -> list[PageHash]:
+        """The first `n` cached pages of `tier` not in `excluded`, in ascending (policy key, -depth, page hash),
+        from a full snapshot (what `check` compares every eviction with)."""
+        policy, depth = self._policies[tier], self._depth
+        pages = self.tier(tier).candidates(self._counts, excluded)
+        chosen = heapq.nsmallest(n, pages, key=lambda p: (*policy.key(p), -depth[p.page], p.page))
+        return [p.page for p in chosen]
+
     def _l2_plan(self, pages: Iterable[PageHash], now: float) -> Plan | None:
         """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2
         victims their room takes (out of the eviction order already); None, changing nothing, if the run must
         go page by page (see `TierRuns.room_for_run`)."""
-        plan = self.l2.room_for_run(set(pages), now)
+        plan = self.l2.room_for_run(set(pages), now, pages if isinstance(pages, dict) else None)
         if plan is not None and plan[1] and self.check:
-            expected = self._policies[Tier.HOST].victims(self.l2.candidates(self._counts, frozenset()), len(plan[1]))
+            expected = self.expected_victims(Tier.HOST, len(plan[1]))
             if plan[1] != expected:
                 raise PoolInvariantError(f"host: eviction order {plan[1]} differs from the policy's {expected}")
         return plan
@@ -403,6 +415,8 @@ class KvPool:
     def check_invariants(self) -> None:
         self.l1.check()
         self.l2.check()
+        if self._depth.keys() != self.l1.resident_set() | self.l2.resident_set():
+            raise PoolInvariantError("the depth table differs from the pages the two tiers hold")
         if any(c <= 0 for c in self._counts.values()):
             raise PoolInvariantError("branch counts must be positive once stored")
 

@@ -55,7 +55,14 @@ class TierGauges:
 class TierPool(TierRuns):
     """Page accounting of one tier (see the module docstring for the four states)."""
 
-    def __init__(self, tier: Tier, capacity: int, policy: HostEvictionPolicy, counts: dict[PageHash, int]) -> None:
+    def __init__(
+        self,
+        tier: Tier,
+        capacity: int,
+        policy: HostEvictionPolicy,
+        counts: dict[PageHash, int],
+        depth: dict[PageHash, int] | None = None,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"{tier.value} tier needs a capacity of at least 1 page, got {capacity}")
         self.tier = tier
@@ -63,12 +70,15 @@ class TierPool(TierRuns):
         self.policy = policy
         self._counts = counts  # shared with the pool (positive counts only), which pushes updates via `rekey`
         self._parent: dict[PageHash, PageHash | None] = {}  # resident pages
+        # Depth of every page resident here or in the peer tier (shared with it when a `KvPool` owns both).
+        self._depth: dict[PageHash, int] = {} if depth is None else depth
+        self._peer: TierPool | None = None  # the node's other tier, which shares `_depth`
         self._access: dict[PageHash, float] = {}  # last access of resident pages
         self._max_access = -math.inf  # >= every last access
         self._pinned: set[PageHash] = set()
         self._shared: dict[PageHash, int] = {}  # pin count of pages pinned by two or more owners
         self._cached: set[PageHash] = set()  # unpinned resident pages
-        self._order = EvictionOrder(policy, self._cached, self._access, counts)
+        self._order = EvictionOrder(policy, self._cached, self._access, counts, self._depth)
         self._writing: dict[PageHash, Owner] = {}
         self._reserved: dict[Owner, int] = {}
         self._owner_pins: dict[Owner, set[PageHash]] = {}
@@ -172,8 +182,8 @@ class TierPool(TierRuns):
         return self._order.keyed_by_count
 
     def victims(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> list[PageHash]:
-        """Take the first `n` cached pages not in `exclude`, in ascending (policy key, page hash) order
-        (the order `policy.victims` gives), from the eviction order. The caller evicts every page returned."""
+        """Take the first `n` cached pages not in `exclude`, in ascending (policy key, deepest first, page hash)
+        order (`evictindex`), from the eviction order. The caller evicts every page returned."""
         return self._order.victims(n, exclude)
 
     # --- access and pins -----------------------------------------------------------------------------
@@ -321,6 +331,8 @@ class TierPool(TierRuns):
                 self._no_free(1, f"storing page {page:#x}")
             self._free -= 1
         self._parent[page] = parent
+        if page not in self._depth:
+            self._depth[page] = self._depth.get(parent, -1) + 1  # type: ignore[arg-type]  # None: a root
         self._access[page] = now
         if now > self._max_access:
             self._max_access = now
@@ -347,6 +359,8 @@ class TierPool(TierRuns):
         del self._access[page]
         self._cached.discard(page)
         self._free += 1
+        if self._peer is None or page not in self._peer._parent:
+            del self._depth[page]
 
     # --- invariants ----------------------------------------------------------------------------------
     def check(self) -> None:
@@ -368,6 +382,8 @@ class TierPool(TierRuns):
         both = set(self._writing) & set(self._parent)
         if both:
             raise PoolInvariantError(f"{name}: pages both resident and being written: {sorted(both)}")
+        if not resident <= self._depth.keys():
+            raise PoolInvariantError(f"{name}: resident pages without a depth")
         if self._access.keys() != resident or any(t > self._max_access for t in self._access.values()):
             raise PoolInvariantError(f"{name}: last-access table disagrees with the resident pages")
         if not self._pinned.issubset(resident) or self._cached != resident - self._pinned:

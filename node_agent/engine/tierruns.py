@@ -28,6 +28,8 @@ class TierRuns:
 
     tier: Tier
     _parent: dict[PageHash, PageHash | None]
+    _depth: dict[PageHash, int]
+    _peer: TierRuns | None
     _access: dict[PageHash, float]
     _max_access: float
     _pinned: set[PageHash]
@@ -149,6 +151,10 @@ class TierRuns:
                 self._no_free(k, f"storing {k} page(s)")
             self._free -= k
         self._parent.update(items)
+        depth = self._depth
+        for page, parent in items.items():  # in chain order: a parent earlier in the run has its depth already
+            if page not in depth:
+                depth[page] = depth.get(parent, -1) + 1  # type: ignore[arg-type]  # None: a root
         self._access.update(dict.fromkeys(items, now))
         if now > self._max_access:
             self._max_access = now
@@ -168,29 +174,48 @@ class TierRuns:
         """A live, read-only view of the resident pages' parents (do not keep)."""
         return self._parent
 
-    def room_for_run(self, pages: set[PageHash], now: float) -> tuple[set[PageHash], list[PageHash]] | None:
+    def room_for_run(
+        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None
+    ) -> tuple[set[PageHash], list[PageHash]] | None:
         """Plan writing `pages` into this tier at `now` one page at a time, each page the tier lacks taking a
         free slot or else evicting the first cached page in eviction order (as `KvPool._into_l2` does): the
         pages it lacks, and the victims in order, taken out of the eviction order (the caller removes them and
         inserts the lacking pages). None, changing nothing, where the run cannot be done at once: a lacking
         page is being written, the cached pages run out, or a victim is a page of `pages` or does not come
         before every page of `pages` once accessed at `now` (then evicting the first victims up front chooses
-        the later ones differently from page by page, which can evict a page the run inserted or touched)."""
+        the later ones differently from page by page, which can evict a page the run inserted or touched).
+        `parents` (page -> parent, in chain order) gives the depths of pages neither tier holds yet."""
         missing = pages.difference(self._parent)
         if self._writing and not self._writing.keys().isdisjoint(missing):
             return None
         need = len(missing) - self._free
         if need <= 0:
             return missing, []
-        floor = self._order.floor(pages, now)
+        floor = self._order.floor(pages, now, self._prospective_depths(pages, parents))
         if floor is None:
             return None
         victims = self._order.victims(need, ())
-        late = len(victims) < need or (self._order.key(victims[-1]), victims[-1]) >= floor
+        late = len(victims) < need or (self._order.key(victims[-1]), self._order.rank(victims[-1])) >= floor
         if late or not pages.isdisjoint(victims):
             self._order.enter_each(victims)  # they stay cached: put them back
             return None
         return missing, victims
+
+    def _prospective_depths(
+        self, pages: set[PageHash], parents: Mapping[PageHash, PageHash | None] | None
+    ) -> dict[PageHash, int]:
+        """The depths the pages of `pages` that have none will get when stored in the order of `parents`."""
+        depth = self._depth
+        if depth.keys() >= pages:
+            return {}
+        if parents is None:
+            raise PoolInvariantError(f"{self.tier.value}: a run's new pages need their parents for their depths")
+        new: dict[PageHash, int] = {}
+        for page, parent in parents.items():
+            if page not in depth:
+                known = new.get(parent)  # type: ignore[arg-type]  # None: a root
+                new[page] = (depth.get(parent, -1) if known is None else known) + 1  # type: ignore[arg-type]
+        return new
 
     def remove_all(self, pages: Iterable[PageHash]) -> None:
         """`remove` every page of `pages` (all cached)."""
@@ -203,3 +228,6 @@ class TierRuns:
             del access[page]
         self._cached -= gone
         self._free += len(gone)
+        depth = self._depth
+        for page in gone if self._peer is None else gone.difference(self._peer._parent):
+            del depth[page]

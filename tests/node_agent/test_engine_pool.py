@@ -91,6 +91,29 @@ def test_host_eviction_keeps_pages_with_branch_counts_then_lru() -> None:
     assert p.l2.resident() == {PAGES[2]}
 
 
+def test_equal_keys_evict_the_deepest_page_first_so_prefixes_stay_whole() -> None:
+    p = pool(l1=16, l2=16)
+    put(p, "a", range(5), now=1.0, tier=Tier.HOST)  # a chain of depths 0..4
+    other = chain_hashes(f"q{i}".encode() for i in range(3))  # another chain, depths 0..2
+    p.l2.reserve("b", 3)
+    for i, page in enumerate(other):
+        p.store(Tier.HOST, page, other[i - 1] if i else None, 1.0, owner="b")
+    p.release("a", 2.0)
+    p.release("b", 2.0)  # all eight pages now share one key
+    assert p.evict(Tier.HOST, 2, 3.0) == [PAGES[4], PAGES[3]]
+    assert p.evict(Tier.HOST, 2, 3.0) == sorted([PAGES[2], other[2]])  # equal depth: the page hash decides
+    assert p.evict(Tier.HOST, 4, 3.0) == sorted([PAGES[1], other[1]]) + sorted([PAGES[0], other[0]])
+
+
+def test_a_page_keeps_its_depth_while_either_tier_holds_it() -> None:
+    p = pool(l1=4, l2=8)
+    put(p, "a", range(3), now=1.0)  # L1, written through to L2
+    p.release("a", 1.0)
+    p.evict(Tier.GPU, 3, 2.0)  # L1 drops the chain; L2 keeps it, and the depths
+    assert p.evict(Tier.HOST, 2, 3.0) == [PAGES[2], PAGES[1]]  # one key (touched at 2.0): deepest first
+    p.check_invariants()
+
+
 def test_lru_host_eviction_ignores_counts() -> None:
     p = pool(l1=8, l2=4, policy=LruEviction())
     for i, t in zip(range(4), (1.0, 2.0, 3.0, 4.0), strict=True):
