@@ -36,12 +36,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Container, Iterable, Mapping
 from itertools import groupby, repeat
-from operator import eq
+from operator import and_, eq, lshift, sub
 
 from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, HostPage, LruEviction
 from evolving_infra.core.pages import PageHash
 
 Key = tuple[float, ...]
+_MASK = (1 << 64) - 1  # a rank's page hash: rank & _MASK (ranks are hash - depth * 2^64, hashes below 2^64)
 
 
 def _branch_count_key(counted: bool, last_access: float) -> Key:
@@ -67,7 +68,7 @@ class _Bucket:
 
     def __init__(self, members: set[PageHash] | None = None) -> None:
         self.members: set[PageHash] = set() if members is None else members
-        self.order: list[PageHash] | None = None  # the members sorted descending (smallest last), or None
+        self.order: list[int] | None = None  # the members' ranks (`EvictionOrder.rank`) descending, or None
 
 
 class EvictionOrder:
@@ -97,6 +98,12 @@ class EvictionOrder:
         if self.coarse is not None:
             return self.coarse(page in self._counts, self._access[page])
         return self.policy.key(HostPage(page, self._counts.get(page, 0), self._access[page]))
+
+    def _ranks(self, members: set[PageHash]) -> list[int]:
+        """The ranks of `members`, descending (C-level passes; a stale entry's page may have no depth: 0)."""
+        pages = list(members)
+        depths = map(self._depth.get, pages, repeat(0))
+        return sorted(map(sub, pages, map(lshift, depths, repeat(64))), reverse=True)  # type: ignore[arg-type]
 
     def rank(self, page: PageHash) -> int:
         """The tie-break of resident `page` among pages of one key, ascending: deeper pages first (a page
@@ -134,9 +141,9 @@ class EvictionOrder:
     def enter(self, page: PageHash) -> None:
         """(Re)enter cached `page` under its current key."""
         bucket = self._bucket(self.key(page))
+        bucket.order = None  # (also when `page` has an entry here: a stale one may have another depth)
         if page not in bucket.members:
             bucket.members.add(page)
-            bucket.order = None
             self._size += 1
             if self._size > self._limit():
                 self._rebuild()
@@ -144,10 +151,11 @@ class EvictionOrder:
     def _add_all(self, key: Key, pages: Iterable[PageHash]) -> None:
         bucket = self._bucket(key)
         members = bucket.members
+        pages = pages if isinstance(pages, (set, list)) else list(pages)
         before = len(members)
         members.update(pages)
-        if len(members) != before:
-            bucket.order = None
+        if pages:
+            bucket.order = None  # new entries, or entries again (a stale one may have had another depth)
             self._size += len(members) - before
 
     def enter_all(self, pages: set[PageHash], now: float) -> None:
@@ -248,23 +256,25 @@ class EvictionOrder:
             members = bucket.members
             order = bucket.order
             if order is None:
-                order = bucket.order = sorted(members, key=self.rank, reverse=True)
+                order = bucket.order = self._ranks(members)
             k = min(n - len(out), len(order))
-            if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
-                chunk = order[-k:]
-                del order[-k:]
-                members.difference_update(chunk)
-                chunk.reverse()
-                out += chunk
-                taken += k
-            held: list[PageHash] = []
+            if k:
+                chunk = list(map(and_, order[-k:], repeat(_MASK)))
+                if not exclude and self._all_valid(chunk, key):  # the k smallest entries at once
+                    del order[-k:]
+                    members.difference_update(chunk)
+                    chunk.reverse()
+                    out += chunk
+                    taken += k
+            held: list[int] = []
             while order and len(out) < n:
-                page = order.pop()
+                rank = order.pop()
+                page = PageHash(rank & _MASK)
                 if not valid(page, key):
                     members.discard(page)
                     taken += 1
                 elif page in exclude:
-                    held.append(page)
+                    held.append(rank)
                 else:
                     members.discard(page)
                     taken += 1
