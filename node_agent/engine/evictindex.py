@@ -34,6 +34,7 @@ the order when a cached page's key may have changed.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Container, Iterable, Mapping
 from itertools import groupby, repeat
 from operator import and_, eq, lshift, sub
@@ -61,6 +62,12 @@ def coarse_key(policy: HostEvictionPolicy) -> Callable[[bool, float], Key] | Non
     if type(policy) is LruEviction:
         return _lru_key
     return None
+
+
+def _min_rank(pages: Iterable[PageHash], depth: Mapping[PageHash, int]) -> int | float:
+    """The smallest rank (hash - depth * 2^64) of `pages` (each in `depth`), by C-level passes; inf if none."""
+    pages = list(pages)
+    return min(map(sub, pages, map(lshift, map(depth.__getitem__, pages), repeat(64))), default=math.inf)
 
 
 class _Bucket:
@@ -216,31 +223,23 @@ class EvictionOrder:
         self._size = 0
         self.enter_each(self._cached)
 
-    def floor(self, pages: set[PageHash], now: float, depths: Mapping[PageHash, int]) -> tuple[Key, int] | None:
+    def floor(self, pages: set[PageHash], now: float, depths: Mapping[PageHash, int]) -> tuple[Key, float] | None:
         """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`, the depths of
         pages without one taken from `depths`; None for a policy without coarse keys."""
         coarse = self.coarse
         if coarse is None:
             return None
-        if depths:
-            known, extra = self._depth, depths
-
-            def rank(page: PageHash) -> int:
-                d = known.get(page)
-                return page - ((extra[page] if d is None else d) << 64)
-
-            return self._floor(coarse, pages, now, rank)
-        return self._floor(coarse, pages, now, self.rank)
-
-    def _floor(
-        self, coarse: Callable[[bool, float], Key], pages: set[PageHash], now: float, rank: Callable[[PageHash], int]
-    ) -> tuple[Key, int]:
+        counted = False
         if self.keyed_by_count:
             free = pages.difference(self._counts)
             if free:
-                return coarse(False, now), min(map(rank, free))
-            return coarse(True, now), min(map(rank, pages))
-        return coarse(False, now), min(map(rank, pages))
+                pages = free
+            else:
+                counted = True
+        if depths:
+            new = pages.intersection(depths)
+            return coarse(counted, now), min(_min_rank(pages - new, self._depth), _min_rank(new, depths))
+        return coarse(counted, now), _min_rank(pages, self._depth)
 
     # --- choosing victims ----------------------------------------------------------------------------
     def victims(self, n: int, exclude: Container[PageHash]) -> list[PageHash]:

@@ -13,6 +13,8 @@ Boundary: page accounting of one tier, like `tier`; which runs to move, and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import filterfalse
+from operator import eq
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
@@ -21,6 +23,24 @@ from evolving_infra.node_agent.engine.evictindex import EvictionOrder
 
 Owner = str
 """Who holds pins and in-use slots: a request id."""
+
+
+def new_depths(items: Mapping[PageHash, PageHash | None], depth: Mapping[PageHash, int]) -> dict[PageHash, int]:
+    """The depths that the pages of `items` (page -> parent, in chain order) without one in `depth` get when
+    stored in that order: one more than the parent's (from `depth` or earlier in `items`), 0 without a known
+    parent. C-level passes when those pages form one chain (each the parent of the next), as a run does."""
+    fresh = list(filterfalse(depth.__contains__, items))
+    if not fresh:
+        return {}
+    parents = list(map(items.__getitem__, fresh))
+    if all(map(eq, parents[1:], fresh)):  # one chain: consecutive depths from its first page's
+        first = depth.get(parents[0], -1) + 1  # type: ignore[arg-type]  # None: a root
+        return dict(zip(fresh, range(first, first + len(fresh))))
+    new: dict[PageHash, int] = {}
+    for page, parent in zip(fresh, parents):
+        known = new.get(parent)  # type: ignore[arg-type]  # None: a root
+        new[page] = (depth.get(parent, -1) if known is None else known) + 1  # type: ignore[arg-type]
+    return new
 
 
 class TierRuns:
@@ -152,9 +172,9 @@ class TierRuns:
             self._free -= k
         self._parent.update(items)
         depth = self._depth
-        for page, parent in items.items():  # in chain order: a parent earlier in the run has its depth already
-            if page not in depth:
-                depth[page] = depth.get(parent, -1) + 1  # type: ignore[arg-type]  # None: a root
+        new = new_depths(items, depth)
+        if new:
+            depth.update(new)
         self._access.update(dict.fromkeys(items, now))
         if now > self._max_access:
             self._max_access = now
@@ -210,12 +230,7 @@ class TierRuns:
             return {}
         if parents is None:
             raise PoolInvariantError(f"{self.tier.value}: a run's new pages need their parents for their depths")
-        new: dict[PageHash, int] = {}
-        for page, parent in parents.items():
-            if page not in depth:
-                known = new.get(parent)  # type: ignore[arg-type]  # None: a root
-                new[page] = (depth.get(parent, -1) if known is None else known) + 1  # type: ignore[arg-type]
-        return new
+        return new_depths(parents, depth)
 
     def remove_all(self, pages: Iterable[PageHash]) -> None:
         """`remove` every page of `pages` (all cached)."""
