@@ -9,12 +9,16 @@ start in their initial phases and the planner runs from t=0.
 Every random choice draws from a named stream of `RandomStreams(cfg.seed)`, so a run is a pure function of
 the config and the trace.
 
+The workload is read lazily: the content model hashes a request's pages when it is issued, and a `GrowingTrace`
+(closed loop) loads each agent when the replayer starts it and releases it when it finishes (its pages are
+dropped then); the results are those of the whole trace loaded up front.
+
 Boundary: construction and wiring; behaviour lives in `flow`, `stepping` and `phases`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from evolving_infra.core.eviction import eviction_policy
 from evolving_infra.core.types import NodeId, NodeMode, Phase
@@ -34,11 +38,12 @@ from evolving_infra.sim.config import DecodeReservation, PauseRuleName, SimConfi
 from evolving_infra.sim.kernel import Command, Event, Priority
 from evolving_infra.sim.models import model_book
 from evolving_infra.sim.pause import ThunderAgentRule
-from evolving_infra.sim.replay import AgentReplayer, ReplayMode
+from evolving_infra.sim.replay import AgentReplayer, ReplayMode, StreamedPlan
 from evolving_infra.sim.rng import RandomStreams
 from evolving_infra.sim.state import ClusterState, SimNode
 from evolving_infra.traces.content import ContentModel
-from evolving_infra.traces.records import Relation, Trace
+from evolving_infra.traces.growing import GrowingTrace, LoadedAgent
+from evolving_infra.traces.records import Relation, Request, Trace
 
 
 def node_ids(count: int) -> list[NodeId]:
@@ -61,16 +66,37 @@ def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStre
     return make
 
 
-def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None = None,
+def fork_parents(trace: Trace | GrowingTrace, requests: Iterable[Request]) -> dict[str, str]:
+    """Branch -> the branch it forked from, for the forks among `requests`."""
+    return {r.branch: trace.request(r.base).branch for r in requests if r.relation is Relation.FORK and r.base}
+
+
+def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: HardwareProfile | None = None,
                   content: ContentModel | None = None) -> ClusterState:
     """A cluster ready to run `trace`; `profile` and `content` may be given to skip loading them."""
     profile = profile if profile is not None else load_profile(cfg.profile)
     streams = RandomStreams(cfg.seed)
     if content is None or content.page_tokens != profile.page_tokens:
-        content = ContentModel(trace, profile.page_tokens)
-    parents: dict[str, str] = {
-        r.branch: trace.request(r.base).branch for r in trace.requests if r.relation is Relation.FORK and r.base
-    }
+        content = ContentModel(trace, profile.page_tokens, lazy=True)
+    streamed = isinstance(trace, GrowingTrace) and cfg.agents is not None
+    if isinstance(trace, GrowingTrace) and not streamed:
+        trace.load_all()  # open loop: every agent's start time is needed up front
+    parents: dict[str, str] = {}
+    if isinstance(trace, GrowingTrace):
+        lazy = trace
+
+        def loaded(agent: LoadedAgent) -> None:
+            parents.update(fork_parents(lazy, agent.requests))
+
+        def released(agent: LoadedAgent) -> None:
+            content.release(r.index for r in agent.requests)
+            for r in agent.requests:
+                parents.pop(r.branch, None)
+
+        trace.on_load(loaded)
+        trace.on_release(released)
+    else:
+        parents.update(fork_parents(trace, trace.requests))
     collocated = cfg.collocated_warmup and cfg.warmup_s > 0
     start = initial_phases(cfg)
     make_engine = engine_factory(cfg, profile, streams)
@@ -113,7 +139,8 @@ def build_cluster(cfg: SimConfig, trace: Trace, profile: HardwareProfile | None 
         nodes=nodes,
         core=core,
         control=control,
-        replayer=AgentReplayer(trace, replay_mode),
+        replayer=AgentReplayer(StreamedPlan(trace) if isinstance(trace, GrowingTrace) and streamed else trace,
+                               replay_mode),
         content=content,
         trace=trace,
         parents=parents,

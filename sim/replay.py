@@ -20,6 +20,11 @@ Semantics (trace format version 1):
 Invariant: every request is issued exactly once, at a time >= (completion of its last dependency, or its
 agent's start) + `delay_s`; effects come out in order of `at`; `done` once every agent has finished.
 
+With a `StreamedPlan` (closed loop only) an agent's requests are taken from the plan when the agent starts and
+forgotten when it finishes (the plan is told, so the trace can drop what it holds for the agent): memory follows
+the active agents, not the trace. The effects are the same as with the whole plan; only a report about a request
+of an agent not started yet or already finished names no state ("no such request").
+
 Boundary: replay state only; effects are data, and the driver does the issuing.
 """
 
@@ -32,7 +37,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evolving_infra.sim.replay_plan import AgentSpec, PlanError, ReplayPlan, RequestSpec, TraceLike
+from evolving_infra.sim.replay_plan import AgentSpec, PlanError, ReplayPlan, RequestSpec, StreamedPlan, TraceLike
 
 __all__ = [
     "AgentFinished",
@@ -47,6 +52,7 @@ __all__ = [
     "ReplayMode",
     "ReplayPlan",
     "RequestSpec",
+    "StreamedPlan",
 ]
 
 
@@ -154,30 +160,29 @@ class _Req(enum.Enum):
 class AgentReplayer:
     """Replay state for one run over `trace` (a `Trace`, any `TraceLike`, or a prepared `ReplayPlan`)."""
 
-    def __init__(self, trace: TraceLike | ReplayPlan, mode: ReplayMode) -> None:
-        self._plan = trace if isinstance(trace, ReplayPlan) else ReplayPlan.from_trace(trace)
+    def __init__(self, trace: TraceLike | ReplayPlan | StreamedPlan, mode: ReplayMode) -> None:
+        plan = trace if isinstance(trace, ReplayPlan | StreamedPlan) else ReplayPlan.from_trace(trace)
+        self._plan: ReplayPlan | StreamedPlan = plan
+        self._streamed = isinstance(plan, StreamedPlan)
         self._mode = mode
-        agents = self._plan.agents
-        if mode.kind is ReplayKind.OPEN_LOOP and mode.arrivals is not None and len(mode.arrivals) != len(agents):
+        if self._streamed and mode.kind is not ReplayKind.CLOSED_LOOP:
+            raise ValueError("a streamed plan replays in closed loop only; open loop needs every agent's start_s")
+        count = plan.agent_count
+        if mode.kind is ReplayKind.OPEN_LOOP and mode.arrivals is not None and len(mode.arrivals) != count:
             raise ValueError(
-                f"open-loop arrivals give {len(mode.arrivals)} times for {len(agents)} agents; give one per agent"
+                f"open-loop arrivals give {len(mode.arrivals)} times for {count} agents; give one per agent"
             )
         self._now = -math.inf
         self._started_run = False
         self._timers: list[tuple[float, int, int, _Timer, str]] = []
         self._seq = 0
-        self._state: dict[str, _Req] = {r: _Req.WAITING for r in self._plan.requests}
-        self._missing: dict[str, int] = {r.id: len(r.after) for r in self._plan.requests.values()}
-        self._dependents: dict[str, list[str]] = {r: [] for r in self._plan.requests}
-        for spec in self._plan.requests.values():
-            for dep in spec.after:
-                self._dependents[dep].append(spec.id)
+        self._specs: dict[str, RequestSpec] = {}
+        self._state: dict[str, _Req] = {}
+        self._missing: dict[str, int] = {}
+        self._dependents: dict[str, list[str]] = {}
         self._ends_on: dict[str, list[str]] = {}
-        for agent in agents:
-            for branch, rid in agent.branch_end_after.items():
-                self._ends_on.setdefault(rid, []).append(branch)
-        self._by_id = {a.agent: a for a in agents}
-        self._left: dict[str, int] = {a.agent: len(a.requests) for a in agents}
+        self._by_id: dict[str, AgentSpec] = {}
+        self._left: dict[str, int] = {}
         self._ended: set[str] = set()
         self._arrived: dict[str, float] = {}
         self._active: set[str] = set()
@@ -187,10 +192,37 @@ class AgentReplayer:
         self._issued = 0
         self._in_flight = 0
         self._to_arrive = 0
+        if isinstance(plan, ReplayPlan):
+            for agent in plan.agents:
+                self._load(agent)
+
+    def _load(self, agent: AgentSpec) -> None:
+        """Take agent's requests into the replay state (all agents at once for a whole plan)."""
+        for spec in agent.requests:
+            self._specs[spec.id] = spec
+            self._state[spec.id] = _Req.WAITING
+            self._missing[spec.id] = len(spec.after)
+            self._dependents[spec.id] = []
+        for spec in agent.requests:
+            for dep in spec.after:
+                self._dependents[dep].append(spec.id)
+        for branch, rid in agent.branch_end_after.items():
+            self._ends_on.setdefault(rid, []).append(branch)
+        self._by_id[agent.agent] = agent
+        self._left[agent.agent] = len(agent.requests)
+
+    def _unload(self, agent: AgentSpec) -> None:
+        """Forget a finished agent (streamed plans only) and tell the plan."""
+        for spec in agent.requests:
+            del self._specs[spec.id], self._state[spec.id], self._missing[spec.id], self._dependents[spec.id]
+            self._ends_on.pop(spec.id, None)
+        self._ended.difference_update(agent.branches)
+        del self._by_id[agent.agent], self._left[agent.agent], self._arrived[agent.agent]
+        self._plan.release(agent.index)
 
     # -- read-only state ---------------------------------------------------------------------------------
     @property
-    def plan(self) -> ReplayPlan:
+    def plan(self) -> ReplayPlan | StreamedPlan:
         return self._plan
 
     @property
@@ -200,7 +232,7 @@ class AgentReplayer:
     @property
     def done(self) -> bool:
         """Every agent of the trace has finished."""
-        return self._started_run and self._finished == len(self._plan.agents)
+        return self._started_run and self._finished == self._plan.agent_count
 
     @property
     def active_agents(self) -> int:
@@ -229,7 +261,7 @@ class AgentReplayer:
         """No agent is left to start (closed loop) or to arrive (open loop): from here on, active agents
         only decrease."""
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
-            return self._next_agent >= len(self._plan.agents)
+            return self._next_agent >= self._plan.agent_count
         return self._started_run and self._to_arrive == 0 and not self._admission
 
     def next_wakeup(self) -> float | None:
@@ -247,6 +279,7 @@ class AgentReplayer:
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
             self._fill(now, out)
         else:
+            assert isinstance(self._plan, ReplayPlan)  # open loop takes a whole plan (checked when built)
             for agent in self._plan.agents:
                 offset = agent.start_s if self._mode.arrivals is None else self._mode.arrivals[agent.index]
                 self._push(now + offset, _Timer.ARRIVE, agent.agent)
@@ -269,13 +302,13 @@ class AgentReplayer:
         self._drain(now, out)
         self._state[request_id] = _Req.COMPLETED
         self._in_flight -= 1
-        spec = self._plan.requests[request_id]
+        spec = self._specs[request_id]
         for branch in self._ends_on.get(request_id, ()):
             self._end_branch(branch, spec.agent, now, out)
         for child in self._dependents[request_id]:
             self._missing[child] -= 1
             if self._missing[child] == 0:
-                self._schedule_issue(self._plan.requests[child], now)
+                self._schedule_issue(self._specs[child], now)
         self._left[spec.agent] -= 1
         if self._left[spec.agent] == 0:
             self._finish(self._by_id[spec.agent], now, out)
@@ -313,7 +346,7 @@ class AgentReplayer:
         while self._timers and self._timers[0][0] <= now:
             at, _, _, kind, key = heapq.heappop(self._timers)
             if kind is _Timer.ISSUE:
-                spec = self._plan.requests[key]
+                spec = self._specs[key]
                 self._state[key] = _Req.ISSUED
                 self._issued += 1
                 self._in_flight += 1
@@ -335,7 +368,9 @@ class AgentReplayer:
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
             assert self._mode.concurrency is not None
             while len(self._active) < self._mode.concurrency and not self.exhausted:
-                agent = self._plan.agents[self._next_agent]
+                agent = self._plan.agent(self._next_agent)
+                if self._streamed:
+                    self._load(agent)
                 self._next_agent += 1
                 self._arrived[agent.agent] = at
                 self._start_agent(agent, at, out)
@@ -369,3 +404,5 @@ class AgentReplayer:
         self._active.discard(agent.agent)
         self._finished += 1
         out.append(AgentFinished(agent.agent, agent.workload, at))
+        if self._streamed:
+            self._unload(agent)

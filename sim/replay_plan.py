@@ -11,6 +11,11 @@ with a specific `PlanError` instead of a replay that hangs or issues a request t
 - a branch belongs to one agent; a `branch_end` names a branch with requests, at most once, and its
   `after` is a request of that branch.
 
+`StreamedPlan` is the same plan agent by agent, for a trace that loads its agents on demand (`AgentStream`, e.g.
+`traces.growing.GrowingTrace`): `agent(i)` checks agent i alone by the same rules (its records cannot name
+another agent's, which the loader's rules and the per-agent blocks already ensure) and builds its specs with the
+trace's indices, so they equal `ReplayPlan.from_trace` of the whole trace agent for agent.
+
 Boundary: plain values and checks; no replay state, no I/O.
 """
 
@@ -113,6 +118,73 @@ class ReplayPlan:
     def request_count(self) -> int:
         return len(self.requests)
 
+    @property
+    def agent_count(self) -> int:
+        return len(self.agents)
+
+    def agent(self, index: int) -> AgentSpec:
+        return self.agents[index]
+
+    def release(self, index: int) -> None:
+        """A whole plan keeps every agent (the replayer's call when agent `index` finished)."""
+
+
+class LoadedAgentLike(Protocol):
+    """One agent of an `AgentStream`: its record, requests and branch ends; `requests[0].index` is the first
+    request's position in the whole trace's file order (its requests are consecutive)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def agent(self) -> AgentLike: ...
+    @property
+    def requests(self) -> Sequence[Any]: ...
+    @property
+    def branch_ends(self) -> Sequence[BranchEndLike]: ...
+
+
+class AgentStream(Protocol):
+    """A trace whose agents load on demand, in file order (`traces.growing.GrowingTrace`)."""
+
+    @property
+    def agent_count(self) -> int: ...
+    def agent_at(self, index: int) -> LoadedAgentLike: ...
+    def release(self, index: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _OneAgent:
+    agents: tuple[AgentLike, ...]
+    requests: Sequence[RequestLike]
+    branch_ends: Sequence[BranchEndLike]
+
+
+class StreamedPlan:
+    """The plan of an `AgentStream`, built agent by agent (see the module docstring); `release(i)` lets the
+    stream drop what agent i's replay no longer needs."""
+
+    def __init__(self, stream: AgentStream) -> None:
+        self._stream = stream
+        self._specs: dict[int, AgentSpec] = {}
+
+    @property
+    def agent_count(self) -> int:
+        return self._stream.agent_count
+
+    def agent(self, index: int) -> AgentSpec:
+        spec = self._specs.get(index)
+        if spec is None:
+            loaded = self._stream.agent_at(index)
+            first = loaded.requests[0].index if loaded.requests else 0
+            one = _OneAgent((loaded.agent,), loaded.requests, loaded.branch_ends)
+            spec = _build(one, agent_index=loaded.index, first_request=first).agents[0]
+            self._specs[index] = spec
+        return spec
+
+    def release(self, index: int) -> None:
+        self._specs.pop(index, None)
+        self._stream.release(index)
+
 
 def _agents_of(trace: TraceLike) -> Iterable[AgentLike]:
     agents = trace.agents
@@ -121,7 +193,9 @@ def _agents_of(trace: TraceLike) -> Iterable[AgentLike]:
     return list(agents)
 
 
-def _build(trace: TraceLike) -> ReplayPlan:
+def _build(trace: TraceLike, *, agent_index: int = 0, first_request: int = 0) -> ReplayPlan:
+    """The checked plan of `trace`; its agents and requests are numbered from `agent_index` and
+    `first_request` (a single agent of a longer trace)."""
     agent_order: list[str] = []
     agent_info: dict[str, AgentLike] = {}
     for agent in _agents_of(trace):
@@ -136,7 +210,7 @@ def _build(trace: TraceLike) -> ReplayPlan:
     per_agent: dict[str, list[RequestSpec]] = {a: [] for a in agent_order}
     branch_agent: dict[str, str] = {}
     branches: dict[str, list[str]] = {a: [] for a in agent_order}
-    for index, req in enumerate(trace.requests):
+    for index, req in enumerate(trace.requests, start=first_request):
         where = f"request {req.id!r}"
         if req.id in specs:
             raise PlanError(f"{where} is defined twice; request ids must be unique")
@@ -200,6 +274,6 @@ def _build(trace: TraceLike) -> ReplayPlan:
             branches=tuple(branches[a]),
             branch_end_after=MappingProxyType(ends[a]),
         )
-        for i, a in enumerate(agent_order)
+        for i, a in enumerate(agent_order, start=agent_index)
     )
     return ReplayPlan(agents=agents, requests=MappingProxyType(specs))

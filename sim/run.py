@@ -27,10 +27,12 @@ from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
 from evolving_infra.sim.records import NodeSpan, RequestRecord, ScoreWindow, SplitRecord, SwitchRecord
 from evolving_infra.sim.spans import close_span
 from evolving_infra.sim.state import ClusterState
+from evolving_infra.traces.growing import GrowingTrace
 from evolving_infra.traces.loader import trace_from_records
 from evolving_infra.traces.records import Trace
 from evolving_infra.traces.stats import ideal_hit_tokens
-from evolving_infra.workloads import generate
+from evolving_infra.workloads import default_params, generate, with_overrides
+from evolving_infra.workloads.generate import plan_agents, streamable
 
 
 @dataclass
@@ -63,9 +65,18 @@ def workload_trace(kind: str, agents: int, seed: int) -> Trace:
     return trace_from_records(generate(kind, agents, seed), source=f"workload:{kind}")
 
 
+def workload_stream(kind: str, agents: int, seed: int) -> Trace | GrowingTrace:
+    """`workload_trace`'s trace, generated agent by agent as a closed-loop run starts its agents
+    (`GrowingTrace`); the `fleet` kind, whose generator is not per agent, comes whole."""
+    if not streamable(kind):
+        return workload_trace(kind, agents, seed)
+    plan = plan_agents(kind, agents, seed, with_overrides(default_params(kind), {}))
+    return GrowingTrace(plan.head, plan.agent, agents, source=f"workload:{kind}")
+
+
 def simulate(
     cfg: SimConfig,
-    trace: Trace,
+    trace: Trace | GrowingTrace,
     *,
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 20_000,
@@ -107,7 +118,8 @@ def simulate(
                      result.reason.value, now, kernel.processed, state if keep_state else None)
 
 
-def rescore(result: SimResult, trace: Trace, records: list[RequestRecord], note: dict[str, Any]) -> SimResult:
+def rescore(result: SimResult, trace: Trace | GrowingTrace, records: list[RequestRecord],
+            note: dict[str, Any]) -> SimResult:
     """`result` with `records` in place of its own (the same requests with times changed after the run, e.g. a
     per-request cost added), scored again over the same window with the same ideal reuse; `note` goes into the
     metrics' extra data."""
@@ -120,10 +132,12 @@ def rescore(result: SimResult, trace: Trace, records: list[RequestRecord], note:
     return replace(result, metrics=metrics, records=list(records))
 
 
-def _ideal(trace: Trace, page_tokens: int) -> dict[str, int]:
-    """Each request's ideal cached tokens (h*), by request id."""
-    ideal_arr = ideal_hit_tokens(trace, page_tokens)
-    return {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+def _ideal(trace: Trace | GrowingTrace, page_tokens: int) -> dict[str, int]:
+    """Each request's ideal cached tokens (h*), by request id (of a growing trace: its loaded agents, a prefix
+    of the file order, so each request's figure is the whole trace's)."""
+    whole = trace.snapshot() if isinstance(trace, GrowingTrace) else trace
+    ideal_arr = ideal_hit_tokens(whole, page_tokens)
+    return {r.id: int(ideal_arr[r.index]) for r in whole.requests}
 
 
 def _window(cfg: SimConfig, records: list[RequestRecord], end: float | None) -> ScoreWindow:

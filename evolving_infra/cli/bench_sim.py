@@ -3,9 +3,11 @@
     evolving-infra bench sim                      # one simulated hour of CC, 90 agents, 9 nodes, our system
     evolving-infra bench sim --duration 600 --json
 
-One run of `evolving_infra.sim.run.simulate` on the generated CC workload; printed are the wall time (trace
-generation excluded), the simulated requests finished per wall-clock second, kernel events per second,
-simulated seconds per wall-clock second and the process's peak resident memory. `--warmup 0` (the default) uses
+One run of `evolving_infra.sim.run.simulate` on the generated CC workload; printed are the wall time and the
+process CPU time of the run, the simulated requests finished per wall-clock second, kernel events per second,
+simulated seconds per wall-clock second and the process's peak resident memory. The workload is generated agent
+by agent as the closed loop starts agents (`sim.run.workload_stream`), inside the timed span, and a request's
+pages are hashed when it is issued. `--warmup 0` (the default) uses
 the profile's node models, as `simulate --warmup 0` does; the whole simulated span is warmup + duration. Without
 `--split`, nine nodes start as 4P5D and other sizes at the same 4:5 ratio (one partition: `--nodes 96 --agents
 3840` starts as 43P53D).
@@ -36,7 +38,7 @@ from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.sim.config import SimConfig
-from evolving_infra.sim.run import simulate, workload_trace
+from evolving_infra.sim.run import simulate, workload_stream
 from evolving_infra.sim.systems import build_config
 
 
@@ -101,18 +103,18 @@ def _run(args: argparse.Namespace) -> int:
         return _against_dynamo(args)
     cfg = bench_config(args)
     console = Console(stderr=True, quiet=args.json)
-    with console.status(f"generating {2 * args.agents} {args.workload} agents..."):
-        trace = workload_trace(args.workload, 2 * args.agents, args.seed)
     with console.status(f"simulating {args.warmup + args.duration:,.0f} s..."):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
+        trace = workload_stream(args.workload, 2 * args.agents, args.seed)
         result = simulate(cfg, trace)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     requests = len(result.records)
     figures = {
         "workload": args.workload, "system": args.system, "agents": args.agents, "nodes": args.nodes,
         "simulated_s": result.end_time, "wall_s": wall, "requests": requests, "events": result.events,
         "requests_per_wall_s": requests / wall, "events_per_wall_s": result.events / wall,
         "simulated_s_per_wall_s": result.end_time / wall, "split": cfg.split, "peak_rss_mib": peak_rss_mib(),
+        "cpu_s": cpu,
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -122,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     table.add_column("value", justify="right")
     table.add_row("simulated seconds", f"{result.end_time:,.0f}")
     table.add_row("wall seconds", f"{wall:,.1f}")
+    table.add_row("CPU seconds", f"{cpu:,.1f}")
     table.add_row("requests finished", f"{requests:,}")
     table.add_row("simulated requests per wall second", f"{figures['requests_per_wall_s']:,.1f}")
     table.add_row("events per wall second", f"{figures['events_per_wall_s']:,.0f}")

@@ -16,22 +16,30 @@ Cost: each request hashes only its own pages (from keep // P up to its last full
 pages are copied from the source, never rehashed. Memory is one uint64 per own page plus a bounded LRU of
 materialized contexts.
 
-Boundary: pure computation over a validated `Trace`; no I/O.
+Lazy (`lazy=True`, what the simulator uses): a request's own pages are hashed when first asked for (its own or a
+descendant's context), then kept until `release` drops them; a released request is hashed again if asked for
+later. Own pages are a pure function of the trace's structure, so the hashes are the same whatever is asked
+for first, and the same as the eager model's (which hashes every request in file order when built). The
+trace may grow while the model is in use (`traces.growing.GrowingTrace` appends agents in file order).
+
+Boundary: pure computation over a validated `Trace` (or a `GrowingTrace`); no I/O.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
 from evolving_infra.core.pages import DEFAULT_PAGE_TOKENS, ROOT_PARENT, PageHash, hash_page, validate_page_tokens
-from evolving_infra.traces.records import Relation, Trace
+from evolving_infra.traces.records import Prefix, Relation, Request
 
 PageArray = npt.NDArray[np.uint64]
 ProgressFn = Callable[[int, int], None]
@@ -53,6 +61,16 @@ Span = tuple[Origin, int, int, int]
 """`(origin kind, origin id, lo, hi)`: tokens lo..hi-1 of that origin (prefix index or request index)."""
 
 
+class TraceSource(Protocol):
+    """What the model reads of a trace: a `Trace`, or a `GrowingTrace` whose requests grow in file order."""
+
+    @property
+    def prefixes(self) -> Mapping[str, Prefix]: ...
+    @property
+    def requests(self) -> Sequence[Request]: ...
+    def request(self, rid: str) -> Request: ...
+
+
 class ContentModel:
     """Page hashes of every request of `trace` for pages of `page_tokens` tokens.
 
@@ -62,12 +80,13 @@ class ContentModel:
 
     def __init__(
         self,
-        trace: Trace,
+        trace: TraceSource,
         page_tokens: int = DEFAULT_PAGE_TOKENS,
         *,
         namespace: int = ROOT_PARENT,
         cache_size: int = 256,
         progress: ProgressFn | None = None,
+        lazy: bool = False,
     ) -> None:
         validate_page_tokens(page_tokens)
         if cache_size < 0:
@@ -77,21 +96,55 @@ class ContentModel:
         self.namespace = namespace
         self._cache_size = cache_size
         self._cache: OrderedDict[int, PageArray] = OrderedDict()
-        reqs = trace.requests
-        index = {r.id: r.index for r in reqs}
-        self._base = np.array([index[r.base] if r.base is not None else -1 for r in reqs], dtype=np.int64)
-        self._kept = np.array([r.keep // page_tokens for r in reqs], dtype=np.int64)
+        self._base = array("q")
+        """Per request (file order): the index of its base, or -1."""
+        self._kept = array("q")
+        """Per request: keep // page_tokens (its pages shared with its source)."""
+        self._own: list[PageArray | None] = []
+        """Per request: its own pages once hashed (None before, and after `release`)."""
+        self.hashed_requests = 0
+        """How many times a request's own pages were hashed (a released one hashed again counts again)."""
         self._prefix_pages: dict[str, PageArray] = {
             p.name: self._hash_spans(namespace, [(Origin.PREFIX, p.index, 0, p.tokens)], p.tokens // page_tokens)
             for p in trace.prefixes.values()
         }
-        self._own: list[PageArray] = []
-        total = len(reqs)
+        self._sync()
+        if not lazy:
+            self.hash_all(progress)
+
+    def hash_all(self, progress: ProgressFn | None = None) -> None:
+        """Hash every request of the trace now (in file order) that is not hashed yet."""
+        self._sync()
+        total = len(self._own)
         step = max(1, total // 100)
         for i in range(total):
-            self._own.append(self._own_pages(i))
+            self._own_of(i)
             if progress is not None and (i + 1 == total or (i + 1) % step == 0):
                 progress(i + 1, total)
+
+    def release(self, indices: Iterable[int]) -> None:
+        """Drop the own pages (and cached contexts) of the requests at `indices`; asked for again, they are hashed
+        again. The caller releases what it will not ask for soon (the simulator: a finished agent's requests)."""
+        for i in indices:
+            if i < len(self._own):
+                self._own[i] = None
+                self._cache.pop(i, None)
+
+    def _sync(self) -> None:
+        """Extend the per-request tables to the trace's current length (it may have grown)."""
+        reqs = self.trace.requests
+        size = self.page_tokens
+        for i in range(len(self._own), len(reqs)):
+            r = reqs[i]
+            self._base.append(self.trace.request(r.base).index if r.base is not None else -1)
+            self._kept.append(r.keep // size)
+            self._own.append(None)
+
+    def _index(self, rid: str) -> Request:
+        r = self.trace.request(rid)
+        if r.index >= len(self._own):
+            self._sync()
+        return r
 
     # -- public ------------------------------------------------------------------------------------------
     def relation(self, rid: str) -> Relation:
@@ -99,16 +152,16 @@ class ContentModel:
 
     def context_pages(self, rid: str) -> PageArray:
         """Hashes of the full pages of the request's context (prompt then output), read-only."""
-        return self._context(self.trace.request(rid).index)
+        return self._context(self._index(rid).index)
 
     def prompt_pages(self, rid: str) -> PageArray:
         """Hashes of the full pages of the request's prompt."""
-        r = self.trace.request(rid)
+        r = self._index(rid)
         return self._context(r.index)[: r.prompt_tokens // self.page_tokens]
 
     def produced_pages(self, rid: str) -> PageArray:
         """Hashes of the full pages whose KV the request produces: prompt and output but the last output token."""
-        r = self.trace.request(rid)
+        r = self._index(rid)
         return self._context(r.index)[: (r.context_tokens - 1) // self.page_tokens]
 
     def prompt_page_hashes(self, rid: str) -> list[PageHash]:
@@ -121,25 +174,67 @@ class ContentModel:
 
     def own_pages(self, rid: str) -> PageArray:
         """The pages this request hashed itself: from keep // page_tokens to its last full context page."""
-        return self._own[self.trace.request(rid).index]
+        return self._own_of(self._index(rid).index)
 
     def context_spans(self, rid: str, start: int, end: int) -> list[Span]:
         """Origin spans of tokens start..end-1 of the request's context (for tests and debugging)."""
-        r = self.trace.request(rid)
+        r = self._index(rid)
         if not 0 <= start <= end <= r.context_tokens:
             raise ValueError(f"token range {start}..{end} is outside the context of {rid!r} ({r.context_tokens})")
         return self._spans(r.index, start, end)
 
     def memory_bytes(self) -> int:
-        """Bytes held in page arrays (own pages, prefix pages and the context cache)."""
-        arrays = [*self._own, *self._prefix_pages.values(), *self._cache.values()]
-        return int(sum(a.nbytes for a in arrays)) + self._base.nbytes + self._kept.nbytes
+        """Bytes held in page arrays (own pages, prefix pages and the context cache) and per-request tables."""
+        arrays = [*(a for a in self._own if a is not None), *self._prefix_pages.values(), *self._cache.values()]
+        tables = (len(self._base) + len(self._kept)) * self._base.itemsize
+        return int(sum(a.nbytes for a in arrays)) + tables
+
+    def held_requests(self) -> int:
+        """Requests whose own pages are held now."""
+        return sum(a is not None for a in self._own)
 
     # -- construction ------------------------------------------------------------------------------------
+    def _own_of(self, i: int) -> PageArray:
+        """Request i's own pages, hashing them (and, first, those of the ancestor they chain from) if needed."""
+        if i >= len(self._own):
+            self._sync()
+        own = self._own[i]
+        if own is not None:
+            return own
+        stack = [i]
+        while stack:
+            k = stack[-1]
+            if self._own[k] is not None:
+                stack.pop()
+                continue
+            dep = self._parent_owner(k)
+            if dep >= 0 and self._own[dep] is None:
+                stack.append(dep)
+                continue
+            self._own[k] = self._own_pages(k)
+            self.hashed_requests += 1
+            stack.pop()
+        own = self._own[i]
+        assert own is not None
+        return own
+
+    def _parent_owner(self, i: int) -> int:
+        """The request whose own pages hold the page before request i's first own page (-1: a prefix or none)."""
+        j = self._kept[i] - 1
+        if j < 0:
+            return -1
+        cur = i
+        while True:
+            cur = self._base[cur]
+            if cur < 0:
+                return -1
+            if j >= self._kept[cur]:
+                return cur
+
     def _own_pages(self, i: int) -> PageArray:
         r = self.trace.requests[i]
         size = self.page_tokens
-        kept = int(self._kept[i])
+        kept = self._kept[i]
         full = r.context_tokens // size
         parent = self._page_at(i, kept - 1) if kept > 0 else self.namespace
         spans: list[Span] = []
@@ -184,17 +279,19 @@ class ContentModel:
             if r.base is None:
                 assert r.shared is not None
                 return int(self._prefix_pages[r.shared][j])
-            i = int(self._base[i])
-            kept = int(self._kept[i])
+            i = self._base[i]
+            kept = self._kept[i]
             if j >= kept:
-                return int(self._own[i][j - kept])
+                own = self._own[i]
+                assert own is not None  # hashed first by `_own_of`
+                return int(own[j - kept])
 
     def _source_spans(self, i: int, start: int, end: int) -> list[Span]:
         r = self.trace.requests[i]
         if r.base is None:
             assert r.shared is not None
             return [(Origin.PREFIX, self.trace.prefixes[r.shared].index, start, end)]
-        return self._spans(int(self._base[i]), start, end)
+        return self._spans(self._base[i], start, end)
 
     def _spans(self, i: int, start: int, end: int) -> list[Span]:
         """Origin spans of tokens start..end-1 of the context of request i, walking down its bases."""
@@ -214,7 +311,7 @@ class ContentModel:
                 assert r.shared is not None
                 out.append((Origin.PREFIX, self.trace.prefixes[r.shared].index, start, end))
                 break
-            i = int(self._base[i])
+            i = self._base[i]
         out.reverse()
         return out
 
@@ -232,9 +329,9 @@ class ContentModel:
             if hit is not None:
                 segments.append(hit[:limit])
                 break
-            kept = min(int(self._kept[cur]), limit)
+            kept = min(self._kept[cur], limit)
             if limit > kept:
-                segments.append(self._own[cur][: limit - kept])
+                segments.append(self._own_of(cur)[: limit - kept])
             limit = kept
             if limit == 0:
                 break
@@ -243,7 +340,7 @@ class ContentModel:
                 assert r.shared is not None
                 segments.append(self._prefix_pages[r.shared][:limit])
                 break
-            cur = int(self._base[cur])
+            cur = self._base[cur]
         segments.reverse()
         arr = np.concatenate(segments) if segments else np.empty(0, dtype=np.uint64)
         arr.setflags(write=False)

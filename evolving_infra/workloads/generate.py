@@ -1,4 +1,5 @@
-"""The generator registry: `generate(kind, agents, seed, **overrides)` returns a whole trace as records.
+"""The generator registry: `generate(kind, agents, seed, **overrides)` returns a whole trace as records;
+`plan_agents` gives the same trace agent by agent (`AgentPlan`: the head, then any agent's records on demand).
 
 Invariant: the records form a valid trace of format version 1 (a header, the shared prefixes, then each agent's
 block in file order), and the same `(kind, agents, seed, overrides)` gives the same records. Each agent draws from
@@ -74,15 +75,52 @@ def generate(kind: str, agents: int, seed: int, **overrides: object) -> list[Rec
 
 def generate_with(kind: str, agents: int, seed: int, params: Any) -> list[Record]:
     """The records of a `kind` trace for a given parameter object."""
-    k = kind_of(kind)
-    if not isinstance(params, k.params_type):
-        raise TypeError(f"kind {kind!r} takes {k.params_type.__name__}, got {type(params).__name__}")
-    if isinstance(agents, bool) or not isinstance(agents, int) or agents < 1:
-        raise ValueError(f"agents must be an integer >= 1, got {agents!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
     if kind == "fleet":
+        _check(kind, agents, seed, params)
         return fleet.generate_fleet(params, agents, seed)
+    plan = plan_agents(kind, agents, seed, params)
+    records = list(plan.head)
+    for i in range(agents):
+        records.extend(plan.agent(i))
+    return records
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """A trace of a per-agent kind, agent by agent: `head` (header and prefixes), then `agent(i)` for i in file
+    order. Agent i's records depend only on the seed, the parameters and i (its own random stream and its
+    start time), so `head + agent(0) + agent(1) + ...` is exactly `generate_with(kind, agents, seed, params)`
+    whichever agents are generated and in whichever order."""
+
+    kind: str
+    seed: int
+    head: tuple[Record, ...]
+    labels: tuple[tuple[str, float], ...]
+    """`(workload label, start_s)` of each agent in file order."""
+    by_label: dict[str, Any]
+
+    @property
+    def agents(self) -> int:
+        return len(self.labels)
+
+    def agent(self, i: int) -> list[Record]:
+        """The records of agent i (`a{i}`): its agent record, requests and branch ends."""
+        if not 0 <= i < len(self.labels):
+            raise IndexError(f"agent {i} is outside the plan's {len(self.labels)} agents")
+        label, start_s = self.labels[i]
+        return _AGENT[label][0](self.by_label[label], agent_rng(self.seed, label, i), f"a{i}", start_s, label)
+
+
+def streamable(kind: str) -> bool:
+    """Whether `plan_agents` can generate `kind` agent by agent (every kind but `fleet`)."""
+    return kind_of(kind).name != "fleet"
+
+
+def plan_agents(kind: str, agents: int, seed: int, params: Any) -> AgentPlan:
+    """The head and per-agent plan of a `kind` trace (not `fleet`, whose generator is not per agent)."""
+    k = _check(kind, agents, seed, params)
+    if kind == "fleet":
+        raise ValueError("the fleet workload is generated whole; plan_agents takes the per-agent kinds")
     arrivals = random.Random(f"evolving-infra/{seed}/{kind}/arrivals")
     header: Record = {
         "kind": "header",
@@ -119,12 +157,19 @@ def generate_with(kind: str, agents: int, seed: int, params: Any) -> list[Record
         by_label = {"putnam": params.putnam, "osworld": params.osworld}
     header["generator"] = {"kind": kind, "agents": agents, "seed": seed, "params": to_jsonable(params)}
 
-    records: list[Record] = [header]
+    head: list[Record] = [header]
     for label in sorted(by_label, key=list(_AGENT).index):
         for name, tokens in _AGENT[label][1](by_label[label]).items():
-            records.append({"kind": "prefix", "name": name, "tokens": tokens})
-    for i, (label, start_s) in enumerate(plan):
-        make = _AGENT[label][0]
-        records.extend(make(by_label[label], agent_rng(seed, label, i), f"a{i}", start_s, label))
-    return records
+            head.append({"kind": "prefix", "name": name, "tokens": tokens})
+    return AgentPlan(kind, seed, tuple(head), tuple(plan), by_label)
 
+
+def _check(kind: str, agents: int, seed: int, params: Any) -> Kind:
+    k = kind_of(kind)
+    if not isinstance(params, k.params_type):
+        raise TypeError(f"kind {kind!r} takes {k.params_type.__name__}, got {type(params).__name__}")
+    if isinstance(agents, bool) or not isinstance(agents, int) or agents < 1:
+        raise ValueError(f"agents must be an integer >= 1, got {agents!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return k
