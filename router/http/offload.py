@@ -6,7 +6,9 @@ hundreds of milliseconds, which stalls every other request (health checks includ
 `fork`: the router process runs gRPC threads). Each worker holds its own copy of the tokenizer (`_init`).
 A worker returns the parsed request and either the token ids (packed as 64-bit integers) or the fields of
 the `ApiError` tokenization raised, so the caller keeps the order of its checks (model, branch, then the
-prompt). With `tokenize_processes` 0 (or a broken pool) a worker thread does the same work.
+prompt). With `tokenize_processes` 0 (or a broken pool) a worker thread does the same work. On Linux a worker
+asks the kernel to end it when the thread that started it ends (`PR_SET_PDEATHSIG`), so a router that is killed
+(SIGKILL, a crash) leaves no idle workers behind.
 
 Boundary: moving work off the loop; parsing rules are api.py's, tokenization rules completion.py's caller's.
 """
@@ -14,7 +16,11 @@ Boundary: moving work off the loop; parsing rules are api.py's, tokenization rul
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
 from array import array
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -32,7 +38,25 @@ _WORKER: dict[str, Any] = {}
 """In a worker process: its tokenizer and tokenize function (set once by `_init`)."""
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a worker on Linux: be sent SIGTERM when the router's thread that started this worker ends (and end
+    now if the router already ended while this worker was starting)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(0)  # the router is gone: nobody will ever send work
+
+
 def _init(tokenizer: Tokenizer, tokenize: Tokenize) -> None:
+    _die_with_parent()
     _WORKER["tokenizer"], _WORKER["tokenize"] = tokenizer, tokenize
 
 
