@@ -21,6 +21,14 @@ set; `_max_access`, an upper bound of every last access, so that touching pages 
 it sets every last access to `now` without reading them. The eviction order lives in an `EvictionOrder`;
 the operations on a whole run of pages at once are inherited from `tierruns.TierRuns`.
 
+Pin touches are kept per run: `pin_all` records (time, pages) once in `_pin_touches` of its owner instead
+of writing the time into `_access` page by page. A page's last access is the largest of `_access` and the
+recorded touches of the owners that pin it (`last_access`). Only cached pages are ordered by last access,
+and a page leaves its owner's pins only through `unpin` (which settles that page's touches first) or
+`unpin_all` at a time `now`, which touches every page at `now` anyway: it settles the owner's touches only
+when one is later than `now`, else drops them. Touches while pinned (`touch`, `touch_all`) take the maximum,
+so unsettled touches of other owners stay valid.
+
 Boundary: bookkeeping of one tier; what moves between tiers, eviction order and KV events live in
 `kvpool`. Operations assume the caller checked room first and raise `PoolInvariantError` if not.
 """
@@ -82,6 +90,8 @@ class TierPool(TierRuns):
         self._writing: dict[PageHash, Owner] = {}
         self._reserved: dict[Owner, int] = {}
         self._owner_pins: dict[Owner, set[PageHash]] = {}
+        # Touches of pinned pages not yet in `_access`: per owner, (time, pages it pins) of each `pin_all`.
+        self._pin_touches: dict[Owner, list[tuple[float, set[PageHash]]]] = {}
         self._free = capacity
         self._n_reserved = 0
         self._gauges = TierGauges(capacity, capacity, 0, 0, 0)
@@ -215,9 +225,15 @@ class TierPool(TierRuns):
         pins = self._owner_pins.get(owner)
         if pins is None or page not in pins:
             raise PoolInvariantError(f"{self.tier.value}: {owner} does not pin page {page:#x}")
+        touches = self._pin_touches.get(owner)
+        if touches:
+            self._settle_touches([(when, {page}) for when, pages in touches if page in pages])
+            for _, pages in touches:
+                pages.discard(page)
         pins.discard(page)
         if not pins:
             del self._owner_pins[owner]
+            self._pin_touches.pop(owner, None)
         left = self._shared.get(page, 1) - 1
         if left > 1:
             self._shared[page] = left
@@ -230,9 +246,12 @@ class TierPool(TierRuns):
 
     def unpin_all(self, owner: Owner, now: float) -> list[PageHash]:
         """Drop every pin of `owner`; pages nobody else pins become cached (touched at `now`)."""
+        touches = self._pin_touches.pop(owner, None)
         pages = self._owner_pins.pop(owner, None)
         if not pages:
             return []
+        if touches and max(when for when, _ in touches) > now:  # else the touch at `now` below covers them
+            self._settle_touches(touches)
         shared = self._shared
         still = pages.intersection(shared) if shared else ()
         for page in still:
@@ -254,6 +273,24 @@ class TierPool(TierRuns):
                     access[page] = now
             self._order.enter_each(freed)
         return list(pages)
+
+    def _settle_touches(self, touches: list[tuple[float, set[PageHash]]]) -> None:
+        """Apply pin touches (time, pinned pages) to `_access`, in order (each keeps a later access)."""
+        for when, pages in touches:
+            if pages:
+                self._touch_pinned(pages, when)
+
+    def last_access(self, page: PageHash) -> float:
+        """The last access of resident `page`, pin touches not yet settled included (for checks and tests)."""
+        access = self._access[page]
+        for owner, touches in self._pin_touches.items():
+            if page in self._owner_pins.get(owner, ()):
+                access = max([access, *(when for when, pages in touches if page in pages)])
+        return access
+
+    def last_accesses(self) -> dict[PageHash, float]:
+        """`last_access` of every resident page."""
+        return {page: self.last_access(page) for page in self._access}
 
     # --- in-use slots --------------------------------------------------------------------------------
     def _no_free(self, n: int, what: str) -> None:
@@ -388,6 +425,9 @@ class TierPool(TierRuns):
             raise PoolInvariantError(f"{name}: last-access table disagrees with the resident pages")
         if not self._pinned.issubset(resident) or self._cached != resident - self._pinned:
             raise PoolInvariantError(f"{name}: eviction candidates differ from the unpinned resident pages")
+        for owner, touches in self._pin_touches.items():
+            if not all(pages <= self._owner_pins.get(owner, set()) for _, pages in touches):
+                raise PoolInvariantError(f"{name}: pin touches of {owner} name pages it does not pin")
         if not self._pinned.issuperset(self._shared):
             raise PoolInvariantError(f"{name}: pin counts kept for pages nobody pins")
         counted: dict[PageHash, int] = {}

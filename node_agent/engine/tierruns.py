@@ -58,6 +58,7 @@ class TierRuns:
     _writing: dict[PageHash, Owner]
     _reserved: dict[Owner, int]
     _owner_pins: dict[Owner, set[PageHash]]
+    _pin_touches: dict[Owner, list[tuple[float, set[PageHash]]]]
     _free: int
     _n_reserved: int
     _order: EvictionOrder
@@ -100,7 +101,8 @@ class TierRuns:
                     access[page] = now
 
     def pin_all(self, owner: Owner, pages: Iterable[PageHash], now: float) -> None:
-        """`owner` pins every page of `pages` (all resident); the same as `pin` page by page."""
+        """`owner` pins every page of `pages` (all resident); the same as `pin` page by page, except that the
+        touch at `now` is kept as one entry of the owner's pin touches (see `TierPool`), not page by page."""
         pages = set(pages)
         missing = pages.difference(self._parent)
         if missing:
@@ -119,7 +121,8 @@ class TierRuns:
             self._cached -= new
         elif not pins:
             del self._owner_pins[owner]
-        self._touch_pinned(pages, now)
+        if pages:  # the pin's touch, kept with the owner's pins until they are dropped (`TierPool.unpin_all`)
+            self._pin_touches.setdefault(owner, []).append((now, pages))
 
     def begin_write_all(self, owner: Owner, pages: Iterable[PageHash]) -> None:
         """`begin_write` each page of `pages` (distinct), at once."""

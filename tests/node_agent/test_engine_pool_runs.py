@@ -33,7 +33,7 @@ class PageByPage(KvPool):
 
 def _state(t: TierPool) -> tuple[object, ...]:
     return (
-        list(t._parent.items()), dict(t._access), set(t._pinned), dict(t._shared), set(t._cached),
+        list(t._parent.items()), t.last_accesses(), set(t._pinned), dict(t._shared), set(t._cached),
         {o: set(p) for o, p in t._owner_pins.items()}, dict(t._writing), dict(t._reserved), t.free,
     )  # fmt: skip
 
