@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
+from itertools import filterfalse
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
@@ -111,7 +112,7 @@ class KvPool:
                 elif counts.pop(page, None) is not None:
                     flipped.append(page)
         else:  # all positive (the usual case): the new ones flip, and one C-level update
-            flipped = [page for page in updates if page not in counts]
+            flipped = list(filterfalse(counts.__contains__, updates))
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
