@@ -106,7 +106,7 @@ def simulate(
     now = kernel.now
     for node in state.nodes.values():
         close_span(state, node, now)
-    ideal = _ideal(trace, state.profile.page_tokens)
+    ideal = ideal_by_request(trace, state.profile.page_tokens)
     window = _window(cfg, state.records, end)
     stats = _stats(state, now, kernel.processed, result.reason.value)
     metrics = compute_run_metrics(
@@ -126,13 +126,13 @@ def rescore(result: SimResult, trace: Trace | GrowingTrace, records: list[Reques
     if {r.request_id for r in records} != {r.request_id for r in result.records}:
         raise ValueError("rescore takes the run's own requests, with times changed")
     window = ScoreWindow(result.metrics.window_start, result.metrics.window_end)
-    ideal = _ideal(trace, load_profile(result.config.profile).page_tokens)
+    ideal = ideal_by_request(trace, load_profile(result.config.profile).page_tokens)
     metrics = compute_run_metrics(records, window, ideal=ideal, switches=result.switches, splits=result.splits,
                                   spans=result.spans, extra={**result.metrics.extra, **note})  # fmt: skip
     return replace(result, metrics=metrics, records=list(records))
 
 
-def _ideal(trace: Trace | GrowingTrace, page_tokens: int) -> dict[str, int]:
+def ideal_by_request(trace: Trace | GrowingTrace, page_tokens: int) -> dict[str, int]:
     """Each request's ideal cached tokens (h*), by request id (of a growing trace: its loaded agents, a prefix
     of the file order, so each request's figure is the whole trace's)."""
     whole = trace.snapshot() if isinstance(trace, GrowingTrace) else trace

@@ -12,6 +12,13 @@ the profile's node models, as `simulate --warmup 0` does; the whole simulated sp
 `--split`, nine nodes start as 4P5D and other sizes at the same 4:5 ratio (one partition: `--nodes 96 --agents
 3840` starts as 43P53D).
 
+    evolving-infra bench sim --workload-only [--eager] --agents 3840 --json   # the workload up to the first event
+
+`--workload-only` measures only what the workload costs before the first event: the process CPU time and the
+resident memory added by preparing the trace, content model and replay plan of `2 x --agents` agents, starting the
+closed loop of `--agents` and hashing the pages of the requests it issues at t=0; `--eager` prepares it as before
+issue #11's lazy workload (the whole trace generated, validated and hashed up front, the whole replay plan).
+
     evolving-infra bench sim --against-dynamo --json   # the Mooncake conversation trace, ours and Dynamo's replay
 
 `--against-dynamo` replays one Mooncake trace (`--mooncake`, default the conversation trace of the shared
@@ -38,8 +45,9 @@ from rich.table import Table
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.sim.config import SimConfig
-from evolving_infra.sim.run import simulate, workload_stream
+from evolving_infra.sim.run import simulate, workload_stream, workload_trace
 from evolving_infra.sim.systems import build_config
+from evolving_infra.traces.growing import GrowingTrace
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,6 +66,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--mooncake", default=str(MOONCAKE), help=f"Mooncake trace (default {MOONCAKE})")
     parser.add_argument("--mooncake-rows", type=int, help="replay only the first N rows (default all)")
     parser.add_argument("--dynamo-timeout", type=float, default=600.0, help="seconds allowed for Dynamo's replay")
+    parser.add_argument("--workload-only", action="store_true",
+                        help="measure only the workload's time and memory up to the first event")
+    parser.add_argument("--eager", action="store_true",
+                        help="with --workload-only: the whole trace generated and hashed up front (the old way)")
     parser.set_defaults(handler=_run)
 
 
@@ -98,23 +110,39 @@ def bench_config(args: argparse.Namespace) -> SimConfig:
         raise CliError(f"invalid settings: {exc}", USAGE_ERROR) from None
 
 
+def current_rss_mib() -> float:
+    """This process's resident memory now (Linux `/proc/self/statm`; 0 where it is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * resource.getpagesize() / (1024 * 1024)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.against_dynamo:
         return _against_dynamo(args)
+    if args.eager and not args.workload_only:
+        raise CliError("--eager goes with --workload-only", USAGE_ERROR)
+    if args.workload_only:
+        return _workload_only(args)
     cfg = bench_config(args)
     console = Console(stderr=True, quiet=args.json)
     with console.status(f"simulating {args.warmup + args.duration:,.0f} s..."):
         start, cpu = time.perf_counter(), time.process_time()
         trace = workload_stream(args.workload, 2 * args.agents, args.seed)
-        result = simulate(cfg, trace)
+        result = simulate(cfg, trace, keep_state=True)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    assert result.state is not None
+    content = result.state.content
     requests = len(result.records)
     figures = {
         "workload": args.workload, "system": args.system, "agents": args.agents, "nodes": args.nodes,
         "simulated_s": result.end_time, "wall_s": wall, "requests": requests, "events": result.events,
         "requests_per_wall_s": requests / wall, "events_per_wall_s": result.events / wall,
         "simulated_s_per_wall_s": result.end_time / wall, "split": cfg.split, "peak_rss_mib": peak_rss_mib(),
-        "cpu_s": cpu,
+        "cpu_s": cpu, "requests_hashed": content.hashed_requests, "content_mib_at_end": content.memory_bytes() / 2**20,
+        "agents_generated": trace.loaded_agents if isinstance(trace, GrowingTrace) else len(trace.agents),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -183,4 +211,38 @@ def _against_dynamo(args: argparse.Namespace) -> int:
     print(f"{figures['requests']:,} requests of {args.mooncake} at {split}: ours ({side.value}) "
           f"{figures['ours_requests_per_wall_s']:,.1f} req/wall-s, Dynamo's replay "
           f"{figures['dynamo_requests_per_wall_s']:,.1f} req/wall-s, ratio {figures['ratio_ours_to_dynamo']:.3f}")
+    return 0
+
+
+def _workload_only(args: argparse.Namespace) -> int:
+    """The workload's CPU time and added resident memory up to the first event (see the module docstring)."""
+    from evolving_infra.node_agent.profiles import load_profile
+    from evolving_infra.sim.replay import AgentReplayer, IssueRequest, ReplayMode, ReplayPlan, StreamedPlan
+    from evolving_infra.traces.content import ContentModel
+
+    cfg = bench_config(args)
+    page_tokens = load_profile(cfg.profile).page_tokens
+    count = 2 * args.agents
+    rss, cpu = current_rss_mib(), time.process_time()
+    trace = workload_trace(args.workload, count, args.seed) if args.eager else workload_stream(
+        args.workload, count, args.seed)  # fmt: skip
+    content = ContentModel(trace, page_tokens, lazy=not args.eager)
+    plan = StreamedPlan(trace) if isinstance(trace, GrowingTrace) else ReplayPlan.from_trace(trace)
+    replayer = AgentReplayer(plan, ReplayMode.closed_loop(args.agents))
+    issued = [e.request.id for e in replayer.start(0.0) if isinstance(e, IssueRequest)]
+    for rid in issued:
+        content.prompt_pages(rid)
+        content.context_pages(rid)
+    cpu = time.process_time() - cpu
+    figures = {
+        "workload": args.workload, "agents": args.agents, "trace_agents": count, "eager": args.eager,
+        "agents_generated": trace.loaded_agents if isinstance(trace, GrowingTrace) else len(trace.agents),
+        "requests_loaded": len(trace.requests), "requests_issued_at_0": len(issued),
+        "requests_hashed": content.hashed_requests, "content_mib": content.memory_bytes() / 2**20,
+        "cpu_s": cpu, "rss_added_mib": current_rss_mib() - rss, "peak_rss_mib": peak_rss_mib(),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()))
     return 0

@@ -34,12 +34,12 @@ from evolving_infra.sim.config import ModelSource, SimConfig, SystemName
 from evolving_infra.sim.kernel import Progress as KernelProgress
 from evolving_infra.sim.models import WarmupTooShort
 from evolving_infra.sim.plots import write_plots
-from evolving_infra.sim.run import SimResult, simulate, workload_trace
+from evolving_infra.sim.run import SimResult, ideal_by_request, simulate, workload_stream
 from evolving_infra.sim.systems import build_config
 from evolving_infra.traces.errors import TraceError
+from evolving_infra.traces.growing import GrowingTrace
 from evolving_infra.traces.loader import load_trace
 from evolving_infra.traces.records import Trace
-from evolving_infra.traces.stats import ideal_hit_tokens
 from evolving_infra.workloads import KINDS
 
 
@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
             if cfg.agents is None and args.trace_agents is None:
                 raise CliError("--workload needs --agents (closed loop) or --trace-agents (open loop)", USAGE_ERROR)
             count = args.trace_agents or 2 * (cfg.agents or 1)
-            trace = workload_trace(args.workload, count, args.seed)
+            trace: Trace | GrowingTrace = workload_stream(args.workload, count, args.seed)  # agents made as started
         else:
             trace = load_trace(args.trace)
     except TraceError as exc:
@@ -163,8 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         result = _charge_live_path(result, trace, args.models_from, err)
     paths = result.write(args.out) if args.out else {}
     if args.out:
-        ideal_arr = ideal_hit_tokens(trace, load_profile(cfg.profile).page_tokens)
-        ideal: dict[str, int] = {r.id: int(ideal_arr[r.index]) for r in trace.requests}
+        ideal = ideal_by_request(trace, load_profile(cfg.profile).page_tokens)
         window = (result.metrics.window_start, result.metrics.window_end)
         paths.update(write_plots(result.records, result.splits, ideal, window, cfg.nodes, args.out))
     if args.json:
@@ -213,7 +212,7 @@ def _with_recorded_models(cfg: SimConfig, path: str) -> SimConfig:
     return cfg.model_copy(update={"profile": str(target)})
 
 
-def _charge_live_path(result: SimResult, trace: Trace, path: str, err: Console) -> SimResult:
+def _charge_live_path(result: SimResult, trace: Trace | GrowingTrace, path: str, err: Console) -> SimResult:
     """A recording's models file with a live path (`live_path.request_s`, `local --record`): each request's first
     token and end come that much later, as in the fidelity check (docs/traces.md), so a what-if replay reports what
     the clients would have seen; the per-iteration cost is already in the engines (`_with_recorded_models`). The

@@ -86,3 +86,14 @@ def test_a_simulation_over_a_streamed_workload_equals_the_whole_traces(kind: str
     assert stream.loaded_agents < stream.agent_count, "agents never started were never generated"
     assert lazy.state is not None
     assert lazy.state.content.hashed_requests <= len(stream.requests)
+
+
+def test_an_open_loop_simulation_loads_a_streamed_workload_whole() -> None:
+    cfg = build_config("evolving", agents=None, max_active=3, nodes=4, split="2P2D", seed=2, warmup_s=0,
+                       duration_s=40, models="profile")  # fmt: skip
+    stream = workload_stream("putnam", 5, 2)
+    assert isinstance(stream, GrowingTrace)
+    lazy = simulate(cfg, stream)
+    assert stream.loaded_agents == 5, "open loop needs every agent's start time"
+    whole = simulate(cfg, workload_trace("putnam", 5, 2))
+    assert lazy.records == whole.records and lazy.metrics.to_dict() == whole.metrics.to_dict()
