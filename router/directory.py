@@ -2,12 +2,17 @@
 
 The directory is a prefix tree of pages keyed by their chained `PageHash` (equal hashes mean equal whole
 prefixes, so a page hash names a tree node and its whole path). Pages are kept as **runs**: consecutive pages
-of a chain (each page's parent is the page before it) with the same holders and the same last use per holder.
-A run has one integer bitmask of its holders, three bits per node index i: bit `3i` when node i holds its
-pages in GPU memory (L1), `3i + 1` in host memory (L2), `3i + 2` in either; and one last-use time per holder
-bit. A KV event touching part of a run splits it where the holders or times start to differ; a run left
-without holders leaves the directory. Per page there is one dictionary entry (page -> its run) and one slot in
-its run's page list.
+of a chain (each page's parent is the page before it) with the same holders. A run has one integer bitmask of
+its holders, three bits per node index i: bit `3i` when node i holds its pages in GPU memory (L1), `3i + 1` in
+host memory (L2), `3i + 2` in either; and per holder bit the last use of its pages: one time when they all
+share it, else an `array('d')` with one time per page (so pages stored or touched at different times, e.g. a
+decode node's pages written one by one, stay in one run). A KV event that changes the holders of part of a
+run splits it there; after a store, a piece whose holders become those of the run ending at its parent page is
+merged into it (the shorter side's pages are re-pointed) unless that would add more than `_MERGE_BUDGET`
+per-page times (chains stored in long chunks at their own times keep one run and one time per chunk);
+removals split but do not merge (measured on the simulator's events: merging there cost more than it saved).
+A run left without holders leaves the directory. Per page there is one dictionary entry (page -> its run) and
+one slot in its run's page list.
 
 A lookup walks the runs the prompt's held prefix lies in: one probe per run, and one C-level comparison of the
 run's pages with the prompt's (chained hashes make a mismatch rare; where the prompt leaves a run inside it, a
@@ -18,6 +23,7 @@ Invariants (checked by `tests/router/test_directory*.py` against a brute-force m
 page-exact directory `directory_pages.PageKvDirectory`, the oracle):
 - page p is in `_run` <=> some node holds it in some tier; bit `3i + t` of its run's mask is set <=> node i
   holds p in tier t <=> `3i + t` is a key of the run's times; bit `3i + 2` is set <=> bit `3i` or `3i + 1` is;
+- a run's time entry is a number or an array as long as its page list;
 - consecutive pages of a run are parent and child; a run's pages are distinct and every one maps to it;
 - `_holding[b]` is exactly the set of runs whose times have key b;
 - masks never carry the bit of a node index that is free (dropped nodes are cleared before reuse).
@@ -35,10 +41,11 @@ are small integers reused lowest-first after `drop_node`.
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import groupby, repeat
+from operator import itemgetter
 
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
@@ -48,6 +55,11 @@ from evolving_infra.router.prefix_match import PrefixMatch, bits_of, match_from_
 __all__ = ["DirectoryStats", "KvDirectory", "PrefixMatch"]
 
 _TIER_INDEX: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
+_MERGE_BUDGET = 64
+"""Most per-page time entries (8 bytes each) a merge may add, about what a run object costs: runs whose pages
+were stored at different times merge only while one of them is short (a decode node's pages joining its run
+one at a time), so long chains stored in chunks at their own times keep one time per chunk and run."""
+_first = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -72,36 +84,25 @@ class _NodeSlots:
     free: list[int] = field(default_factory=list)
 
 
+Times = dict[int, "float | array[float]"]
+"""Last use per holder bit (3i + t, t = 0 GPU, 1 host): one time for every page, or one per page."""
+
+
 class _Run:
     """Consecutive pages of one chain (each page's parent is the page before it; `parent` is the first page's)
-    with one holder mask and one last use per holder bit (3i + t, t = 0 GPU, 1 host)."""
+    with one holder mask and the last use of its pages per holder bit."""
 
     __slots__ = ("pages", "parent", "mask", "times")
 
-    def __init__(self, pages: list[PageHash], parent: PageHash | None, mask: int, times: dict[int, float]) -> None:
+    def __init__(self, pages: list[PageHash], parent: PageHash | None, mask: int, times: Times) -> None:
         self.pages = pages
         self.parent = parent
         self.mask = mask
         self.times = times
 
 
-def _drain(calls: Iterable[object]) -> None:
-    """Run a C-level map of calls for their effect."""
-    deque(calls, maxlen=0)
-
-
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint [start, end) position ranges within a run."""
-
-
-def _ranges(positions: Iterable[int]) -> Ranges:
-    out: Ranges = []
-    for p in sorted(set(positions)):
-        if out and out[-1][1] == p:
-            out[-1] = (out[-1][0], p + 1)
-        else:
-            out.append((p, p + 1))
-    return out
 
 
 def _merge(ranges: Ranges) -> Ranges:
@@ -112,6 +113,86 @@ def _merge(ranges: Ranges) -> Ranges:
         else:
             out.append((lo, hi))
     return out
+
+
+def _flag_ranges(flags: bytes) -> Ranges:
+    """The [start, end) ranges of the 1 bytes of `flags` (found by C-level searches)."""
+    out: Ranges = []
+    lo = flags.find(1)
+    while lo >= 0:
+        hi = flags.find(0, lo)
+        if hi < 0:
+            out.append((lo, len(flags)))
+            break
+        out.append((lo, hi))
+        lo = flags.find(1, hi)
+    return out
+
+
+def _positions(rp: list[PageHash], chunk: list[PageHash]) -> Ranges:
+    """The position ranges in run pages `rp` of the distinct pages `chunk` (all of them in `rp`, any order).
+
+    Victims of an eviction come in eviction order, so a chunk is often a stretch of the run forwards or
+    backwards (checked with slice comparisons); otherwise one C-level pass flags the run's pages."""
+    n, size = len(chunk), len(rp)
+    if n == size:
+        return [(0, n)]
+    if n == 1:
+        o = rp.index(chunk[0])
+        return [(o, o + 1)]
+    first, last = chunk[0], chunk[-1]
+    if rp[size - 1] == last and rp[size - n :] == chunk:
+        return [(size - n, size)]
+    if rp[size - 1] == first and rp[size - n :] == chunk[::-1]:
+        return [(size - n, size)]
+    if rp[0] == first and rp[:n] == chunk:
+        return [(0, n)]
+    if rp[0] == last and rp[:n] == chunk[::-1]:
+        return [(0, n)]
+    if n <= 4:
+        return _ranges_of(sorted(map(rp.index, chunk)))
+    return _flag_ranges(bytes(map(set(chunk).__contains__, rp)))
+
+
+def _ranges_of(sorted_positions: list[int]) -> Ranges:
+    out: Ranges = []
+    for p in sorted_positions:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def _sliced(times: Times, lo: int, hi: int) -> Times:
+    """The times of the pages at [lo, hi) (a one-page slice of an array becomes a number)."""
+    out: Times = {}
+    for b, v in times.items():
+        if isinstance(v, array):
+            out[b] = v[lo] if hi - lo == 1 else v[lo:hi]
+        else:
+            out[b] = v
+    return out
+
+
+def _as_array(v: float | array[float], n: int) -> array[float]:
+    """`v` as one time per page of `n` pages."""
+    return v if isinstance(v, array) else array("d", (v,)) * n
+
+
+def _set_time(run: _Run, bit: int, lo: int, hi: int, time: float) -> None:
+    """The pages of `run` at [lo, hi) were last used at `time` by holder `bit` (which holds them)."""
+    times = run.times
+    n = len(run.pages)
+    if hi - lo == n:
+        times[bit] = time
+        return
+    v = times[bit]
+    if not isinstance(v, array):
+        if v == time:
+            return
+        v = times[bit] = array("d", (v,)) * n
+    v[lo:hi] = array("d", (time,)) * (hi - lo)
 
 
 class KvDirectory:
@@ -146,6 +227,8 @@ class KvDirectory:
             for t in range(3):
                 self._tier_bits[t] |= 1 << (3 * idx + t)
         slots.index[node] = idx
+        for t in range(2):
+            self._holding.setdefault(3 * idx + t, set())
         self._index_ids = None
         return idx
 
@@ -196,7 +279,10 @@ class KvDirectory:
     ) -> None:
         """`node` holds the parent-linked chain `pages` in `tier`, last used at `time`."""
         t = _TIER_INDEX[tier]
-        idx = self.add_node(node)
+        slots = self._slots
+        idx = slots.index.get(node)
+        if idx is None:
+            idx = self.add_node(node)
         bit = 3 * idx + t
         add = (1 << bit) | (1 << (3 * idx + 2))
         stats = self.stats
@@ -209,28 +295,54 @@ class KvDirectory:
             prev = None
         if not pages:
             return
+        n = len(pages)
+        if n == 1:  # the decode pattern: one page at a time
+            page = pages[0]
+            run = runs.get(page)
+            if run is None:
+                fresh = _Run([page], prev, add, {bit: time})
+                runs[page] = fresh
+                self._holding[bit].add(fresh)
+                if prev is not None:
+                    self._merge_left(fresh)
+                return
+            rp = run.pages
+            o = 0 if rp[0] == page else rp.index(page)
+            if (rp[o - 1] if o else run.parent) != prev:
+                stats.parent_mismatches += 1
+            self._stored(run, [(o, o + 1)], bit, add, time)
+            return
         pages = list(pages)
         found = list(map(runs.get, pages))
-        touched: dict[_Run, Ranges] = {}
-        n = len(pages)
-        distinct = len(set(pages)) == n
-        if distinct and found[0] is None and found.count(None) == n:  # all new: one fresh run
+        if found[0] is None and found.count(None) == n:  # all new: one fresh run, unless a page repeats
             fresh = _Run(pages, prev, add, {bit: time})
+            size = len(runs)
             runs.update(zip(pages, repeat(fresh)))
-            self._holding.setdefault(bit, set()).add(fresh)
-            return
+            if len(runs) - size == n:
+                self._holding[bit].add(fresh)
+                if prev is not None:
+                    self._merge_left(fresh)
+                return
+            for page in set(pages):  # a page repeats: undone, and stored page by page below
+                del runs[page]
+            distinct = False
+        else:
+            distinct = len(set(pages)) == n
+        touched: dict[_Run, Ranges] = {}
+        fresh_runs: list[_Run] = []
         if distinct:  # the usual chain: stretches of existing runs and of new pages
             at = 0
             while at < n:
-                existing = runs.get(pages[at])
+                existing = found[at]
                 if existing is None:  # new pages up to the next page held somewhere
                     end = at + 1
-                    while end < n and pages[end] not in runs:
+                    while end < n and found[end] is None:
                         end += 1
                     chunk = pages[at:end]
                     fresh = _Run(chunk, prev, add, {bit: time})
                     runs.update(zip(chunk, repeat(fresh)))
-                    self._holding.setdefault(bit, set()).add(fresh)
+                    self._holding[bit].add(fresh)
+                    fresh_runs.append(fresh)
                     prev, at = chunk[-1], end
                     continue
                 rp = existing.pages
@@ -252,7 +364,8 @@ class KvDirectory:
                         fresh_run.pages.append(page)
                     else:
                         fresh_run = _Run([page], prev, add, {bit: time})
-                        self._register(fresh_run)
+                        self._holding[bit].add(fresh_run)
+                        fresh_runs.append(fresh_run)
                     runs[page] = fresh_run
                 else:
                     pos = run.pages.index(page)
@@ -263,13 +376,46 @@ class KvDirectory:
                         touched.setdefault(run, []).append((pos, pos + 1))
                     fresh_run = None
                 prev = page
-
-        def held(r: _Run) -> None:
-            r.mask |= add
-            r.times[bit] = time
-
+        starts = [r.pages[0] for r in fresh_runs]
         for run, ranges in touched.items():
-            self._update(run, ranges if len(ranges) == 1 else _merge(ranges), held, bit, 1)
+            gained = self._stored(run, ranges if len(ranges) == 1 else _merge(ranges), bit, add, time, merge=False)
+            starts.extend(gained)
+        for page in starts:  # pieces that gained the holder, and fresh runs: merged where their holders match
+            run = runs.get(page)
+            if run is not None and run.pages[0] == page and run.parent is not None:
+                self._merge_left(run)
+
+    def _stored(
+        self, run: _Run, ranges: Ranges, bit: int, add: int, time: float, merge: bool = True
+    ) -> list[PageHash]:
+        """Holder `bit` (with its either bit, `add`) holds the pages of `run` at `ranges`, used at `time`.
+        Returns the first pages of the pieces that gained the holder (merged here when `merge`)."""
+        if run.mask >> bit & 1:  # held already: new times only
+            for lo, hi in ranges:
+                _set_time(run, bit, lo, hi, time)
+            return []
+        mask = run.mask | add
+        holding = self._holding[bit]
+        if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == len(run.pages):  # the whole run
+            run.mask = mask
+            run.times[bit] = time
+            holding.add(run)
+            if merge and run.parent is not None:
+                self._merge_left(run)
+            return [run.pages[0]]
+        gained: list[PageHash] = []
+        for piece, hit in self._pieces(run, ranges, False):
+            if hit:
+                piece.mask = mask
+                piece.times[bit] = time
+                holding.add(piece)
+                gained.append(piece.pages[0])
+        if merge:
+            for page in gained:
+                piece = self._run[page]
+                if piece.pages[0] == page and piece.parent is not None:
+                    self._merge_left(piece)
+        return gained
 
     def remove(self, node: NodeId, tier: Tier, pages: Iterable[PageHash]) -> int:
         """`node` no longer holds `pages` in `tier`; returns how many it did hold."""
@@ -283,16 +429,19 @@ class KvDirectory:
         other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
         pages = list(pages)
         touched, held = self._held_ranges(pages, 1 << bit)
+        holding = self._holding[bit]
         for run, ranges in touched.items():
-
-            def unheld(r: _Run) -> None:
-                mask = r.mask & ~(1 << bit)
-                if not mask & other:
-                    mask &= ~either
-                r.mask = mask
-                del r.times[bit]
-
-            self._update(run, ranges, unheld, bit, -1)
+            mask = run.mask & ~(1 << bit)
+            if not mask & other:
+                mask &= ~either
+            if not mask:  # the pieces at `ranges` leave the directory
+                self._pieces(run, ranges, True)
+                continue
+            for piece, hit in self._pieces(run, ranges, False):  # no merging here: it did not pay (see below)
+                if hit:
+                    piece.mask = mask
+                    del piece.times[bit]
+                    holding.discard(piece)
         self.stats.pages_removed += held
         self.stats.removed_unheld += len(pages) - held
         return held
@@ -315,12 +464,9 @@ class KvDirectory:
         bit = 3 * idx + _TIER_INDEX[tier]
         pages = list(pages)
         touched, held = self._held_ranges(pages, 1 << bit, count_repeats=True)
-
-        def used(r: _Run) -> None:
-            r.times[bit] = time
-
         for run, ranges in touched.items():
-            self._update(run, ranges, used, bit, 0)
+            for lo, hi in ranges:
+                _set_time(run, bit, lo, hi, time)
         return held
 
     def _held_ranges(
@@ -335,57 +481,42 @@ class KvDirectory:
         runs = self._run
         found = list(map(runs.get, pages))
         by_run: dict[_Run, list[PageHash]] = {}
-        for page, run in zip(pages, found):
+        for run, group in groupby(zip(found, pages), _first):  # consecutive pages of one run come together
             if run is not None and run.mask & bitmask:
                 chunk = by_run.get(run)
                 if chunk is None:
-                    by_run[run] = [page]
+                    by_run[run] = list(map(itemgetter(1), group))
                 else:
-                    chunk.append(page)
+                    chunk.extend(map(itemgetter(1), group))
         touched: dict[_Run, Ranges] = {}
         held = 0
         distinct = len(set(pages)) == len(pages)
         for run, chunk in by_run.items():
-            n = len(chunk)
-            held += n
-            rp = run.pages
-            if distinct and n == len(rp):  # every page of the run (each maps to it, none twice)
-                touched[run] = [(0, n)]
-                continue
-            o = 0 if rp[0] == chunk[0] else rp.index(chunk[0])
-            if distinct and rp[o : o + n] == chunk:
-                touched[run] = [(o, o + n)]
-                continue
-            if n > 4:  # one position map instead of a scan per page
-                where = dict(zip(rp, range(len(rp))))
-                touched[run] = _ranges(map(where.__getitem__, chunk))
+            held += len(chunk)
+            if distinct:
+                touched[run] = _positions(run.pages, chunk)
             else:
-                touched[run] = _ranges(map(rp.index, chunk))
+                rp = run.pages
+                touched[run] = _ranges_of(sorted(set(map(rp.index, chunk))))
         if not distinct and not count_repeats:
             held = len({p for p, r in zip(pages, found) if r is not None and r.mask & bitmask})
         return touched, held
 
-    def _register(self, run: _Run) -> None:
-        holding = self._holding
-        for b in run.times:
-            holding.setdefault(b, set()).add(run)
-
-    def _update(self, run: _Run, ranges: Ranges, change: Callable[[_Run], None], bit: int, delta: int) -> None:
-        """Apply `change` to the pages of `run` at `ranges`, splitting the run where they start and end; runs
-        left without holders leave the directory. `change` adds holder `bit` (delta 1), removes it (-1) or
-        leaves the holders as they are (0). The longest piece keeps the run object (fewer pages re-pointed)."""
+    def _pieces(self, run: _Run, ranges: Ranges, drop_hits: bool) -> list[tuple[_Run, bool]]:
+        """Split `run` where `ranges` start and end; returns the pieces in chain order, each with whether it
+        lies in `ranges` (the pieces in `ranges` leave the directory instead when `drop_hits`). The longest
+        piece kept keeps the run object (fewer pages re-pointed); the others hold the same holders."""
         pages = run.pages
         n = len(pages)
-        holding, runs = self._holding, self._run
-        if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == n:
-            change(run)
-            if delta > 0:
-                holding.setdefault(bit, set()).add(run)
-            elif delta < 0:
-                holding[bit].discard(run)
-                if not run.mask:
-                    _drain(map(runs.__delitem__, pages))
-            return
+        runs = self._run
+        if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == n:  # the whole run
+            if drop_hits:
+                for b in run.times:
+                    self._holding[b].discard(run)
+                for page in pages:
+                    del runs[page]
+                return []
+            return [(run, True)]
         segments: list[tuple[int, int, bool]] = []
         at = 0
         for lo, hi in ranges:
@@ -395,43 +526,131 @@ class KvDirectory:
             at = hi
         if at < n:
             segments.append((at, n, False))
-        keep = max(segments, key=lambda seg: seg[1] - seg[0])
-        mask, times, parent = run.mask, dict(run.times), run.parent
-        for lo, hi, hit in segments:
-            if (lo, hi, hit) == keep:
-                run.pages = pages[lo:hi]
-                run.parent = pages[lo - 1] if lo else parent
-                if hit:
-                    self._update(run, [(0, hi - lo)], change, bit, delta)
+        kept = [seg for seg in segments if not (drop_hits and seg[2])]
+        if not kept:
+            return self._pieces(run, [(0, n)], True)
+        keep = max(kept, key=lambda seg: seg[1] - seg[0])
+        mask, times, parent = run.mask, run.times, run.parent
+        holding = self._holding
+        out: list[tuple[_Run, bool]] = []
+        for seg in segments:
+            lo, hi, hit = seg
+            if drop_hits and hit:
+                for page in pages[lo:hi]:
+                    del runs[page]
                 continue
-            piece = _Run(pages[lo:hi], pages[lo - 1] if lo else parent, mask, dict(times))
-            if hit:
-                change(piece)
-            if piece.mask:
-                runs.update(zip(piece.pages, repeat(piece)))
-                self._register(piece)
+            if seg is keep:
+                piece = run
+                run.parent = pages[lo - 1] if lo else parent
+                run.times = _sliced(times, lo, hi)
             else:
-                _drain(map(runs.__delitem__, piece.pages))
+                piece = _Run(pages[lo:hi], pages[lo - 1] if lo else parent, mask, _sliced(times, lo, hi))
+                runs.update(zip(piece.pages, repeat(piece)))
+                for b in times:
+                    holding[b].add(piece)
+            out.append((piece, hit))
+        lo, hi, _ = keep
+        run.pages = pages[lo:hi]
+        return out
+
+    def _merge_left(self, run: _Run) -> None:
+        """Merge `run` with the run ending at its parent page when both have the same holders."""
+        parent = run.parent
+        runs = self._run
+        left = None if parent is None else runs.get(parent)
+        if left is None or left is run or left.mask != run.mask or left.pages[-1] != parent:
+            return
+        lt, rt = left.times, run.times
+        nl, nr = len(left.pages), len(run.pages)
+        cost = 0  # time entries the merged run stores per page beyond the two runs' own (see _MERGE_BUDGET)
+        for b, a in lt.items():
+            c = rt[b]
+            if isinstance(a, array):
+                cost += 0 if isinstance(c, array) else nr
+            elif isinstance(c, array):
+                cost += nl
+            elif a != c:
+                cost += nl + nr
+        if cost > _MERGE_BUDGET:
+            return
+        times: Times = {}
+        if nl >= nr:  # `run` joins the end of `left`
+            for b, a in lt.items():
+                c = rt[b]
+                if isinstance(a, array):
+                    if isinstance(c, array):
+                        a.extend(c)
+                    elif nr == 1:
+                        a.append(c)
+                    else:
+                        a.extend(array("d", (c,)) * nr)
+                    times[b] = a
+                elif not isinstance(c, array) and a == c:
+                    times[b] = a
+                else:
+                    times[b] = array("d", (a,)) * nl + _as_array(c, nr)
+            left.pages.extend(run.pages)
+            left.times = times
+            runs.update(zip(run.pages, repeat(left)))
+            drop = run
+        else:  # `left` joins the start of `run`
+            for b, c in rt.items():
+                a = lt[b]
+                if not isinstance(a, array) and not isinstance(c, array) and a == c:
+                    times[b] = c
+                else:
+                    times[b] = _as_array(a, nl) + _as_array(c, nr)
+            run.pages[:0] = left.pages
+            run.parent = left.parent
+            run.times = times
+            runs.update(zip(left.pages, repeat(run)))
+            drop = left
+        holding = self._holding
+        for b in lt:
+            holding[b].discard(drop)
 
     def _clear_index(self, idx: int, t: int) -> int:
         bit = 3 * idx + t
-        runs = list(self._holding.get(bit, ()))
+        holding = self._holding.get(bit)
+        if not holding:
+            return 0
         other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
-
-        def unheld(r: _Run) -> None:
-            mask = r.mask & ~(1 << bit)
+        dropped = 0
+        for run in list(holding):
+            dropped += len(run.pages)
+            mask = run.mask & ~(1 << bit)
             if not mask & other:
                 mask &= ~either
-            r.mask = mask
-            del r.times[bit]
-
-        dropped = 0
-        for run in runs:
-            dropped += len(run.pages)
-            self._update(run, [(0, len(run.pages))], unheld, bit, -1)
-        self._holding.pop(bit, None)
+            if not mask:
+                self._pieces(run, [(0, len(run.pages))], True)
+            else:
+                run.mask = mask
+                del run.times[bit]
+        holding.clear()
         self.stats.pages_removed += dropped
         return dropped
+
+    def check(self) -> None:
+        """Raise `AssertionError` naming the first invariant of the module docstring that does not hold."""
+        runs: dict[int, _Run] = {}
+        for page, run in self._run.items():
+            runs.setdefault(id(run), run)
+            assert page in run.pages, f"page {page:#x} maps to a run without it"
+        holding: dict[int, set[int]] = {b: set() for b in self._holding}
+        for run in runs.values():
+            assert run.pages and len(set(run.pages)) == len(run.pages), "a run is empty or repeats a page"
+            assert all(self._run.get(page) is run for page in run.pages), "a run's page maps elsewhere"
+            assert run.mask, "a run without holders"
+            bits = {b for b in range(run.mask.bit_length()) if run.mask >> b & 1 and b % 3 != 2}
+            assert set(run.times) == bits, f"times {sorted(run.times)} != holder bits {sorted(bits)}"
+            for b in range(2, run.mask.bit_length() + 1, 3):
+                assert bool(run.mask >> b & 1) == bool(run.mask >> (b - 1) & 3), "an either bit disagrees"
+            for b, v in run.times.items():
+                assert not isinstance(v, array) or len(v) == len(run.pages), "a time array of the wrong length"
+                holding.setdefault(b, set()).add(id(run))
+            free = {3 * i + t for i, node in enumerate(self._slots.ids) if node is None for t in range(3)}
+            assert not any(run.mask >> b & 1 for b in free), "a mask carries a free node index"
+        assert holding == {b: {id(r) for r in rs} for b, rs in self._holding.items()}, "_holding disagrees"
 
     # --------------------------------------------------------------------------------------- queries
     def _position(self, page: PageHash) -> tuple[_Run, int] | None:
@@ -464,7 +683,10 @@ class KvDirectory:
         run = self._run.get(page)
         if idx is None or run is None:
             return None
-        return run.times.get(3 * idx + _TIER_INDEX[tier])
+        v = run.times.get(3 * idx + _TIER_INDEX[tier])
+        if isinstance(v, array):
+            return v[run.pages.index(page)]
+        return v
 
     def pages_on(self, node: NodeId, tier: Tier) -> dict[PageHash, float]:
         """A copy of the pages `node` holds in `tier`, with their last-use times."""
@@ -474,7 +696,8 @@ class KvDirectory:
         bit = 3 * idx + _TIER_INDEX[tier]
         out: dict[PageHash, float] = {}
         for run in self._holding.get(bit, ()):
-            out.update(zip(run.pages, repeat(run.times[bit])))
+            v = run.times[bit]
+            out.update(zip(run.pages, v if isinstance(v, array) else repeat(v)))
         return out
 
     def held_count(self, node: NodeId, tier: Tier) -> int:

@@ -13,7 +13,9 @@ Figures (wall clock and thread CPU time both, since CPU time leaves out preempti
   each a cached branch path cut to a random length of at least 90 % of the prompt and completed with new
   pages; the generated events are freed and collected before the lookups are timed;
 - bytes per page = sizes (`sys.getsizeof`) of every object reachable from the directory
-  (`gc.get_referents` walk, each object counted once, types and modules excluded) / distinct pages;
+  (`gc.get_referents` walk, each object counted once, types and modules excluded) / distinct pages, also split
+  by the objects' type (`bytes_per_page_by_type`: the page index is the largest `dict`, the page hashes are
+  `int`, run page lists `list`, per-page last-use times `array`, runs `_Run`, `_holding` `set`);
 - runs: the runs of pages the directory keeps (`--page-exact` measures the page-exact oracle instead, where
   every page is its own entry).
 
@@ -32,7 +34,8 @@ import sys
 import time
 import types
 from collections import deque
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -74,6 +77,7 @@ class DirectoryBenchResult:
     python: str
     implementation: str = "runs"
     runs: int = 0
+    bytes_per_page_by_type: dict[str, float] = field(default_factory=dict)
 
 
 def generate_events(nodes: int, pages: int, seed: int) -> tuple[list[KvEvent], list[list[PageHash]]]:
@@ -143,8 +147,9 @@ def prompts(paths: list[list[PageHash]], count: int, prompt_pages: int, seed: in
     return out
 
 
-def deep_size(root: object) -> int:
-    """Bytes of every object reachable from `root`, each counted once (types and modules excluded)."""
+def deep_size(root: object, by_type: Counter[str] | None = None) -> int:
+    """Bytes of every object reachable from `root`, each counted once (types and modules excluded); with
+    `by_type`, also added up there by the objects' type name."""
     seen: set[int] = set()
     stack = [root]
     total = 0
@@ -154,7 +159,10 @@ def deep_size(root: object) -> int:
         if id(obj) in seen or isinstance(obj, skip):
             continue
         seen.add(id(obj))
-        total += sys.getsizeof(obj)
+        size = sys.getsizeof(obj)
+        total += size
+        if by_type is not None:
+            by_type[type(obj).__name__] += size
         stack.extend(gc.get_referents(obj))
     return total
 
@@ -182,7 +190,9 @@ def run_benchmark(
         cpu.append((time.thread_time_ns() - c0) / 1e6)
         latencies.append((time.perf_counter_ns() - t0) / 1e6)
         cached += max(match.either.values(), default=0)
-    size = deep_size(directory)
+    by_type: Counter[str] = Counter()
+    size = deep_size(directory, by_type)
+    per_page = max(1, directory.page_count)
     latencies.sort()
     cpu.sort()
     return DirectoryBenchResult(
@@ -209,6 +219,7 @@ def run_benchmark(
         python=platform.python_version(),
         implementation="page-exact" if page_exact else "runs",
         runs=directory.page_count if isinstance(directory, PageKvDirectory) else directory.run_count,
+        bytes_per_page_by_type={name: round(b / per_page, 1) for name, b in by_type.most_common() if b >= per_page / 10},
     )
 
 
@@ -249,6 +260,7 @@ def _handler(args: argparse.Namespace) -> int:
         ("lookup p99 (thread CPU time)", f"{result.lookup_cpu_p99_ms:.3f} ms", "<= 1 ms"),
         ("mean longest cached prefix", f"{result.mean_cached_pages:,.1f} pages", ""),
         ("memory", f"{result.bytes_per_page:,.1f} bytes/page", ""),
+        ("memory by type", ", ".join(f"{k} {v:,.1f}" for k, v in result.bytes_per_page_by_type.items()), ""),
         (f"runs ({result.implementation})", f"{result.runs:,}", ""),
     ]
     for row in rows:

@@ -30,6 +30,9 @@ def test_small_run_reports_consistent_figures() -> None:
     assert result.event_pages >= result.distinct_pages
     assert 0 < result.mean_cached_pages <= 50
     assert result.bytes_per_page > 0
+    by_type = result.bytes_per_page_by_type
+    assert by_type["dict"] > 0 and by_type["int"] > 0  # the page index and the page hashes
+    assert sum(by_type.values()) <= result.bytes_per_page + 0.1 * len(by_type)
 
 
 def test_runs_and_page_exact_directories_report_the_same_load_and_matches() -> None:
