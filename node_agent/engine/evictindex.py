@@ -36,14 +36,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Container, Iterable, Mapping
-from itertools import groupby, repeat
-from operator import and_, eq, lshift, sub
+from itertools import filterfalse, groupby, repeat
+from operator import eq, lshift, sub
 
 from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, HostPage, LruEviction
 from evolving_infra.core.pages import PageHash
 
 Key = tuple[float, ...]
-_MASK = (1 << 64) - 1  # a rank's page hash: rank & _MASK (ranks are hash - depth * 2^64, hashes below 2^64)
 
 
 def _branch_count_key(counted: bool, last_access: float) -> Key:
@@ -75,7 +74,7 @@ class _Bucket:
 
     def __init__(self, members: set[PageHash] | None = None) -> None:
         self.members: set[PageHash] = set() if members is None else members
-        self.order: list[int] | None = None  # the members' ranks (`EvictionOrder.rank`) descending, or None
+        self.order: list[PageHash] | None = None  # the members in descending `EvictionOrder.rank`, or None
 
 
 class EvictionOrder:
@@ -106,11 +105,18 @@ class EvictionOrder:
             return self.coarse(page in self._counts, self._access[page])
         return self.policy.key(HostPage(page, self._counts.get(page, 0), self._access[page]))
 
-    def _ranks(self, members: set[PageHash]) -> list[int]:
-        """The ranks of `members`, descending (C-level passes; a stale entry's page may have no depth: 0)."""
-        pages = list(members)
-        depths = map(self._depth.get, pages, repeat(0))
-        return sorted(map(sub, pages, map(lshift, depths, repeat(64))), reverse=True)  # type: ignore[arg-type]
+    def _sorted(self, members: set[PageHash]) -> list[PageHash]:
+        """`members` in descending `rank` (smallest last): by page hash descending, then a stable sort by depth
+        (small integers: the sort's fast comparisons). Entries of pages neither tier holds (stale, without a
+        depth) are dropped first."""
+        depth = self._depth
+        if not depth.keys() >= members:
+            gone = set(filterfalse(depth.__contains__, members))
+            members -= gone
+            self._size -= len(gone)
+        order = sorted(members, reverse=True)
+        order.sort(key=depth.__getitem__)
+        return order
 
     def rank(self, page: PageHash) -> int:
         """The tie-break of resident `page` among pages of one key, ascending: deeper pages first (a page
@@ -255,25 +261,23 @@ class EvictionOrder:
             members = bucket.members
             order = bucket.order
             if order is None:
-                order = bucket.order = self._ranks(members)
+                order = bucket.order = self._sorted(members)
             k = min(n - len(out), len(order))
-            if k:
-                chunk = list(map(and_, order[-k:], repeat(_MASK)))
-                if not exclude and self._all_valid(chunk, key):  # the k smallest entries at once
-                    del order[-k:]
-                    members.difference_update(chunk)
-                    chunk.reverse()
-                    out += chunk
-                    taken += k
-            held: list[int] = []
+            if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
+                chunk = order[-k:]
+                del order[-k:]
+                members.difference_update(chunk)
+                chunk.reverse()
+                out += chunk
+                taken += k
+            held: list[PageHash] = []
             while order and len(out) < n:
-                rank = order.pop()
-                page = PageHash(rank & _MASK)
+                page = order.pop()
                 if not valid(page, key):
                     members.discard(page)
                     taken += 1
                 elif page in exclude:
-                    held.append(rank)
+                    held.append(page)
                 else:
                     members.discard(page)
                     taken += 1
