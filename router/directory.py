@@ -313,49 +313,51 @@ class KvDirectory:
             self._stored(run, [(o, o + 1)], bit, add, time)
             return
         pages = list(pages)
-        found = list(map(runs.get, pages))
-        if found[0] is None and found.count(None) == n:  # all new: one fresh run, unless a page repeats
-            fresh = _Run(pages, prev, add, {bit: time})
-            size = len(runs)
-            runs.update(zip(pages, repeat(fresh)))
-            if len(runs) - size == n:
-                self._holding[bit].add(fresh)
-                if prev is not None:
-                    self._merge_left(fresh)
-                return
-            for page in set(pages):  # a page repeats: undone, and stored page by page below
-                del runs[page]
-            distinct = False
-        else:
-            distinct = len(set(pages)) == n
+        holding = self._holding[bit]
         touched: dict[_Run, Ranges] = {}
         fresh_runs: list[_Run] = []
-        if distinct:  # the usual chain: stretches of existing runs and of new pages
-            at = 0
-            while at < n:
-                existing = found[at]
-                if existing is None:  # new pages up to the next page held somewhere
-                    end = at + 1
-                    while end < n and found[end] is None:
-                        end += 1
-                    chunk = pages[at:end]
-                    fresh = _Run(chunk, prev, add, {bit: time})
-                    runs.update(zip(chunk, repeat(fresh)))
-                    self._holding[bit].add(fresh)
-                    fresh_runs.append(fresh)
-                    prev, at = chunk[-1], end
-                    continue
-                rp = existing.pages
-                o = 0 if rp[0] == pages[at] else rp.index(pages[at])
-                k = min(len(rp) - o, n - at)
-                if rp[o : o + k] != pages[at : at + k]:
-                    k = _common(rp, o, pages, at, k)  # the chain leaves the run here (it may come back)
-                before = rp[o - 1] if o else existing.parent
-                if before != prev:
-                    stats.parent_mismatches += 1
-                touched.setdefault(existing, []).append((o, o + k))
-                prev, at = pages[at + k - 1], at + k
-        else:  # a page repeats in the chain: page by page
+        mismatches = stats.parent_mismatches
+        flags: list[bool] | None = None  # pages held somewhere, found once the first new page shows up
+        at = 0
+        while at < n:  # the usual chain: stretches of existing runs and of new pages
+            existing = runs.get(pages[at])
+            if existing is None:  # new pages up to the next page held somewhere
+                if flags is None:
+                    flags = list(map(runs.__contains__, pages))
+                try:
+                    end = flags.index(True, at + 1)
+                except ValueError:
+                    end = n
+                chunk = pages[at:end] if at or end < n else pages
+                fresh = _Run(chunk, prev, add, {bit: time})
+                size = len(runs)
+                runs.update(zip(chunk, repeat(fresh)))
+                fresh_runs.append(fresh)
+                if len(runs) - size != end - at:  # a new page repeats in the chain
+                    break
+                holding.add(fresh)
+                prev, at = chunk[-1], end
+                continue
+            rp = existing.pages
+            o = 0 if rp[0] == pages[at] else rp.index(pages[at])
+            k = min(len(rp) - o, n - at)
+            if rp[o : o + k] != pages[at : at + k]:
+                k = _common(rp, o, pages, at, k)  # the chain leaves the run here (it may come back)
+            before = rp[o - 1] if o else existing.parent
+            if before != prev:
+                stats.parent_mismatches += 1
+            touched.setdefault(existing, []).append((o, o + k))
+            prev, at = pages[at + k - 1], at + k
+        else:
+            at = -1
+        if at >= 0:  # a new page repeats: the walk is undone and the chain stored page by page
+            for fresh in fresh_runs:
+                holding.discard(fresh)
+                for page in fresh.pages:
+                    runs.pop(page, None)
+            stats.parent_mismatches = mismatches
+            touched, fresh_runs = {}, []
+            prev = None if parent is None or parent not in runs else parent
             fresh_run: _Run | None = None
             for page in pages:
                 run = runs.get(page)
@@ -364,7 +366,7 @@ class KvDirectory:
                         fresh_run.pages.append(page)
                     else:
                         fresh_run = _Run([page], prev, add, {bit: time})
-                        self._holding[bit].add(fresh_run)
+                        holding.add(fresh_run)
                         fresh_runs.append(fresh_run)
                     runs[page] = fresh_run
                 else:
