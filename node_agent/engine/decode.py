@@ -164,7 +164,7 @@ class DecodeScheduler:
                 continue  # a load into L1 is bringing some of these pages: reuse them once it lands
             resident = l1.resident_set() & prompt
             need = pages_needed(job.prompt_tokens + job.output_tokens, self.pt) - len(resident)
-            if need > l1.free and l1.room(resident) < need:
+            if l1.lacks_room(need, resident):
                 break  # first come, first served: later requests do not overtake it
             # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
             l1.pin_all(job.rid, resident, now)

@@ -196,7 +196,7 @@ class KvPool:
         if n <= pool.free:
             return True
         excluded = frozenset(exclude)
-        if pool.room(excluded) < n:
+        if pool.lacks_room(n, excluded):
             return False
         self._evict(tier, n - pool.free, now, excluded)
         return True

@@ -185,7 +185,7 @@ class PrefillScheduler:
                 fetch.append(page)
             else:
                 break
-        if fetch and len(fetch) > l2.free and l2.room(pins) < len(fetch):
+        if fetch and l2.lacks_room(len(fetch), pins):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
         l2.pin_all(job.rid, pins, now)
@@ -254,7 +254,7 @@ class PrefillScheduler:
         local = local_ok
         total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
         writes = total - k
-        if l1.room(in_l1) < writes + len(from_l2):
+        if l1.lacks_room(writes + len(from_l2), in_l1):
             return Admission.NO_ROOM
         held = l2.pinned_by(job.rid)
         # keep the sources in L2 while L1 makes room (write-backs may evict)

@@ -36,7 +36,7 @@ Boundary: bookkeeping of one tier; what moves between tiers, eviction order and 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, KeysView
+from collections.abc import Collection, Iterable, Iterator, KeysView
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
@@ -154,6 +154,19 @@ class TierPool(TierRuns):
     def room(self, exclude: Iterable[PageHash] = ()) -> int:
         """Slots obtainable now: free ones plus evictable cached ones."""
         return self._free + self.evictable(exclude)
+
+    def lacks_room(self, n: int, exclude: Collection[PageHash] = ()) -> bool:
+        """Whether `room(exclude) < n`, reading the cached pages only where the bounds free + cached - |exclude|
+        <= room <= free + cached do not decide it."""
+        free = self._free
+        if n <= free:
+            return False
+        cached = len(self._cached)
+        if free + cached < n:
+            return True
+        if free + cached - len(exclude) >= n:
+            return False
+        return free + cached - len(self._cached.intersection(exclude)) < n
 
     def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
         """Snapshots of the evictable pages for an eviction policy: cached ones not in `exclude`."""

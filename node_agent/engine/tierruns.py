@@ -104,8 +104,8 @@ class TierRuns:
         """`owner` pins every page of `pages` (all resident); the same as `pin` page by page, except that the
         touch at `now` is kept as one entry of the owner's pin touches (see `TierPool`), not page by page."""
         pages = set(pages)
-        missing = pages.difference(self._parent)
-        if missing:
+        if not self._parent.keys() >= pages:
+            missing = pages.difference(self._parent)
             raise PoolInvariantError(f"{self.tier.value}: cannot pin page {min(missing):#x}: not resident")
         pins = self._owner_pins.setdefault(owner, set())
         new = pages - pins

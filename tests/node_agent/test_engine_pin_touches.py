@@ -100,3 +100,15 @@ def test_a_single_unpin_settles_the_pages_pin_touches_first() -> None:
         t.unpin_all("a", 2.0)  # a release before the pin's touch keeps the later access
         assert t.last_access(PAGES[1]) == 3.0
         t.check()
+
+
+@given(
+    cached=st.sets(st.integers(0, 9)), pinned=st.sets(st.integers(0, 9)), spare=st.integers(0, 4),
+    exclude=st.lists(st.integers(0, 9), max_size=12), n=st.integers(0, 16),
+)  # fmt: skip
+def test_lacks_room_equals_room_below_n(cached: set[int], pinned: set[int], spare: int, exclude: list[int], n: int) -> None:
+    t = TierPool(Tier.HOST, 10 + spare, LruEviction(), {})
+    t.insert_all({PAGES[i]: None for i in sorted(cached | pinned)}, 0.0)
+    t.pin_all("a", [PAGES[i] for i in pinned], 1.0)
+    ex = [PAGES[i] for i in exclude]  # duplicates and pinned pages too
+    assert t.lacks_room(n, ex) == (t.room(ex) < n)
