@@ -15,7 +15,8 @@ resident and writing; an owner's pin set and the pages' pin counts agree; the ev
 exactly the unpinned resident pages, each entered in the eviction index under its current key.
 
 Representation (chosen so that a whole run of pages is pinned, unpinned or touched with C-level set and
-dict operations): per resident page its parent and last access (`_parent`, `_access`); the pinned pages as a
+dict operations): per resident page its parent and last access (`_parent`, `_access`) and its depth in its
+chain (`_depth`, one table shared with the node's other tier: the eviction tie-break); the pinned pages as a
 set, with the pin count kept only for pages pinned by two or more owners (`_shared`); the cached pages as a
 set; `_max_access`, an upper bound of every last access, so that touching pages at a time `now` at or past
 it sets every last access to `now` without reading them. The eviction order lives in an `EvictionOrder`;

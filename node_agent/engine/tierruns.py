@@ -4,8 +4,9 @@ instead of a Python step per page. `TierPool` inherits them; they read and write
 
 Exactness rules: a run is touched at `now` in one `dict.update` only when no page of it was last accessed
 after `now` (otherwise page by page, keeping the later access); a run enters the eviction order in one set
-update per key (`EvictionOrder.enter_all`); error cases raise before anything changes. `room_for_run` plans
-the evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
+update per key (`EvictionOrder.enter_all`); a run's new pages get consecutive depths (`new_depths`); a pin's
+touch is kept once per run (see `tier`); error cases raise before anything changes. `room_for_run` plans the
+evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
 
 Boundary: page accounting of one tier, like `tier`; which runs to move, and the KV events, are `kvpool`'s.
 """
