@@ -25,7 +25,7 @@ page-exact directory `directory_pages.PageKvDirectory`, the oracle):
   holds p in tier t <=> `3i + t` is a key of the run's times; bit `3i + 2` is set <=> bit `3i` or `3i + 1` is;
 - a run's time entry is a number or an array as long as its page list;
 - consecutive pages of a run are parent and child; a run's pages are distinct and every one maps to it;
-- `_holding[b]` is exactly the set of runs whose times have key b;
+- `_runs` is exactly the set of the runs pages map to;
 - masks never carry the bit of a node index that is free (dropped nodes are cleared before reuse).
 
 Tolerated events, all deterministic and counted in `DirectoryStats`:
@@ -201,12 +201,12 @@ class KvDirectory:
     Node ids get a bit index on their first `KvStored` (or `add_node`); `drop_node` frees it.
     """
 
-    __slots__ = ("_slots", "_run", "_holding", "_tier_bits", "_index_ids", "stats")
+    __slots__ = ("_slots", "_run", "_runs", "_tier_bits", "_index_ids", "stats")
 
     def __init__(self) -> None:
         self._slots = _NodeSlots()
         self._run: dict[PageHash, _Run] = {}
-        self._holding: dict[int, set[_Run]] = {}  # holder bit 3i + t -> the runs it holds
+        self._runs: set[_Run] = set()  # every run (a node's runs are found by a scan: clears are rare)
         self._tier_bits = [0, 0, 0]  # GPU, host and either bits of every index ever allocated
         self._index_ids: tuple[dict[NodeId, int], tuple[NodeId | None, ...]] | None = None  # for lookups
         self.stats = DirectoryStats()
@@ -227,8 +227,6 @@ class KvDirectory:
             for t in range(3):
                 self._tier_bits[t] |= 1 << (3 * idx + t)
         slots.index[node] = idx
-        for t in range(2):
-            self._holding.setdefault(3 * idx + t, set())
         self._index_ids = None
         return idx
 
@@ -256,7 +254,7 @@ class KvDirectory:
     @property
     def run_count(self) -> int:
         """Runs the pages are kept in."""
-        return len({id(r) for runs in self._holding.values() for r in runs})
+        return len(self._runs)
 
     # ---------------------------------------------------------------------------------------- events
     def apply(self, event: KvEvent) -> None:
@@ -302,7 +300,7 @@ class KvDirectory:
             if run is None:
                 fresh = _Run([page], prev, add, {bit: time})
                 runs[page] = fresh
-                self._holding[bit].add(fresh)
+                self._runs.add(fresh)
                 if prev is not None:
                     self._merge_left(fresh)
                 return
@@ -313,7 +311,7 @@ class KvDirectory:
             self._stored(run, [(o, o + 1)], bit, add, time)
             return
         pages = list(pages)
-        holding = self._holding[bit]
+        all_runs = self._runs
         touched: dict[_Run, Ranges] = {}
         fresh_runs: list[_Run] = []
         mismatches = stats.parent_mismatches
@@ -335,7 +333,7 @@ class KvDirectory:
                 fresh_runs.append(fresh)
                 if len(runs) - size != end - at:  # a new page repeats in the chain
                     break
-                holding.add(fresh)
+                all_runs.add(fresh)
                 prev, at = chunk[-1], end
                 continue
             rp = existing.pages
@@ -352,7 +350,7 @@ class KvDirectory:
             at = -1
         if at >= 0:  # a new page repeats: the walk is undone and the chain stored page by page
             for fresh in fresh_runs:
-                holding.discard(fresh)
+                all_runs.discard(fresh)
                 for page in fresh.pages:
                     runs.pop(page, None)
             stats.parent_mismatches = mismatches
@@ -366,7 +364,7 @@ class KvDirectory:
                         fresh_run.pages.append(page)
                     else:
                         fresh_run = _Run([page], prev, add, {bit: time})
-                        holding.add(fresh_run)
+                        all_runs.add(fresh_run)
                         fresh_runs.append(fresh_run)
                     runs[page] = fresh_run
                 else:
@@ -397,11 +395,9 @@ class KvDirectory:
                 _set_time(run, bit, lo, hi, time)
             return []
         mask = run.mask | add
-        holding = self._holding[bit]
         if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == len(run.pages):  # the whole run
             run.mask = mask
             run.times[bit] = time
-            holding.add(run)
             if merge and run.parent is not None:
                 self._merge_left(run)
             return [run.pages[0]]
@@ -410,7 +406,6 @@ class KvDirectory:
             if hit:
                 piece.mask = mask
                 piece.times[bit] = time
-                holding.add(piece)
                 gained.append(piece.pages[0])
         if merge:
             for page in gained:
@@ -431,7 +426,6 @@ class KvDirectory:
         other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
         pages = list(pages)
         touched, held = self._held_ranges(pages, 1 << bit)
-        holding = self._holding[bit]
         for run, ranges in touched.items():
             mask = run.mask & ~(1 << bit)
             if not mask & other:
@@ -443,7 +437,6 @@ class KvDirectory:
                 if hit:
                     piece.mask = mask
                     del piece.times[bit]
-                    holding.discard(piece)
         self.stats.pages_removed += held
         self.stats.removed_unheld += len(pages) - held
         return held
@@ -513,8 +506,7 @@ class KvDirectory:
         runs = self._run
         if len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1] == n:  # the whole run
             if drop_hits:
-                for b in run.times:
-                    self._holding[b].discard(run)
+                self._runs.discard(run)
                 for page in pages:
                     del runs[page]
                 return []
@@ -533,7 +525,7 @@ class KvDirectory:
             return self._pieces(run, [(0, n)], True)
         keep = max(kept, key=lambda seg: seg[1] - seg[0])
         mask, times, parent = run.mask, run.times, run.parent
-        holding = self._holding
+        all_runs = self._runs
         out: list[tuple[_Run, bool]] = []
         for seg in segments:
             lo, hi, hit = seg
@@ -548,8 +540,7 @@ class KvDirectory:
             else:
                 piece = _Run(pages[lo:hi], pages[lo - 1] if lo else parent, mask, _sliced(times, lo, hi))
                 runs.update(zip(piece.pages, repeat(piece)))
-                for b in times:
-                    holding[b].add(piece)
+                all_runs.add(piece)
             out.append((piece, hit))
         lo, hi, _ = keep
         run.pages = pages[lo:hi]
@@ -607,18 +598,15 @@ class KvDirectory:
             run.times = times
             runs.update(zip(left.pages, repeat(run)))
             drop = left
-        holding = self._holding
-        for b in lt:
-            holding[b].discard(drop)
+        self._runs.discard(drop)
 
     def _clear_index(self, idx: int, t: int) -> int:
         bit = 3 * idx + t
-        holding = self._holding.get(bit)
-        if not holding:
-            return 0
+        held = 1 << bit
+        holding = [run for run in self._runs if run.mask & held]
         other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
         dropped = 0
-        for run in list(holding):
+        for run in holding:
             dropped += len(run.pages)
             mask = run.mask & ~(1 << bit)
             if not mask & other:
@@ -628,7 +616,6 @@ class KvDirectory:
             else:
                 run.mask = mask
                 del run.times[bit]
-        holding.clear()
         self.stats.pages_removed += dropped
         return dropped
 
@@ -638,7 +625,6 @@ class KvDirectory:
         for page, run in self._run.items():
             runs.setdefault(id(run), run)
             assert page in run.pages, f"page {page:#x} maps to a run without it"
-        holding: dict[int, set[int]] = {b: set() for b in self._holding}
         for run in runs.values():
             assert run.pages and len(set(run.pages)) == len(run.pages), "a run is empty or repeats a page"
             assert all(self._run.get(page) is run for page in run.pages), "a run's page maps elsewhere"
@@ -649,10 +635,9 @@ class KvDirectory:
                 assert bool(run.mask >> b & 1) == bool(run.mask >> (b - 1) & 3), "an either bit disagrees"
             for b, v in run.times.items():
                 assert not isinstance(v, array) or len(v) == len(run.pages), "a time array of the wrong length"
-                holding.setdefault(b, set()).add(id(run))
             free = {3 * i + t for i, node in enumerate(self._slots.ids) if node is None for t in range(3)}
             assert not any(run.mask >> b & 1 for b in free), "a mask carries a free node index"
-        assert holding == {b: {id(r) for r in rs} for b, rs in self._holding.items()}, "_holding disagrees"
+        assert set(runs) == {id(r) for r in self._runs}, "_runs disagrees with the runs pages map to"
 
     # --------------------------------------------------------------------------------------- queries
     def _position(self, page: PageHash) -> tuple[_Run, int] | None:
@@ -697,7 +682,10 @@ class KvDirectory:
             return {}
         bit = 3 * idx + _TIER_INDEX[tier]
         out: dict[PageHash, float] = {}
-        for run in self._holding.get(bit, ()):
+        held = 1 << bit
+        for run in self._runs:
+            if not run.mask & held:
+                continue
             v = run.times[bit]
             out.update(zip(run.pages, v if isinstance(v, array) else repeat(v)))
         return out
@@ -706,7 +694,8 @@ class KvDirectory:
         idx = self._slots.index.get(node)
         if idx is None:
             return 0
-        return sum(len(run.pages) for run in self._holding.get(3 * idx + _TIER_INDEX[tier], ()))
+        held = 1 << (3 * idx + _TIER_INDEX[tier])
+        return sum(len(run.pages) for run in self._runs if run.mask & held)
 
     def lookup(self, pages: Sequence[PageHash]) -> PrefixMatch:
         """Longest cached prefixes of a prompt given as its page hashes (see `PrefixMatch`): one walk over the
