@@ -186,6 +186,13 @@ class StreamedPlan:
         self._stream.release(index)
 
 
+def _distinct(after: Sequence[str]) -> tuple[str, ...]:
+    """`after` without repeats, in order (the request's own tuple when it has none: one object less per request)."""
+    if isinstance(after, tuple) and len(set(after)) == len(after):
+        return after
+    return tuple(dict.fromkeys(after))
+
+
 def _agents_of(trace: TraceLike) -> Iterable[AgentLike]:
     agents = trace.agents
     if isinstance(agents, Mapping):
@@ -242,7 +249,7 @@ def _build(trace: TraceLike, *, agent_index: int = 0, first_request: int = 0) ->
             agent=req.agent,
             workload=agent_info[req.agent].workload,
             branch=req.branch,
-            after=tuple(dict.fromkeys(req.after)),
+            after=_distinct(req.after),
             delay_s=float(req.delay_s),
             prompt_tokens=int(req.prompt_tokens),
             output_tokens=int(req.output_tokens),

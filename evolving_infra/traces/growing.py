@@ -55,7 +55,8 @@ class GrowingTrace:
         self._line = 0
         for record in head:
             if record.get("kind") in ("agent", "request", "branch_end"):
-                raise GrowingTraceError(f"the head holds only a header and prefixes, got a {record.get('kind')!r} record")
+                kind = record.get("kind")
+                raise GrowingTraceError(f"the head holds only a header and prefixes, got a {kind!r} record")
             self._add(record)
         self._block = block
         self._count = count
