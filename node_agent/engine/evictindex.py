@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Container, Iterable, Mapping
-from itertools import filterfalse, groupby, repeat
+from itertools import compress, filterfalse, groupby, repeat
 from operator import eq, lshift, sub
 
 from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, HostPage, LruEviction
@@ -105,18 +105,25 @@ class EvictionOrder:
             return self.coarse(page in self._counts, self._access[page])
         return self.policy.key(HostPage(page, self._counts.get(page, 0), self._access[page]))
 
-    def _sorted(self, members: set[PageHash]) -> list[PageHash]:
-        """`members` in descending `rank` (smallest last): by page hash descending, then a stable sort by depth
-        (small integers: the sort's fast comparisons). Entries of pages neither tier holds (stale, without a
-        depth) are dropped first."""
-        depth = self._depth
-        if not depth.keys() >= members:
-            gone = set(filterfalse(depth.__contains__, members))
-            members -= gone
-            self._size -= len(gone)
-        order = sorted(members, reverse=True)
-        order.sort(key=depth.__getitem__)
-        return order
+    def _sorted(self, members: set[PageHash], key: Key) -> list[PageHash]:
+        """The live entries of the bucket `members` of `key` in descending `rank` (smallest last): by page hash
+        descending, then a stable sort by depth (small integers: the sort's fast comparisons). For coarse keys
+        the stale entries are dropped from `members` first, by C-level passes (what `victims` would do one by
+        one); otherwise entries of pages neither tier holds (no depth)."""
+        if self.coarse is not None:
+            live = list(filter(self._cached.__contains__, members))
+            live = list(compress(live, map(eq, map(self._access.__getitem__, live), repeat(key[-1]))))
+            if self.keyed_by_count:
+                test = self._counts.__contains__
+                live = list(filter(test, live) if key[0] > 0 else filterfalse(test, live))
+        else:
+            live = list(filter(self._depth.__contains__, members))
+        if len(live) != len(members):
+            self._size -= len(members) - len(live)
+            members.intersection_update(live)
+        live.sort(reverse=True)
+        live.sort(key=self._depth.__getitem__)
+        return live
 
     def rank(self, page: PageHash) -> int:
         """The tie-break of resident `page` among pages of one key, ascending: deeper pages first (a page
@@ -261,7 +268,7 @@ class EvictionOrder:
             members = bucket.members
             order = bucket.order
             if order is None:
-                order = bucket.order = self._sorted(members)
+                order = bucket.order = self._sorted(members, key)
             k = min(n - len(out), len(order))
             if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
                 chunk = order[-k:]
