@@ -158,7 +158,8 @@ class _Req(enum.Enum):
 
 
 class AgentReplayer:
-    """Replay state for one run over `trace` (a `Trace`, any `TraceLike`, or a prepared `ReplayPlan`)."""
+    """Replay state for one run over `trace` (a `Trace`, any `TraceLike`, a prepared `ReplayPlan`, or a
+    `StreamedPlan` whose agents are taken as they start)."""
 
     def __init__(self, trace: TraceLike | ReplayPlan | StreamedPlan, mode: ReplayMode) -> None:
         plan = trace if isinstance(trace, ReplayPlan | StreamedPlan) else ReplayPlan.from_trace(trace)
