@@ -425,7 +425,7 @@ class KvDirectory:
         bit = 3 * idx + t
         other, either = 1 << (3 * idx + 1 - t), 1 << (3 * idx + 2)
         pages = list(pages)
-        touched, held = self._held_ranges(pages, 1 << bit)
+        touched, held = self._tail_ranges(pages, 1 << bit) or self._held_ranges(pages, 1 << bit)
         for run, ranges in touched.items():
             mask = run.mask & ~(1 << bit)
             if not mask & other:
@@ -463,6 +463,36 @@ class KvDirectory:
             for lo, hi in ranges:
                 _set_time(run, bit, lo, hi, time)
         return held
+
+    def _tail_ranges(self, pages: list[PageHash], bitmask: int) -> tuple[dict[_Run, Ranges], int] | None:
+        """`_held_ranges` of victims that are the ends of runs, each deepest page first (the engine evicts the
+        deepest of equally ranked pages first, so a chain loses its end): one probe per run and one slice
+        comparison, no probe per page. None when the victims are not of that form (or a page is unknown)."""
+        runs = self._run
+        touched: dict[_Run, Ranges] = {}
+        seen: set[_Run] = set()
+        held = 0
+        n = len(pages)
+        i = 0
+        while i < n:
+            run = runs.get(pages[i])
+            if run is None or run in seen:
+                return None
+            rp = run.pages
+            size = len(rp)
+            if rp[-1] != pages[i]:
+                return None
+            seen.add(run)
+            k = min(size, n - i)
+            tail = rp[size - k :]
+            tail.reverse()
+            if tail != pages[i : i + k]:
+                k = _common(tail, 0, pages, i, k)
+            if run.mask & bitmask:
+                touched[run] = [(size - k, size)]
+                held += k
+            i += k
+        return touched, held
 
     def _held_ranges(
         self, pages: list[PageHash], bitmask: int, count_repeats: bool = False

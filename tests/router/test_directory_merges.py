@@ -97,6 +97,32 @@ def test_long_chunks_stored_at_their_own_times_keep_one_time_per_run() -> None:
         assert runs.pages_on(P, tier) == pages.pages_on(P, tier)
 
 
+def test_tail_victims_across_runs_repeats_and_unknown_pages_match_the_oracle() -> None:
+    """Victims deepest first spanning a child run and its parent run's end (one probe per run), and the forms
+    that leave that path (a repeated victim, an unknown page, a run not held in that tier)."""
+    chain = BRANCHES[0]
+    cases = [
+        tuple(reversed(chain[8:])),  # the decode run and the end of the prompt's run
+        tuple(reversed(chain[20:])) + (chain[-1],),  # a victim named twice
+        tuple(reversed(chain[25:])) + (PageHash(12345),),  # a page nobody holds
+        tuple(reversed(chain[3:10])),  # not a run's end
+    ]
+    for victims in cases:
+        runs, pages = KvDirectory(), PageKvDirectory()
+        for tier in Tier:
+            both(runs, pages, KvStored(P, tier, None, chain[:12], 1.0))
+        both(runs, pages, KvStored(D, Tier.GPU, None, chain[:12], 2.0))
+        for i in range(12, len(chain)):
+            both(runs, pages, KvStored(P, Tier.GPU, chain[i - 1], chain[i : i + 1], 3.0 + i))
+        for tier in Tier:
+            assert runs.remove(P, tier, victims) == pages.remove(P, tier, victims)
+            runs.check()
+            assert runs.stats == pages.stats
+            for node in (P, D):
+                assert runs.pages_on(node, tier) == pages.pages_on(node, tier)
+            assert runs.lookup(list(chain)) == pages.lookup(list(chain))
+
+
 class SimPatternAgainstPages(RuleBasedStateMachine):
     """Random events of the simulator's kinds on three branches sharing a system prompt; every query, lookup
     and counter equals the page-exact directory's, and the run invariants hold."""
