@@ -83,6 +83,9 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
         trace.load_all()  # open loop: every agent's start time is needed up front
     parents: dict[str, str] = {}
     if isinstance(trace, GrowingTrace):
+        if trace.listened:
+            raise ValueError("this growing trace already serves a simulation (it releases agents as that run "
+                             "finishes them); make another one for this run (sim.run.workload_stream)")
         lazy = trace
 
         def loaded(agent: LoadedAgent) -> None:

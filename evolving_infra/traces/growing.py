@@ -78,6 +78,11 @@ class GrowingTrace:
         return len(self._loaded)
 
     @property
+    def listened(self) -> bool:
+        """Whether a listener is registered (a simulation built on this trace; one run per growing trace)."""
+        return bool(self._on_load or self._on_release)
+
+    @property
     def header(self) -> Header | None:
         return self._builder.header
 

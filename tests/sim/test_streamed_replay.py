@@ -97,3 +97,11 @@ def test_an_open_loop_simulation_loads_a_streamed_workload_whole() -> None:
     assert stream.loaded_agents == 5, "open loop needs every agent's start time"
     whole = simulate(cfg, workload_trace("putnam", 5, 2))
     assert lazy.records == whole.records and lazy.metrics.to_dict() == whole.metrics.to_dict()
+
+
+def test_a_growing_trace_serves_one_simulation() -> None:
+    cfg = build_config("arrow", agents=2, nodes=2, split="1P1D", seed=0, warmup_s=0, duration_s=5, models="profile")
+    stream = workload_stream("putnam", 4, 0)
+    simulate(cfg, stream)
+    with pytest.raises(ValueError, match="already serves a simulation"):
+        simulate(cfg, stream)
