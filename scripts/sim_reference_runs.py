@@ -1,7 +1,8 @@
 """The simulator's reference runs of issue #11, for any copy of the source tree, and their byte-identical check.
 
     python scripts/sim_reference_runs.py run TREE OUT [--quick | --only NAME...]  # the runs of TREE into OUT/<name>/
-    python scripts/sim_reference_runs.py compare OUT_A OUT_B  # exit 1 unless the runs in both are identical
+    python scripts/sim_reference_runs.py compare OUT_A OUT_B  # exit 1 unless the runs in both are identical; for
+                                                              # those that differ: records and metrics that moved
 
 TREE is a copy of the repository (`git archive COMMIT | tar -x -C TREE`, or a copy with some files replaced). The
 editable install maps `evolving_infra.<component>` (router, node_agent, sim, ...) to the repository it was
@@ -99,6 +100,40 @@ def run(tree: Path, out: Path, names: tuple[str, ...]) -> int:
     return 0
 
 
+def _numbers(value: object, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of a JSON value, by dotted path."""
+    if isinstance(value, dict):
+        out: dict[str, float] = {}
+        for key, item in value.items():
+            out.update(_numbers(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {prefix: float(value)}
+    return {}
+
+
+def _how_different(name: str, left: Path, right: Path, shown: int = 6) -> list[str]:
+    """For two different outputs: how many request records differ, or which overall metrics moved and by how much
+    (the largest relative changes first)."""
+    if name == "requests.jsonl":
+        a, b = left.read_text().splitlines(), right.read_text().splitlines()
+        changed = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+        return [f"{changed} of {max(len(a), len(b))} records differ"]
+    try:
+        old = _numbers(json.loads(left.read_text()).get("overall", {}))
+        new = _numbers(json.loads(right.read_text()).get("overall", {}))
+    except (ValueError, AttributeError):
+        return ["not comparable as metrics"]
+    moved = sorted(
+        ((abs(new[k] - v) / abs(v) if v else float("inf"), k, v, new[k]) for k, v in old.items() if k in new and new[k] != v),
+        reverse=True,
+    )  # fmt: skip
+    lines = [f"{len(moved)} of {len(old)} overall metrics differ"]
+    lines += [f"{k}: {v:.6g} -> {w:.6g} ({(w - v) / abs(v):+.4%})" if v else f"{k}: {v:.6g} -> {w:.6g}"
+              for _, k, v, w in moved[:shown]]  # fmt: skip
+    return lines
+
+
 def compare(a: Path, b: Path) -> int:
     differ = compared = 0
     for name in RUNS:
@@ -112,6 +147,9 @@ def compare(a: Path, b: Path) -> int:
             same = left.is_file() and right.is_file() and left.read_bytes() == right.read_bytes()
             differ += not same
             print(f"{name}/{f}: {'identical' if same else 'DIFFERENT'}")
+            if not same and left.is_file() and right.is_file():
+                for line in _how_different(f, left, right):
+                    print(f"    {line}")
     if not compared:
         print("no run is in both folders")
     return 1 if differ or not compared else 0

@@ -43,3 +43,18 @@ def test_compare_reports_identical_and_different_runs(tmp_path: Path) -> None:
     (b / "putnam" / "requests.jsonl").write_text("y")
     differ = subprocess.run([sys.executable, str(SCRIPT), "compare", str(a), str(b)], capture_output=True, text=True)
     assert differ.returncode == 1 and "putnam/requests.jsonl: DIFFERENT" in differ.stdout
+
+
+def test_compare_says_which_metrics_and_how_many_records_moved(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out, ttft, records in ((a, 0.5, "r1\nr2\nr3\n"), (b, 0.4, "r1\nR2\nr3\n")):
+        (out / "cc90").mkdir(parents=True)
+        (out / "cc90" / "metrics.json").write_text(
+            f'{{"overall": {{"requests": 3, "ttft_s": {{"mean": {ttft}, "p95": 1.0}}}}}}'
+        )
+        (out / "cc90" / "requests.jsonl").write_text(records)
+    done = subprocess.run([sys.executable, str(SCRIPT), "compare", str(a), str(b)], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "1 of 3 overall metrics differ" in done.stdout
+    assert "ttft_s.mean: 0.5 -> 0.4 (-20.0000%)" in done.stdout
+    assert "1 of 3 records differ" in done.stdout
