@@ -219,7 +219,7 @@ def run_benchmark(
         python=platform.python_version(),
         implementation="page-exact" if page_exact else "runs",
         runs=directory.page_count if isinstance(directory, PageKvDirectory) else directory.run_count,
-        bytes_per_page_by_type={name: round(b / per_page, 1) for name, b in by_type.most_common() if b >= per_page / 10},
+        bytes_per_page_by_type={k: round(b / per_page, 1) for k, b in by_type.most_common() if b >= per_page / 10},
     )
 
 

@@ -152,7 +152,8 @@ class SimPatternAgainstPages(RuleBasedStateMachine):
             self.both(KvStored(node, Tier.HOST, parent, chunk, self.clock + (0.5 if later else 0.0)))
         self.length[(node, branch)] = have + len(chunk)
 
-    @rule(node=st.sampled_from(NODES), branch=st.integers(0, 2), upto=st.integers(1, 30), tier=st.sampled_from(list(Tier)))
+    @rule(node=st.sampled_from(NODES), branch=st.integers(0, 2), upto=st.integers(1, 30),
+          tier=st.sampled_from(list(Tier)))  # fmt: skip
     def receive(self, node: NodeId, branch: int, upto: int, tier: Tier) -> None:
         """A whole prompt arriving on a node (a transfer or a fetch)."""
         self.clock += 1
