@@ -52,7 +52,9 @@ from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.records import RequestRecord, SplitRecord
 from evolving_infra.sim.run import simulate
 from evolving_infra.sim.systems import build_config
+from evolving_infra.traces.growing import GrowingTrace
 from evolving_infra.traces.loader import trace_from_records
+from evolving_infra.traces.records import Trace
 from evolving_infra.workloads.common import Record
 from evolving_infra.workloads.dist import apportion
 from evolving_infra.workloads.fleet import AgentSlot, FleetParams, agent_records, prefix_records
@@ -235,6 +237,17 @@ class PartitionTask:
     keep_records: bool = False
     users: int = 0
 
+    def trace(self) -> Trace | GrowingTrace:
+        """The partition's trace: whole, or growing agent by agent where it is generated and the loop closed."""
+        source = f"fleet:{self.key}"
+        if self.records is None and self.config.agents is not None:
+            assert self.generator is not None
+            params, slots, seed = self.generator
+            head = [{"kind": "header", "version": 1, "name": f"fleet-partition-{self.key}"}, *self.prefixes]
+            return GrowingTrace(head, lambda i: agent_records(params, slots[i], seed), len(slots), source=source)
+        records = self.trace_records()
+        return trace_from_records(records, source=source)
+
     def trace_records(self) -> list[Record]:
         out: list[Record] = [{"kind": "header", "version": 1, "name": f"fleet-partition-{self.key}"}, *self.prefixes]
         if self.records is not None:
@@ -273,10 +286,9 @@ class PartitionResult:
 
 
 def run_partition(task: PartitionTask) -> PartitionResult:
-    """Simulate one partition (in whatever process runs it)."""
-    records = task.trace_records()
-    trace = trace_from_records(records, source=f"fleet:{task.key}")
-    del records
+    """Simulate one partition (in whatever process runs it). A generated partition in closed loop reads its
+    agents as the replay starts them (`GrowingTrace`, the same trace as the whole one, less memory)."""
+    trace = task.trace()
     start = time.perf_counter()
     result = simulate(task.config, trace)
     wall = time.perf_counter() - start
@@ -287,13 +299,17 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     cfg = task.config
     return PartitionResult(
         key=task.key, nodes=cfg.nodes, split=cfg.split, planner=cfg.planner, concurrency=cfg.agents or 0,
-        trace_agents=len(trace.agents), users=task.users, metrics=result.metrics.to_dict(),
+        trace_agents=_agent_count(trace), users=task.users, metrics=result.metrics.to_dict(),
         records_sha256=digest.hexdigest(), requests=len(result.records), events=result.events,
         sim_end_s=result.end_time, wall_s=wall, peak_rss_mb=peak_rss_mb(),
         series=bucket_series(result.records, result.splits, task.bucket_s, result.end_time),
         splits=[(s.at, s.prefill, s.decode, s.collocated) for s in result.splits],
         records=list(result.records) if task.keep_records else None,
     )
+
+
+def _agent_count(trace: Trace | GrowingTrace) -> int:
+    return trace.agent_count if isinstance(trace, GrowingTrace) else len(trace.agents)
 
 
 def peak_rss_mb() -> float:
