@@ -19,6 +19,13 @@ Figures (wall clock and thread CPU time both, since CPU time leaves out preempti
 - runs: the runs of pages the directory keeps (`--page-exact` measures the page-exact oracle instead, where
   every page is its own entry).
 
+`--sim SECONDS` measures the directory under the simulator's events instead: it runs `bench sim`'s simulation
+(CC, 90 agents, 9 nodes, our system, profile models, SECONDS simulated) once, recording every call the simulator
+makes on its `KvDirectory` (stores, removals, clears, lookups, nodes added), and replays them into a fresh
+run-based and a fresh page-exact directory, alternated `--sim-reps` times: the best process CPU time of stores,
+removals and lookups, and the runs and bytes per page at the end (docs/benchmarks.md, "The KV directory under the
+simulator's events").
+
 Boundary: measurement code only; the directory itself stays pure.
 """
 
@@ -35,7 +42,10 @@ import time
 import types
 from collections import deque
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -223,6 +233,127 @@ def run_benchmark(
     )
 
 
+Call = tuple[int, str, tuple[Any, ...]]
+"""One recorded directory call: (which directory, method name, arguments)."""
+_RECORDED = ("store", "remove", "clear", "touch", "lookup", "add_node", "drop_node")
+_TIMED = ("store", "remove", "lookup")
+
+
+@contextmanager
+def recording(calls: list[Call]) -> Iterator[None]:
+    """Record into `calls` every call of `_RECORDED` made on any `KvDirectory` while inside (the simulator builds
+    its own directory). A store's own `add_node` is recorded too; replaying it again is a no-op."""
+    originals = {name: getattr(KvDirectory, name) for name in _RECORDED}
+
+    def recorder(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(self: KvDirectory, *args: Any) -> Any:
+            if name == "lookup":  # the caller's list may change later
+                args = (list(args[0]),)
+            calls.append((id(self), name, args))
+            return method(self, *args)
+
+        return recorded
+
+    try:
+        for name, method in originals.items():
+            setattr(KvDirectory, name, recorder(name, method))
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(KvDirectory, name, method)
+
+
+def record_sim_calls(duration: float, agents: int = 90, nodes: int = 9, seed: int = 0) -> tuple[list[Call], int]:
+    """The directory calls of `bench sim --duration DURATION`'s simulation, and the requests it finished."""
+    from evolving_infra.cli.bench_sim import bench_config
+    from evolving_infra.sim.run import simulate, workload_stream
+
+    args = argparse.Namespace(agents=agents, nodes=nodes, duration=duration, warmup=0.0, split=None, seed=seed,
+                              system="evolving")  # fmt: skip
+    cfg = bench_config(args)
+    calls: list[Call] = []
+    trace = workload_stream("cc", 2 * agents, seed)
+    with recording(calls):
+        result = simulate(cfg, trace)
+    return calls, len(result.records)
+
+
+def replay(calls: list[Call], factory: Callable[[], KvDirectory | PageKvDirectory]) -> tuple[dict[str, float], list[Any]]:
+    """Apply `calls` to fresh directories from `factory` (one per recorded directory); process CPU seconds of the
+    stores, removals and lookups, and the directories at the end."""
+    directories: dict[int, Any] = {}
+    cpu = dict.fromkeys(_TIMED, 0.0)
+    clock = time.process_time
+    for key, name, args in calls:
+        directory = directories.get(key)
+        if directory is None:
+            directory = directories[key] = factory()
+        method = getattr(directory, name)
+        if name in cpu:
+            start = clock()
+            method(*args)
+            cpu[name] += clock() - start
+        else:
+            method(*args)
+    return cpu, list(directories.values())
+
+
+@dataclass(frozen=True)
+class SimReplayResult:
+    simulated_s: float
+    requests: int
+    stores: int
+    stored_pages: int
+    removals: int
+    removed_pages: int
+    lookups: int
+    looked_up_pages: int
+    reps: int
+    cpu_s: dict[str, dict[str, float]]  # implementation -> stores / removals / lookups / total (best of reps)
+    pages_at_end: int
+    runs_at_end: dict[str, int]
+    bytes_per_page_at_end: dict[str, float]
+    python: str
+
+
+def run_sim_replay(duration: float, reps: int, agents: int = 90, nodes: int = 9) -> SimReplayResult:
+    calls, requests = record_sim_calls(duration, agents, nodes)
+    forms: dict[str, Callable[[], KvDirectory | PageKvDirectory]] = {"runs": KvDirectory, "page-exact": PageKvDirectory}
+    best: dict[str, dict[str, float]] = {}
+    ends: dict[str, Any] = {}
+    for _ in range(reps):
+        for form, factory in forms.items():
+            gc.collect()
+            cpu, directories = replay(calls, factory)
+            cpu["total"] = sum(cpu.values())
+            if form not in best or cpu["total"] < best[form]["total"]:
+                best[form] = {k: round(v, 3) for k, v in cpu.items()}
+            ends[form] = directories[0] if directories else factory()
+    pages = {form: max(1, d.page_count) for form, d in ends.items()}
+
+    def count(name: str) -> tuple[int, int]:
+        chosen = [args for _, n, args in calls if n == name]
+        return len(chosen), sum(len(a[2] if name == "remove" else a[3] if name == "store" else a[0]) for a in chosen)
+
+    (stores, stored), (removals, removed), (lookups, looked) = count("store"), count("remove"), count("lookup")
+    return SimReplayResult(
+        simulated_s=duration,
+        requests=requests,
+        stores=stores,
+        stored_pages=stored,
+        removals=removals,
+        removed_pages=removed,
+        lookups=lookups,
+        looked_up_pages=looked,
+        reps=reps,
+        cpu_s=best,
+        pages_at_end=ends["runs"].page_count,
+        runs_at_end={form: (d.page_count if isinstance(d, PageKvDirectory) else d.run_count) for form, d in ends.items()},
+        bytes_per_page_at_end={form: round(deep_size(d) / pages[form], 1) for form, d in ends.items()},
+        python=platform.python_version(),
+    )
+
+
 def _p99(sorted_values: list[float]) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(0.99 * len(sorted_values)))]
 
@@ -233,7 +364,34 @@ def _positive(name: str, value: int) -> int:
     return value
 
 
+def _sim_handler(args: argparse.Namespace) -> int:
+    if args.sim <= 0:
+        raise CliError(f"--sim must be > 0 simulated seconds, got {args.sim:g}", USAGE_ERROR)
+    result = run_sim_replay(args.sim, _positive("sim-reps", args.sim_reps))
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+        return 0
+    table = Table(title=f"KV directory under bench sim's calls ({result.simulated_s:g} simulated s, "
+                        f"{result.requests:,} requests)")  # fmt: skip
+    table.add_column("figure")
+    for form in result.cpu_s:
+        table.add_column(form, justify="right")
+    cpu = result.cpu_s
+    for part in (*_TIMED, "total"):
+        table.add_row(f"{part} (process CPU s, best of {result.reps})", *(f"{cpu[f][part]:.3f}" for f in cpu))
+    table.add_row("runs at the end", *(f"{result.runs_at_end[f]:,}" for f in cpu))
+    table.add_row("bytes per page at the end", *(f"{result.bytes_per_page_at_end[f]:,.1f}" for f in cpu))
+    console = Console()
+    console.print(table)
+    console.print(f"{result.stores:,} stores ({result.stored_pages:,} pages), {result.removals:,} removals "
+                  f"({result.removed_pages:,} pages), {result.lookups:,} lookups ({result.looked_up_pages:,} pages); "
+                  f"{result.pages_at_end:,} pages at the end")  # fmt: skip
+    return 0
+
+
 def _handler(args: argparse.Namespace) -> int:
+    if args.sim is not None:
+        return _sim_handler(args)
     result = run_benchmark(
         nodes=_positive("nodes", args.nodes),
         pages=_positive("pages", args.pages),
@@ -284,4 +442,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--page-exact", action="store_true", help="measure the page-exact directory (the test oracle) instead"
     )
+    parser.add_argument(
+        "--sim", type=float, metavar="SECONDS",
+        help="replay the directory calls of bench sim's simulation of SECONDS simulated seconds instead",
+    )  # fmt: skip
+    parser.add_argument("--sim-reps", type=int, default=3, help="alternated replays per form with --sim (default 3)")
     parser.set_defaults(handler=_handler)

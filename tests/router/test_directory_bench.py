@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from evolving_infra.cli.bench_directory import deep_size, generate_events, run_benchmark
+from evolving_infra.cli.bench_directory import deep_size, generate_events, record_sim_calls, run_benchmark
 from evolving_infra.cli.main import main
 from evolving_infra.core.kv_events import KvStored
+from evolving_infra.core.types import Tier
 from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router.directory_pages import PageKvDirectory
 
 
 def test_generated_load_reaches_the_distinct_page_count_with_shared_prefixes() -> None:
@@ -56,3 +58,29 @@ def test_cli_json_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert figures["nodes"] == 3 and figures["distinct_pages"] == 500
     assert main(["bench", "directory", "--pages", "0"]) == 2
     assert "--pages must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_simulator_calls_replayed_into_both_forms_answer_alike() -> None:
+    """`bench directory --sim`: a short simulation's directory calls, recorded and replayed; every lookup and the
+    final state equal in the run-based and the page-exact directory (an oracle check on real simulator events)."""
+    calls, requests = record_sim_calls(duration=15.0, agents=6, nodes=3)
+    assert requests > 0 and {name for _, name, _ in calls} >= {"store", "lookup", "add_node"}
+    assert KvDirectory.store.__name__ == "store"  # the recording hooks are gone
+    runs, pages = KvDirectory(), PageKvDirectory()
+    for _, name, args in calls:
+        got, want = getattr(runs, name)(*args), getattr(pages, name)(*args)
+        if name == "lookup":
+            assert got == want
+    runs.check()
+    assert runs.stats == pages.stats and runs.run_count < runs.page_count == pages.page_count
+    for node in pages.nodes():
+        for tier in Tier:
+            assert runs.pages_on(node, tier) == pages.pages_on(node, tier)
+
+
+def test_cli_sim_replay_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "directory", "--json", "--sim", "5", "--sim-reps", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert set(figures["cpu_s"]) == {"runs", "page-exact"} and figures["lookups"] > 0
+    assert main(["bench", "directory", "--sim", "0"]) == 2
+    assert "--sim must be > 0 simulated seconds, got 0" in capsys.readouterr().err
