@@ -278,7 +278,10 @@ def record_sim_calls(duration: float, agents: int = 90, nodes: int = 9, seed: in
     return calls, len(result.records)
 
 
-def replay(calls: list[Call], factory: Callable[[], KvDirectory | PageKvDirectory]) -> tuple[dict[str, float], list[Any]]:
+Factory = Callable[[], KvDirectory | PageKvDirectory]
+
+
+def replay(calls: list[Call], factory: Factory) -> tuple[dict[str, float], list[Any]]:
     """Apply `calls` to fresh directories from `factory` (one per recorded directory); process CPU seconds of the
     stores, removals and lookups, and the directories at the end."""
     directories: dict[int, Any] = {}
@@ -318,7 +321,7 @@ class SimReplayResult:
 
 def run_sim_replay(duration: float, reps: int, agents: int = 90, nodes: int = 9) -> SimReplayResult:
     calls, requests = record_sim_calls(duration, agents, nodes)
-    forms: dict[str, Callable[[], KvDirectory | PageKvDirectory]] = {"runs": KvDirectory, "page-exact": PageKvDirectory}
+    forms: dict[str, Factory] = {"runs": KvDirectory, "page-exact": PageKvDirectory}
     best: dict[str, dict[str, float]] = {}
     ends: dict[str, Any] = {}
     for _ in range(reps):
@@ -348,7 +351,7 @@ def run_sim_replay(duration: float, reps: int, agents: int = 90, nodes: int = 9)
         reps=reps,
         cpu_s=best,
         pages_at_end=ends["runs"].page_count,
-        runs_at_end={form: (d.page_count if isinstance(d, PageKvDirectory) else d.run_count) for form, d in ends.items()},
+        runs_at_end={f: (d.page_count if isinstance(d, PageKvDirectory) else d.run_count) for f, d in ends.items()},
         bytes_per_page_at_end={form: round(deep_size(d) / pages[form], 1) for form, d in ends.items()},
         python=platform.python_version(),
     )
