@@ -651,10 +651,8 @@ class KvDirectory:
 
     def check(self) -> None:
         """Raise `AssertionError` naming the first invariant of the module docstring that does not hold."""
-        runs: dict[int, _Run] = {}
-        for page, run in self._run.items():
-            runs.setdefault(id(run), run)
-            assert page in run.pages, f"page {page:#x} maps to a run without it"
+        runs = {id(run): run for run in self._run.values()}
+        assert len(self._run) == sum(len(run.pages) for run in runs.values()), "a page maps to a run without it"
         for run in runs.values():
             assert run.pages and len(set(run.pages)) == len(run.pages), "a run is empty or repeats a page"
             assert all(self._run.get(page) is run for page in run.pages), "a run's page maps elsewhere"
