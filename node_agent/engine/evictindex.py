@@ -209,6 +209,12 @@ class EvictionOrder:
             counted = self._counts.keys() & pages
             parts = [(True, counted), (False, pages - counted)]
         for flag, part in parts:
+            if not part:
+                continue
+            times = set(map(access, part))
+            if len(times) == 1:  # one key (e.g. a released prefix): no sort
+                self._add_all(coarse(flag, times.pop()), part)
+                continue
             for when, group in groupby(sorted(part, key=access), key=access):
                 self._add_all(coarse(flag, when), group)
         self._maybe_rebuild()

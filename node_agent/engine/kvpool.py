@@ -37,8 +37,10 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterable, Mapping
-from itertools import filterfalse
+from itertools import compress, filterfalse
+from operator import ne, not_
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
@@ -102,15 +104,12 @@ class KvPool:
                     raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
         counts = self._counts
         flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
-        if 0 in values:
-            flipped = []
-            for page, count in updates.items():
-                if count:
-                    if page not in counts:
-                        flipped.append(page)
-                    counts[page] = count
-                elif counts.pop(page, None) is not None:
-                    flipped.append(page)
+        if 0 in values:  # the page-by-page rule by C-level passes (each page is once in `updates`)
+            pages, given = list(updates), list(values)
+            flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
+            gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
+            counts.update(compress(updates.items(), given))
+            deque(map(counts.__delitem__, gone), maxlen=0)
         else:  # all positive (the usual case): the new ones flip, and one C-level update
             flipped = list(filterfalse(counts.__contains__, updates))
             counts.update(updates)
