@@ -7,6 +7,11 @@ Two built-in policies (more are plugins: a module that declares a `HostEvictionP
   and a page with a positive count goes only when no unpinned zero-count page remains.
 - `LruEviction` (HiCache baseline, `../shared/baselines.md`): ascending last access, counts ignored.
 
+Ties (both): among pages of equal key the one deepest in its chain goes first (`HostPage.depth`, the page's
+position in its prefix as the node knows it), then the lower page hash, so a chain is cut from its end and keeps a
+whole prefix, as a radix-tree LRU evicts leaves before their parents (E.2 fixes the key, not the ties). The
+engines' eviction index keeps exactly this order (`node_agent/engine/evictindex.py`; checked against `victims`).
+
 Invariant (both): a pinned page is never a victim.
 
 Boundary: pure ordering over page snapshots the caller supplies; the caller (engine core) owns the pages,
@@ -38,6 +43,7 @@ class HostPage:
     count: int
     last_access: float
     pinned: bool = False
+    depth: int = 0  # position in its chain (0: a root); of two pages with equal keys the deeper goes first
 
 
 class HostEvictionPolicy(Protocol):
@@ -65,8 +71,8 @@ class _KeyedPolicy:
         if n <= 0:
             return []
         candidates = (p for p in pages if not p.pinned)
-        # The page hash breaks ties so the order is total and deterministic.
-        chosen = heapq.nsmallest(n, candidates, key=lambda p: (*self.key(p), p.page))
+        # Deepest first, then the page hash, among equal keys: the order is total and deterministic.
+        chosen = heapq.nsmallest(n, candidates, key=lambda p: (*self.key(p), -p.depth, p.page))
         return [p.page for p in chosen]
 
 

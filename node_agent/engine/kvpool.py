@@ -17,8 +17,9 @@ Rules:
 
 Eviction order is ascending `(policy.key(page), -depth, page hash)` over the unpinned pages: among pages of
 equal key the deepest goes first, so a chain loses its end before its prefix (`evictindex`; both tiers share
-one table of page depths); each tier keeps it as lazy buckets of equal key; with `check=True` every choice is
-compared with that order computed over a full snapshot (`expected_victims`).
+one table of page depths; the policy module's `victims` defines the same order); each tier keeps it as lazy
+buckets of equal key; with `check=True` every choice is compared with the policy's `victims` over a full snapshot
+(`expected_victims`).
 
 Runs: `store_all`, `land_all` and evictions handle a whole run of pages at once (C-level set and dict
 operations) with exactly the state of the page-by-page calls; the L2 victims of a run's write-through are
@@ -36,12 +37,11 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import compress, filterfalse
 from operator import ne, not_
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -231,10 +231,9 @@ class KvPool:
     def expected_victims(self, tier: Tier, n: int, excluded: frozenset[PageHash] = frozenset()) -> list[PageHash]:
         """The first `n` cached pages of `tier` not in `excluded`, in ascending (policy key, -depth, page hash),
         from a full snapshot (what `check` compares every eviction with)."""
-        policy, depth = self._policies[tier], self._depth
+        depth = self._depth
         pages = self.tier(tier).candidates(self._counts, excluded)
-        chosen = heapq.nsmallest(n, pages, key=lambda p: (*policy.key(p), -depth[p.page], p.page))
-        return [p.page for p in chosen]
+        return self._policies[tier].victims((replace(p, depth=depth[p.page]) for p in pages), n)
 
     def _l2_plan(self, pages: Iterable[PageHash], now: float) -> Plan | None:
         """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2

@@ -94,3 +94,30 @@ def test_lru_order_is_a_prefix_of_the_unpinned_pages_by_last_access(pages: list[
     victims = LruEviction().victims(pages, n)
     unpinned = sorted((p for p in pages if not p.pinned), key=lambda p: (p.last_access, p.page))
     assert victims == [p.page for p in unpinned[:n]]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from([0.0, 1.0, 2.0]), st.integers(0, 5)),
+        min_size=1, max_size=30, unique_by=lambda t: t,
+    ),
+    st.integers(1, 30),
+)
+def test_ties_of_equal_key_go_deepest_first_then_by_hash(rows: list[tuple[int, float, int]], n: int) -> None:
+    """Among pages of equal key the deeper goes first (a chain keeps its prefix); the key always comes first."""
+    pages = [HostPage(PageHash(i + 1), count, last, depth=depth) for i, (count, last, depth) in enumerate(rows)]
+    for policy in (BranchCountEviction(), LruEviction()):
+        got = policy.victims(pages, n)
+        by = {p.page: p for p in pages}
+        assert got == sorted(got, key=lambda h: (*policy.key(by[h]), -by[h].depth, h))
+        rest = [p for p in pages if p.page not in got]
+        if rest and got:  # nothing left behind precedes the last victim
+            last = by[got[-1]]
+            assert all((*policy.key(p), -p.depth, p.page) > (*policy.key(last), -last.depth, last.page) for p in rest)
+
+
+def test_a_chain_released_at_once_loses_its_end_first() -> None:
+    chain = [HostPage(PageHash(h), 0, 7.0, depth=d) for d, h in enumerate((50, 10, 40, 20, 30))]
+    assert LruEviction().victims(chain, 2) == [PageHash(30), PageHash(20)]
+    whole = [PageHash(h) for h in (30, 20, 40, 10, 50)]
+    assert BranchCountEviction().victims(chain, 5) == whole
