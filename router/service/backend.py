@@ -385,27 +385,33 @@ class LiveRouter:
             raise DeadlineExceeded(f"request {flight.req.id} passed its deadline in node {flight.req.prefill_node}'s queue")
 
     async def _next(self, flight: Flight, it: AsyncIterator[pb.DecodeProgress], deadline: float) -> pb.DecodeProgress:
+        """The decode stream's next message, unless the attempt is interrupted or the deadline passes first. The
+        pending read is cancelled only when this returns without its message: cancelling it ends the stream (an
+        async generator that an exception left is finished), so a loss that does not touch the request waits on
+        the same read."""
         loop = asyncio.get_running_loop()
         nxt = asyncio.ensure_future(it.__anext__())
-        stop = asyncio.ensure_future(flight.interrupted.wait())
         try:
-            done, _ = await asyncio.wait({nxt, stop}, timeout=max(0.0, deadline - loop.time()),
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        finally:
-            stop.cancel()
-            if not nxt.done():
-                nxt.cancel()
-        if nxt in done:
-            return nxt.result()
-        if stop in done:
-            if flight.prefill_loss and flight.tokens_sent:
+            while True:
+                stop = asyncio.ensure_future(flight.interrupted.wait())
+                try:
+                    done, _ = await asyncio.wait({nxt, stop}, timeout=max(0.0, deadline - loop.time()),
+                                                 return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                finally:
+                    stop.cancel()
+                if nxt in done:
+                    return nxt.result()
+                if stop not in done:
+                    raise DeadlineExceeded(f"request {flight.req.id} passed its deadline")
+                if not (flight.prefill_loss and flight.tokens_sent):
+                    raise _Retry(flight.reason)
                 # The prefill node was lost while this message was on its way: tokens streamed, so the decode node
-                # holds the prompt KV and the loss does not touch the request; keep streaming.
+                # holds the prompt KV and the loss does not touch the request; keep reading.
                 flight.interrupted.clear()
                 flight.prefill_loss = False
-                return await self._next(flight, it, deadline)
-            raise _Retry(flight.reason)
-        raise DeadlineExceeded(f"request {flight.req.id} passed its deadline")
+        finally:
+            if not nxt.done():
+                nxt.cancel()
 
     async def _bind(self, flight: Flight, deadline: float) -> None:
         loop = asyncio.get_running_loop()
