@@ -243,13 +243,16 @@ class PartitionTask:
         if self.records is None and self.config.agents is not None:
             assert self.generator is not None
             params, slots, seed = self.generator
-            head = [{"kind": "header", "version": 1, "name": f"fleet-partition-{self.key}"}, *self.prefixes]
-            return GrowingTrace(head, lambda i: agent_records(params, slots[i], seed), len(slots), source=source)
+            return GrowingTrace(self._head(), lambda i: agent_records(params, slots[i], seed), len(slots),
+                                source=source)  # fmt: skip
         records = self.trace_records()
         return trace_from_records(records, source=source)
 
+    def _head(self) -> list[Record]:
+        return [{"kind": "header", "version": 1, "name": f"fleet-partition-{self.key}"}, *self.prefixes]
+
     def trace_records(self) -> list[Record]:
-        out: list[Record] = [{"kind": "header", "version": 1, "name": f"fleet-partition-{self.key}"}, *self.prefixes]
+        out = self._head()
         if self.records is not None:
             out.extend(self.records)
         else:
