@@ -44,7 +44,10 @@ class FlowKind(enum.Enum):
     TRANSFER = "transfer"
 
 
-class Resource(enum.Enum):
+class Resource(str, enum.Enum):
+    """A bandwidth of one node. A `str` enum so that the (node, resource) keys hash in C: `fair_rates` looks
+    them up millions of times at partition scale, and a plain enum member's hash runs Python code."""
+
     NIC_OUT = "nic-out"
     NIC_IN = "nic-in"
     HOST_MEMORY = "host-memory"
@@ -218,22 +221,26 @@ def fair_rates(
     while pending:
         step = min(cap - level for cap, _ in pending.values())
         for r, keys in users.items():
-            active = len(keys)
-            if active:
-                step = min(step, left[r] / active)
+            step = min(step, left[r] / len(keys))
         step = max(0.0, step)
         level += step
         for r, keys in users.items():
             left[r] -= step * len(keys)
         frozen = {key for key, (cap, _) in pending.items() if cap - level <= 1e-9 * max(1.0, cap)}
         for r, keys in users.items():
-            if keys and left[r] <= 1e-9 * max(1.0, cap_of(r[1])):
+            if left[r] <= 1e-9 * max(1.0, cap_of(r[1])):
                 frozen |= keys
         if not frozen:  # numerical safety: freeze the tightest flow
             frozen = {min(pending, key=lambda k: pending[k][0])}
+        emptied: list[tuple[str, Resource]] = []
         for key in frozen:
             rates[key] = level
             for r in pending[key][1]:
-                users[r].discard(key)
+                keys = users[r]
+                keys.discard(key)
+                if not keys:
+                    emptied.append(r)
             del pending[key]
+        for r in emptied:  # a resource without unfrozen flows no longer limits anything: leave it out
+            users.pop(r, None)
     return rates

@@ -128,3 +128,46 @@ def test_loads_from_host_memory_get_what_the_fetches_through_it_leave() -> None:
     assert model.host_share("n0", cap) == pytest.approx(120e9 / 3)  # an equal share with the two
     assert model.host_share("elsewhere", cap) == cap
 
+
+
+def _fair_rates_every_resource(flows, capacity):  # type: ignore[no-untyped-def]
+    """The progressive filling as first written: every resource visited in every round, emptied ones too (the
+    definition `fair_rates` must equal bit for bit; it leaves emptied resources out)."""
+    pending = {key: (cap, res) for key, cap, res in flows}
+    rates, left, users = {}, {}, {}
+    for key, (_, res) in pending.items():
+        for r in res:
+            left.setdefault(r, capacity(r[1]))
+            users.setdefault(r, set()).add(key)
+    level = 0.0
+    while pending:
+        step = min(cap - level for cap, _ in pending.values())
+        for r, keys in users.items():
+            if keys:
+                step = min(step, left[r] / len(keys))
+        step = max(0.0, step)
+        level += step
+        for r, keys in users.items():
+            left[r] -= step * len(keys)
+        frozen = {key for key, (cap, _) in pending.items() if cap - level <= 1e-9 * max(1.0, cap)}
+        for r, keys in users.items():
+            if keys and left[r] <= 1e-9 * max(1.0, capacity(r[1])):
+                frozen |= keys
+        if not frozen:
+            frozen = {min(pending, key=lambda k: pending[k][0])}
+        for key in frozen:
+            rates[key] = level
+            for r in pending[key][1]:
+                users[r].discard(key)
+            del pending[key]
+    return rates
+
+
+@settings(max_examples=300, deadline=None)
+@given(flows=st.lists(flow_spec, min_size=1, max_size=16), caps=st.lists(st.floats(1.0, 200.0), min_size=3, max_size=3))
+def test_fair_rates_equal_the_filling_over_every_resource_bit_for_bit(
+    flows: list[tuple[float, list[tuple[str, Resource]]]], caps: list[float]
+) -> None:
+    capacity = dict(zip(Resource, caps, strict=True))
+    spec = [(i, cap, tuple(res)) for i, (cap, res) in enumerate(flows)]
+    assert fair_rates(spec, capacity.__getitem__) == _fair_rates_every_resource(spec, capacity.__getitem__)
