@@ -81,6 +81,21 @@ class DecodeJob:
         return self.pages[i - 1] if i > 0 else None
 
 
+def received_pages(prompt: tuple[PageHash, ...], resident: set[PageHash]) -> list[tuple[PageHash, PageHash | None]]:
+    """(page, parent) of each page of `prompt` (distinct pages) not in `resident` (a subset of `prompt`), in prompt
+    order. When `resident` is the prompt's first len(resident) pages (the usual case: an earlier turn's prefix), the
+    pairs are sliced out of the prompt, which needs only the membership tests of the shorter of the two parts."""
+    r, n = len(resident), len(prompt)
+    if r == 0:
+        return list(zip(prompt, (None, *prompt[: n - 1])))
+    # resident (r distinct pages of the prompt) is its first r pages iff all of those are in it, iff none of the
+    # other n - r pages is
+    leading = resident.issuperset(prompt[:r]) if r <= n - r else resident.isdisjoint(prompt[r:])
+    if leading:
+        return list(zip(prompt[r:], prompt[r - 1 : n - 1]))
+    return [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]
+
+
 class DecodeScheduler:
     """Decode jobs of one node (rules in the module docstring)."""
 
@@ -171,7 +186,7 @@ class DecodeScheduler:
             if not self.pool.make_room(Tier.GPU, need, now):
                 raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
             l1.reserve(job.rid, need)
-            received = [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]
+            received = received_pages(prompt, resident)
             self.pool.store_all(Tier.GPU, received, now, owner=job.rid)
             del self._queue[job.rid]
             self._start(job)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from itertools import repeat
 from dataclasses import dataclass, field
 
 from evolving_infra.core.itermodel import PrefillItem
@@ -56,6 +57,17 @@ class PrefillStage(enum.Enum):
     RUNNING = "running"
 
 
+def fetch_table(req: PrefillRequest) -> dict[PageHash, tuple[NodeId, PageHash | None]]:
+    """(peer, parent) of every page that `req`'s fetch plan names (its runs do not overlap)."""
+    prompt = req.prompt_pages
+    table: dict[PageHash, tuple[NodeId, PageHash | None]] = {}
+    for run in req.fetch:
+        start, end, peer = run.start, run.end, run.peer
+        parents = prompt[start - 1 : end - 1] if start else (None, *prompt[: end - 1])
+        table.update(zip(prompt[start:end], zip(repeat(peer), parents)))
+    return table
+
+
 @dataclass(eq=False)
 class PrefillJob:
     """Mutable state of one prefill request on this node."""
@@ -66,7 +78,8 @@ class PrefillJob:
     fetch_due: float = 0.0  # when the fetch is expected to land (profile.fetch_time), for HiCache stalls
     fetch_pending: bool = False
     gpu_admitted: bool = False
-    loading: tuple[tuple[int, PageHash], ...] = ()  # (prompt index, page) being loaded from L2
+    fetch_parents: tuple[PageHash | None, ...] = ()  # the parent of each page of `fetching`
+    loading: list[tuple[PageHash, PageHash | None]] = field(default_factory=list)  # (page, parent) loaded from L2
     ready_at: float = 0.0
     prefix_pages: int = 0
     restored_tokens: int = 0
@@ -76,6 +89,7 @@ class PrefillJob:
     rst_charged: bool = False
     next_page: int = 0
     started_at: float | None = None
+    _fetch_table: dict[PageHash, tuple[NodeId, PageHash | None]] | None = field(default=None, repr=False)
 
     @property
     def rid(self) -> RequestId:
@@ -83,6 +97,13 @@ class PrefillJob:
 
     def parent(self, i: int) -> PageHash | None:
         return self.req.prompt_pages[i - 1] if i > 0 else None
+
+    def fetch_table(self) -> dict[PageHash, tuple[NodeId, PageHash | None]]:
+        """(peer, parent) of every page of the request's fetch plan, built once per request."""
+        table = self._fetch_table
+        if table is None:
+            table = self._fetch_table = fetch_table(self.req)
+        return table
 
 
 @dataclass
@@ -169,22 +190,27 @@ class PrefillScheduler:
 
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
         req, l1, l2 = job.req, self.pool.l1, self.pool.l2
-        peer_of = {p: run.peer for run in req.fetch for p in run.pages}
+        table: dict[PageHash, tuple[NodeId, PageHash | None]] | None = None  # built when the walk first needs it
         pins: list[PageHash] = []
         fetch: list[PageHash] = []
         in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
         capacity = l2.capacity
-        for page in req.prompt_pages[: self._max_prefix(req)]:
-            if len(pins) + len(fetch) >= capacity:
+        prefix = req.prompt_pages[: self._max_prefix(req)]
+        capped = len(prefix) > capacity  # else the walk takes at most len(prefix) <= capacity pages: no check needed
+        for page in prefix:
+            if capped and len(pins) + len(fetch) >= capacity:
                 break
             if page in in_l2:
                 pins.append(page)
             elif page in in_l1 or page in arriving:
                 continue  # reused from L1, or arriving with another request's fetch
-            elif page in peer_of:
-                fetch.append(page)
             else:
-                break
+                if table is None:
+                    table = job.fetch_table()
+                if page in table:
+                    fetch.append(page)
+                else:
+                    break
         if fetch and l2.lacks_room(len(fetch), pins):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
@@ -197,11 +223,13 @@ class PrefillScheduler:
         if not fetch:
             job.stage = PrefillStage.WAIT_GPU if async_fetch else PrefillStage.READY
             return True, []
+        table = job.fetch_table()  # built by the walk (cached on the job)
+        job.fetch_parents = tuple(table[p][1] for p in fetch)
         job.fetch_pending = True
         job.stage = PrefillStage.FETCHING if async_fetch else PrefillStage.READY
         out: list[FetchStarted] = []
-        for peer in dict.fromkeys(peer_of[p] for p in fetch):
-            pages = tuple(p for p in fetch if peer_of[p] == peer)
+        for peer in dict.fromkeys(table[p][0] for p in fetch):
+            pages = tuple(p for p in fetch if table[p][0] == peer)
             tokens = len(pages) * self.pt
             out.append(FetchStarted(job.rid, peer, pages, tokens, tokens * self.profile.kv_bytes_per_token, now))
             job.fetch_due = max(job.fetch_due, now + self.profile.fetch_time(tokens))
@@ -226,9 +254,9 @@ class PrefillScheduler:
             job.fetch_due = at
 
     def _land_fetch(self, job: PrefillJob, now: float, failed: frozenset[PageHash] = frozenset()) -> None:
-        index = {p: i for i, p in enumerate(job.req.prompt_pages)}
-        landed = [(page, job.parent(index[page])) for page in job.fetching if page not in failed]
+        landed = list(zip(job.fetching, job.fetch_parents))
         if failed:
+            landed = [pair for pair in landed if pair[0] not in failed]
             self.pool.cancel_writes(Tier.HOST, job.rid, [p for p in job.fetching if p in failed])
         self.pool.land_all(Tier.HOST, job.rid, landed, now)
         job.fetch_pending = False
@@ -241,51 +269,50 @@ class PrefillScheduler:
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
         in_l1: list[PageHash] = []
-        from_l2: list[tuple[int, PageHash]] = []
+        loads: list[tuple[PageHash, PageHash | None]] = []  # (page, parent) of the prefix pages to load from L2
         l1_has, l2_has = l1.resident_set(), l2.resident_set()
-        for i, page in enumerate(req.prompt_pages[: self._max_prefix(req)]):
+        parent: PageHash | None = None  # the page before `page` in the prompt
+        for page in req.prompt_pages[: self._max_prefix(req)]:
             if page in l1_has:
                 in_l1.append(page)
             elif page in l2_has:
-                from_l2.append((i, page))
+                loads.append((page, parent))
             else:
                 break
-        k = len(in_l1) + len(from_l2)
+            parent = page
+        k = len(in_l1) + len(loads)
         local = local_ok
         total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
         writes = total - k
-        if l1.lacks_room(writes + len(from_l2), in_l1):
+        if l1.lacks_room(writes + len(loads), in_l1):
             return Admission.NO_ROOM
-        held = l2.pinned_by(job.rid)
-        # keep the sources in L2 while L1 makes room (write-backs may evict)
-        l2.pin_all(job.rid, [page for _, page in from_l2 if page not in held], now)
+        if loads:  # keep the sources in L2 while L1 makes room (write-backs may evict)
+            held = l2.pinned_by(job.rid)
+            l2.pin_all(job.rid, [page for page, _ in loads if page not in held], now)
         # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
         l1.pin_all(job.rid, in_l1, now)
-        if not self.pool.make_room(Tier.GPU, writes + len(from_l2), now):
+        if not self.pool.make_room(Tier.GPU, writes + len(loads), now):
             raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
         l1.reserve(job.rid, writes)
         job.gpu_admitted = True
         job.prefix_pages = k
         job.next_page = k
-        job.restored_tokens = len(from_l2) * self.pt
+        job.restored_tokens = len(loads) * self.pt
         job.local_decode = local
         job.footprint_output = local
-        job.loading = tuple(from_l2)
-        if self.data_plane is DataPlane.ASYNC_FETCH and from_l2:
-            self.pool.begin_writes(Tier.GPU, job.rid, (p for _, p in from_l2))
+        job.loading = loads
+        if self.data_plane is DataPlane.ASYNC_FETCH and loads:
+            self.pool.begin_writes(Tier.GPU, job.rid, [page for page, _ in loads])
             job.ready_at = now + self.load_time(job.restored_tokens)
             job.stage = PrefillStage.LOADING
         else:
-            pages = req.prompt_pages  # (page, parent) pairs, as `job.parent` gives them
-            loaded = [(page, pages[i - 1] if i else None) for i, page in from_l2]
-            self.pool.store_all(Tier.GPU, loaded, now, owner=job.rid, from_reservation=False)
+            self.pool.store_all(Tier.GPU, loads, now, owner=job.rid, from_reservation=False)
             l2.unpin_all(job.rid, now)
             job.stage = PrefillStage.READY
         return Admission.ADMITTED
 
     def _finish_load(self, job: PrefillJob) -> None:
-        loaded = [(page, job.parent(i)) for i, page in job.loading]
-        self.pool.land_all(Tier.GPU, job.rid, loaded, job.ready_at)
+        self.pool.land_all(Tier.GPU, job.rid, job.loading, job.ready_at)
         self.pool.l2.unpin_all(job.rid, job.ready_at)
         job.stage = PrefillStage.READY
 
