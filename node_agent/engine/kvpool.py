@@ -98,13 +98,16 @@ class KvPool:
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
         """Branch counts of host pages as the directory computes them; 0 forgets a page's count."""
         values = updates.values()
-        if not (set(map(type, values)) <= {int} and min(values, default=0) >= 0):
+        if set(map(type, values)) <= {int} and (least := min(values, default=1)) >= 0:
+            zero = least == 0  # (ints >= 0: a zero is there exactly when it is the least)
+        else:
             for page, count in updates.items():
                 if not isinstance(count, int) or count < 0:
                     raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
+            zero = 0 in values
         counts = self._counts
         flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
-        if 0 in values:  # the page-by-page rule by C-level passes (each page is once in `updates`)
+        if zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
             pages, given = list(updates), list(values)
             flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
             gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
@@ -168,6 +171,27 @@ class KvPool:
                     self._stored(Tier.HOST, page, parent, time)
                     host = outbox[last[Tier.HOST]][3]
 
+    def _stored_chain(self, tier: Tier, pages: list[PageHash], parent: PageHash | None, time: float) -> None:
+        """`_stored` for each page of the chain `pages` (non-empty; each the parent of the next, the first's
+        `parent`), in order: all but the first join the event the first one joins."""
+        self._stored(tier, pages[0], parent, time)
+        if len(pages) > 1:
+            self._outbox[self._last[tier]][3].extend(pages[1:])
+
+    def _stored_items(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], missing: set[PageHash],
+                      time: float) -> None:  # fmt: skip
+        """`_stored_run(tier, items, missing, time)` for a run `items` made resident in `tier` (`run`: the
+        same as a dict, no page twice): a chain whose pages L2 lacks all or none of joins each tier's events
+        at once (per page, the tier's event then L2's: one chain grows the same two events)."""
+        pages = list(run)
+        parents = list(run.values())
+        if parents[1:] == pages[:-1] and (not missing or len(missing) == len(pages)):
+            self._stored_chain(tier, pages, parents[0], time)
+            if missing:
+                self._stored_chain(Tier.HOST, pages, parents[0], time)
+        else:
+            self._stored_run(tier, items, missing, time)
+
     def _removed_all(self, tier: Tier, pages: list[PageHash], time: float) -> None:
         """`_removed` for each page of `pages` (non-empty), in order: they all join one event."""
         self._removed(tier, pages[0], time)
@@ -211,20 +235,21 @@ class KvPool:
         if not victims:
             return victims
         if tier is Tier.HOST:
-            pool.remove_all(victims)
+            pool.remove_victims(victims)
             self._removed_all(tier, victims, now)
             return victims
-        plan = self._l2_plan(victims, now)
+        chosen = set(victims)
+        plan = self._l2_plan(chosen, now)
         if plan is None:  # the write-backs meet a fetch or need L2 evictions page by page
             for page in victims:
                 self._evict_one(tier, page, now)
             return victims
         # The run at once, with the same state as page by page.
         parent_of = pool.parents()
-        self._write_through(victims, parent_of, plan, now)
+        self._write_through(victims, chosen, parent_of, plan, now)
         if plan[0]:
             self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)
-        pool.remove_all(victims)
+        pool.remove_victims(victims, peer_holds=True)  # (written through: L2 holds every one)
         self._removed_all(tier, victims, now)
         return victims
 
@@ -235,30 +260,43 @@ class KvPool:
         pages = self.tier(tier).candidates(self._counts, excluded)
         return self._policies[tier].victims((replace(p, depth=depth[p.page]) for p in pages), n)
 
-    def _l2_plan(self, pages: Iterable[PageHash], now: float) -> Plan | None:
+    def _l2_plan(self, pages: set[PageHash] | dict[PageHash, PageHash | None], now: float) -> Plan | None:
         """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2
         victims their room takes (out of the eviction order already); None, changing nothing, if the run must
-        go page by page (see `TierRuns.room_for_run`)."""
-        plan = self.l2.room_for_run(set(pages), now, pages if isinstance(pages, dict) else None)
+        go page by page (see `TierRuns.room_for_run`). `pages`: a set, or a dict page -> parent in chain order
+        where the run may hold pages neither tier holds yet."""
+        if isinstance(pages, set):
+            plan = self.l2.room_for_run(pages, now)
+        else:
+            plan = self.l2.room_for_run(set(pages), now, pages)
         if plan is not None and plan[1] and self.check:
             expected = self.expected_victims(Tier.HOST, len(plan[1]))
             if plan[1] != expected:
                 raise PoolInvariantError(f"host: eviction order {plan[1]} differs from the policy's {expected}")
         return plan
 
-    def _write_through(self, pages: Iterable[PageHash], parent_of: Mapping[PageHash, PageHash | None], plan: Plan,
-                       now: float) -> None:  # fmt: skip
-        """The L2 side of writing the run `pages` (parents in `parent_of`) through, by its plan from `_l2_plan`:
-        evict the victims (one removal event), touch the pages L2 holds, insert the missing ones (their store
-        events are the caller's)."""
+    def _write_through(self, pages: Iterable[PageHash], chosen: set[PageHash] | None,
+                       parent_of: Mapping[PageHash, PageHash | None], plan: Plan, now: float) -> None:  # fmt: skip
+        """The L2 side of writing the run `pages` (distinct, in order; `chosen`: the same as a set, or None to
+        make one where needed; parents in `parent_of`, which is the run itself where `pages` is a dict
+        page -> parent) through, by its plan from `_l2_plan`: evict the victims
+        (one removal event), touch the pages L2 holds, insert the missing ones (their store events are the
+        caller's). Every page has its depth already (L1 holds it), and the plan checked what `insert_all`
+        would: the missing pages are neither resident in L2 nor being written."""
         missing, victims = plan
         l2 = self.l2
         if victims:
-            l2.remove_all(victims)
+            l2.remove_victims(victims)
             self._removed_all(Tier.HOST, victims, now)
-        l2.touch_all(set(pages).difference(missing), now)
+        every = len(missing) == (len(pages) if chosen is None else len(chosen))  # type: ignore[arg-type]  # sized
+        if every:
+            l2.touch_all(set(), now)  # (the same as touching nothing, kept for its bound of the last accesses)
+        else:
+            chosen = set(pages) if chosen is None else chosen
+            l2.touch_all(chosen - missing if missing else chosen, now)
         if missing:
-            l2.insert_all({page: parent_of[page] for page in pages if page in missing}, now)
+            items = parent_of if every and pages is parent_of else {page: parent_of[page] for page in pages if page in missing}
+            l2.insert_run(items, now, known_depths=True)  # type: ignore[arg-type]  # a dict when `pages is parent_of`
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -338,8 +376,8 @@ class KvPool:
             and (not pool.writing or pool.writing_set().isdisjoint(run))
         ):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
-            if plan is not None:
-                pool.insert_all(run, now, owner=owner, slots="reserved" if from_reservation else "free")
+            if plan is not None:  # (the checks of `insert_all` are made above)
+                pool.insert_run(run, now, owner=owner, slots="reserved" if from_reservation else "free")
                 self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
@@ -354,8 +392,8 @@ class KvPool:
         run = dict(items)
         if len(run) == len(items) and pool.writes_all(owner, run):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
-            if plan is not None:
-                pool.insert_all(run, now, owner=owner, slots="writing")
+            if plan is not None:  # (`owner` writes them all: none is resident, as `insert_all` checks)
+                pool.insert_run(run, now, owner=owner, slots="writing")
                 self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
@@ -364,8 +402,8 @@ class KvPool:
     def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float) -> None:
         """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier`."""
         if tier is Tier.GPU:
-            self._write_through(run, run, plan, now)
-        self._stored_run(tier, items, plan[0], now)
+            self._write_through(run, None, run, plan, now)
+        self._stored_items(tier, items, run, plan[0], now)
         self._after()
 
     def begin_writes(self, tier: Tier, owner: Owner, pages: Iterable[PageHash]) -> None:

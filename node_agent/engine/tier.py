@@ -45,7 +45,7 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.evictindex import EvictionOrder
-from evolving_infra.node_agent.engine.tierruns import Owner, TierRuns
+from evolving_infra.node_agent.engine.tierruns import Owner, TierRuns, shared_depth
 
 __all__ = ["Owner", "TierGauges", "TierPool"]
 
@@ -267,7 +267,7 @@ class TierPool(TierRuns):
         if touches and max(when for when, _ in touches) > now:  # else the touch at `now` below covers them
             self._settle_touches(touches)
         shared = self._shared
-        still = pages.intersection(shared) if shared else ()
+        still = shared.keys() & pages if shared else ()  # (iterates the smaller; `set & dict` iterates the dict)
         for page in still:
             left = shared[page] - 1
             if left > 1:
@@ -383,7 +383,7 @@ class TierPool(TierRuns):
             self._free -= 1
         self._parent[page] = parent
         if page not in self._depth:
-            self._depth[page] = self._depth.get(parent, -1) + 1  # type: ignore[arg-type]  # None: a root
+            self._depth[page] = shared_depth(self._depth.get(parent, -1) + 1)  # type: ignore[arg-type]  # None: a root
         self._access[page] = now
         if now > self._max_access:
             self._max_access = now

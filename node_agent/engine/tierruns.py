@@ -5,8 +5,11 @@ instead of a Python step per page. `TierPool` inherits them; they read and write
 Exactness rules: a run is touched at `now` in one `dict.update` only when no page of it was last accessed
 after `now` (otherwise page by page, keeping the later access); a run enters the eviction order in one set
 update per key (`EvictionOrder.enter_all`); a run's new pages get consecutive depths (`new_depths`); a pin's
-touch is kept once per run (see `tier`); error cases raise before anything changes. `room_for_run` plans the
-evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
+touch is kept once per run (see `tier`); error cases raise leaving the state as it was. `room_for_run` plans
+the evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
+Each run operation passes over a large table (residency, pins, cached pages, last access) at most once per
+change it makes: checks that a caller has already made, or that a table operation it does anyway decides
+(`pin_all`), are not repeated (`insert_run`, `remove_victims`). Depths are shared int objects (`depths`).
 
 Boundary: page accounting of one tier, like `tier`; which runs to move, and the KV events, are `kvpool`'s.
 """
@@ -26,6 +29,23 @@ Owner = str
 """Who holds pins and in-use slots: a request id."""
 
 
+_DEPTHS: list[int] = list(range(1024))  # shared int objects for depths (see `depths`)
+
+
+def depths(first: int, n: int) -> list[int]:
+    """The `n` consecutive depths from `first`, as int objects shared by every page of one depth (an int above
+    256 is otherwise a new 32-byte object per page in the depth table)."""
+    end = first + n
+    if end > len(_DEPTHS):
+        _DEPTHS.extend(range(len(_DEPTHS), max(end, 2 * len(_DEPTHS))))
+    return _DEPTHS[first:end]
+
+
+def shared_depth(d: int) -> int:
+    """`d` (>= 0) as the int object that `depths` hands out for it."""
+    return _DEPTHS[d] if d < len(_DEPTHS) else depths(d, 1)[0]
+
+
 def new_depths(items: Mapping[PageHash, PageHash | None], depth: Mapping[PageHash, int]) -> dict[PageHash, int]:
     """The depths that the pages of `items` (page -> parent, in chain order) without one in `depth` get when
     stored in that order: one more than the parent's (from `depth` or earlier in `items`), 0 without a known
@@ -35,12 +55,11 @@ def new_depths(items: Mapping[PageHash, PageHash | None], depth: Mapping[PageHas
         return {}
     parents = list(map(items.__getitem__, fresh))
     if all(map(eq, parents[1:], fresh)):  # one chain: consecutive depths from its first page's
-        first = depth.get(parents[0], -1) + 1  # type: ignore[arg-type]  # None: a root
-        return dict(zip(fresh, range(first, first + len(fresh))))
+        return dict(zip(fresh, depths(depth.get(parents[0], -1) + 1, len(fresh))))  # type: ignore[arg-type]
     new: dict[PageHash, int] = {}
     for page, parent in zip(fresh, parents):
         known = new.get(parent)  # type: ignore[arg-type]  # None: a root
-        new[page] = (depth.get(parent, -1) if known is None else known) + 1  # type: ignore[arg-type]
+        new[page] = shared_depth((depth.get(parent, -1) if known is None else known) + 1)  # type: ignore[arg-type]
     return new
 
 
@@ -103,27 +122,35 @@ class TierRuns:
 
     def pin_all(self, owner: Owner, pages: Iterable[PageHash], now: float) -> None:
         """`owner` pins every page of `pages` (all resident); the same as `pin` page by page, except that the
-        touch at `now` is kept as one entry of the owner's pin touches (see `TierPool`), not page by page."""
+        touch at `now` is kept as one entry of the owner's pin touches (see `TierPool`), not page by page.
+        One pass per table: a resident page is pinned or cached, so the pages that become pinned and are
+        not pinned yet must all leave the cached set (else one is not resident: undone, then raised)."""
         pages = set(pages)
-        if not self._parent.keys() >= pages:
-            missing = pages.difference(self._parent)
-            raise PoolInvariantError(f"{self.tier.value}: cannot pin page {min(missing):#x}: not resident")
-        pins = self._owner_pins.setdefault(owner, set())
-        new = pages - pins
+        if not pages:
+            return
+        pins = self._owner_pins.get(owner)
+        new = pages if pins is None else pages - pins  # (an owner's pins are resident)
         if new:
-            pins |= new
             again = new & self._pinned
+            first = new - again if again else new  # pinned by nobody yet: must be cached
+            cached = self._cached
+            size = len(cached)
+            cached -= first
+            if len(cached) != size - len(first):
+                back = first.intersection(self._parent)  # resident and unpinned: they were cached
+                cached |= back
+                raise PoolInvariantError(f"{self.tier.value}: cannot pin page {min(first - back):#x}: not resident")
+            if pins is None:
+                self._owner_pins[owner] = pages.copy()  # (`pages` itself is kept with the pin touches)
+            else:
+                pins |= new
             if again:
                 shared = self._shared
                 for page in again:
                     shared[page] = shared.get(page, 1) + 1
-                new -= again
-            self._pinned |= new
-            self._cached -= new
-        elif not pins:
-            del self._owner_pins[owner]
-        if pages:  # the pin's touch, kept with the owner's pins until they are dropped (`TierPool.unpin_all`)
-            self._pin_touches.setdefault(owner, []).append((now, pages))
+            self._pinned |= first
+        # the pin's touch, kept with the owner's pins until they are dropped (`TierPool.unpin_all`)
+        self._pin_touches.setdefault(owner, []).append((now, pages))
 
     def begin_write_all(self, owner: Owner, pages: Iterable[PageHash]) -> None:
         """`begin_write` each page of `pages` (distinct), at once."""
@@ -147,13 +174,29 @@ class TierRuns:
         """`insert` every page of `items` (page -> parent) at `now`, none of them resident or written by
         another owner. `slots`: "free" (free slots), "reserved" (`owner`'s reservation) or "writing"
         (`owner`'s writing slots for these very pages). Pinned by `owner` if given, else cached."""
-        k = len(items)
-        if not k:
+        if not items:
             return
         if not self._parent.keys().isdisjoint(items):
             raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident")
         if slots != "writing" and not self._writing.keys().isdisjoint(items):
             raise PoolInvariantError(f"{self.tier.value}: a page of the run is being written")
+        if slots == "writing":
+            writing = self._writing
+            for page in items:
+                if writing.get(page) != owner:
+                    raise PoolInvariantError(f"{self.tier.value}: {owner} lands page {page:#x} it was not writing")
+        self.insert_run(items, now, owner=owner, slots=slots)
+
+    def insert_run(
+        self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
+        known_depths: bool = False,
+    ) -> None:  # fmt: skip
+        """`insert_all` without the page checks, which the caller made: no page of `items` is resident, none
+        is being written by another owner, and with slots "writing" `owner` writes every one of them.
+        `known_depths`: every page of `items` has its depth already (the peer tier holds it)."""
+        k = len(items)
+        if not k:
+            return
         if slots == "reserved":
             held = self._reserved.get(owner, 0)  # type: ignore[arg-type]  # owner is set whenever slots are reserved
             if held < k:
@@ -166,31 +209,29 @@ class TierRuns:
         elif slots == "writing":
             writing = self._writing
             for page in items:
-                if writing.get(page) != owner:
-                    raise PoolInvariantError(f"{self.tier.value}: {owner} lands page {page:#x} it was not writing")
-            for page in items:
                 del writing[page]
         else:
             if k > self._free:
                 self._no_free(k, f"storing {k} page(s)")
             self._free -= k
         self._parent.update(items)
-        depth = self._depth
-        new = new_depths(items, depth)
-        if new:
-            depth.update(new)
+        if not known_depths:
+            depth = self._depth
+            new = new_depths(items, depth)
+            if new:
+                depth.update(new)
         self._access.update(dict.fromkeys(items, now))
         if now > self._max_access:
             self._max_access = now
-        pages = set(items)
         if owner is not None:
             pins = self._owner_pins.get(owner)
             if pins is None:
-                self._owner_pins[owner] = pages.copy()
+                self._owner_pins[owner] = set(items)
             else:
-                pins |= pages
-            self._pinned |= pages
+                pins.update(items)
+            self._pinned.update(items)
         else:
+            pages = set(items)
             self._cached |= pages
             self._order.enter_all(pages, now)
 
@@ -238,15 +279,30 @@ class TierRuns:
 
     def remove_all(self, pages: Iterable[PageHash]) -> None:
         """`remove` every page of `pages` (all cached)."""
-        parent, access = self._parent, self._access
         gone = set(pages)
         if not gone.issubset(self._cached):
             raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
-        for page in gone:
-            del parent[page]
-            del access[page]
-        self._cached -= gone
-        self._free += len(gone)
-        depth = self._depth
-        for page in gone if self._peer is None else gone.difference(self._peer._parent):
-            del depth[page]
+        self.remove_victims(list(gone))
+
+    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False) -> None:
+        """`remove_all` of `victims` just taken from this tier's eviction order (`victims`: distinct, cached),
+        without checking that. `peer_holds`: the peer tier holds every one of them (their depths stay)."""
+        parent, access, depth = self._parent, self._access, self._depth
+        if peer_holds:
+            for page in victims:
+                del parent[page]
+                del access[page]
+        elif self._peer is None:
+            for page in victims:
+                del parent[page]
+                del access[page]
+                del depth[page]
+        else:
+            peer = self._peer._parent
+            for page in victims:
+                del parent[page]
+                del access[page]
+                if page not in peer:
+                    del depth[page]
+        self._cached.difference_update(victims)
+        self._free += len(victims)
