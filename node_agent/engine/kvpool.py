@@ -49,6 +49,7 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
+from evolving_infra.node_agent.engine.tierruns import RunDepths
 
 
 Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
@@ -296,7 +297,7 @@ class KvPool:
             l2.touch_all(chosen - missing if missing else chosen, now)
         if missing:
             items = parent_of if every and pages is parent_of else {page: parent_of[page] for page in pages if page in missing}
-            l2.insert_run(items, now, known_depths=True)  # type: ignore[arg-type]  # a dict when `pages is parent_of`
+            l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # a dict when `pages is parent_of`
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -377,7 +378,8 @@ class KvPool:
         ):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (the checks of `insert_all` are made above)
-                pool.insert_run(run, now, owner=owner, slots="reserved" if from_reservation else "free")
+                slots = "reserved" if from_reservation else "free"
+                pool.insert_run(run, now, owner=owner, slots=slots, depths=self._run_depths(tier, run, plan))
                 self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
@@ -393,11 +395,20 @@ class KvPool:
         if len(run) == len(items) and pool.writes_all(owner, run):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (`owner` writes them all: none is resident, as `insert_all` checks)
-                pool.insert_run(run, now, owner=owner, slots="writing")
+                pool.insert_run(run, now, owner=owner, slots="writing", depths=self._run_depths(tier, run, plan))
                 self._after_run(tier, items, run, plan, now)
                 return
         for page, parent in items:
             self.land(tier, owner, page, parent, now)
+
+    @staticmethod
+    def _run_depths(tier: Tier, run: dict[PageHash, PageHash | None], plan: Plan) -> RunDepths:
+        """What the plan of a run that L1 does not hold tells of its pages' depths (the depth table holds
+        exactly the pages either tier holds): none has one where L2 lacks them all, all where L2 holds all."""
+        if tier is not Tier.GPU:
+            return RunDepths.LOOKUP
+        missing = plan[0]
+        return RunDepths.NONE_KNOWN if len(missing) == len(run) else RunDepths.LOOKUP if missing else RunDepths.ALL_KNOWN
 
     def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float) -> None:
         """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier`."""

@@ -17,6 +17,7 @@ Boundary: page accounting of one tier, like `tier`; which runs to move, and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from itertools import filterfalse
 from operator import eq
 
@@ -46,14 +47,25 @@ def shared_depth(d: int) -> int:
     return _DEPTHS[d] if d < len(_DEPTHS) else depths(d, 1)[0]
 
 
-def new_depths(items: Mapping[PageHash, PageHash | None], depth: Mapping[PageHash, int]) -> dict[PageHash, int]:
+class RunDepths(Enum):
+    """What a caller of `TierRuns.insert_run` knows of the depths of the run's pages."""
+
+    LOOKUP = "lookup"  # nothing: look each page up in the depth table
+    ALL_KNOWN = "all_known"  # every page has one (the peer tier holds it)
+    NONE_KNOWN = "none_known"  # none has one (neither tier holds any)
+
+
+def new_depths(
+    items: Mapping[PageHash, PageHash | None], depth: Mapping[PageHash, int], *, none_known: bool = False
+) -> dict[PageHash, int]:
     """The depths that the pages of `items` (page -> parent, in chain order) without one in `depth` get when
     stored in that order: one more than the parent's (from `depth` or earlier in `items`), 0 without a known
-    parent. C-level passes when those pages form one chain (each the parent of the next), as a run does."""
-    fresh = list(filterfalse(depth.__contains__, items))
+    parent. C-level passes when those pages form one chain (each the parent of the next), as a run does.
+    `none_known`: no page of `items` is in `depth` (the caller knows; no look-ups)."""
+    fresh = list(items) if none_known else list(filterfalse(depth.__contains__, items))
     if not fresh:
         return {}
-    parents = list(map(items.__getitem__, fresh))
+    parents = list(items.values()) if none_known else list(map(items.__getitem__, fresh))
     if all(map(eq, parents[1:], fresh)):  # one chain: consecutive depths from its first page's
         return dict(zip(fresh, depths(depth.get(parents[0], -1) + 1, len(fresh))))  # type: ignore[arg-type]
     new: dict[PageHash, int] = {}
@@ -189,11 +201,11 @@ class TierRuns:
 
     def insert_run(
         self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
-        known_depths: bool = False,
+        depths: RunDepths = RunDepths.LOOKUP,
     ) -> None:  # fmt: skip
         """`insert_all` without the page checks, which the caller made: no page of `items` is resident, none
         is being written by another owner, and with slots "writing" `owner` writes every one of them.
-        `known_depths`: every page of `items` has its depth already (the peer tier holds it)."""
+        `depths`: what the caller knows of the pages' depths (`RunDepths`)."""
         k = len(items)
         if not k:
             return
@@ -215,9 +227,9 @@ class TierRuns:
                 self._no_free(k, f"storing {k} page(s)")
             self._free -= k
         self._parent.update(items)
-        if not known_depths:
+        if depths is not RunDepths.ALL_KNOWN:
             depth = self._depth
-            new = new_depths(items, depth)
+            new = new_depths(items, depth, none_known=depths is RunDepths.NONE_KNOWN)
             if new:
                 depth.update(new)
         self._access.update(dict.fromkeys(items, now))
