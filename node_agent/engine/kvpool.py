@@ -182,16 +182,26 @@ class KvPool:
     def _stored_items(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], missing: set[PageHash],
                       time: float) -> None:  # fmt: skip
         """`_stored_run(tier, items, missing, time)` for a run `items` made resident in `tier` (`run`: the
-        same as a dict, no page twice): a chain whose pages L2 lacks all or none of joins each tier's events
-        at once (per page, the tier's event then L2's: one chain grows the same two events)."""
+        same as a dict, no page twice). A chain joins the tier's events at once, then each stretch of its
+        pages that L2 lacks joins L2's: per page, the tier's event comes before L2's, and a chain grows the
+        tier's event from its first page on, before L2's first event."""
         pages = list(run)
         parents = list(run.values())
-        if parents[1:] == pages[:-1] and (not missing or len(missing) == len(pages)):
-            self._stored_chain(tier, pages, parents[0], time)
-            if missing:
-                self._stored_chain(Tier.HOST, pages, parents[0], time)
-        else:
+        if parents[1:] != pages[:-1]:
             self._stored_run(tier, items, missing, time)
+            return
+        self._stored_chain(tier, pages, parents[0], time)
+        if not missing:
+            return
+        n = len(pages)
+        if len(missing) == n:
+            self._stored_chain(Tier.HOST, pages, parents[0], time)
+            return
+        lacks = list(map(missing.__contains__, pages))
+        edges = [0, *compress(range(1, n), map(ne, lacks[1:], lacks[:-1])), n]  # where a stretch begins
+        for lo, hi in zip(edges, edges[1:]):
+            if lacks[lo]:
+                self._stored_chain(Tier.HOST, pages[lo:hi], parents[lo], time)
 
     def _removed_all(self, tier: Tier, pages: list[PageHash], time: float) -> None:
         """`_removed` for each page of `pages` (non-empty), in order: they all join one event."""

@@ -115,7 +115,9 @@ class TierRuns:
         """`touch` every page of `pages` (all resident)."""
         if self._all_at_most(pages, now):  # then they all become `now`
             self._set_access(pages, now)
-            cached = self._cached.intersection(pages)
+            # The cached ones: a resident page is pinned or cached, and the pinned set is the small one.
+            pinned = pages & self._pinned  # (iterates the smaller set)
+            cached = pages - pinned if pinned else pages
             if cached:
                 self._order.enter_all(cached, now)
         else:
