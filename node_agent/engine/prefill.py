@@ -57,6 +57,12 @@ class PrefillStage(enum.Enum):
     RUNNING = "running"
 
 
+def page_pairs(pages: tuple[PageHash, ...], start: int, end: int) -> list[tuple[PageHash, PageHash | None]]:
+    """(page, parent) of `pages[start:end]` (0 <= start < end <= len(pages)), as `PrefillJob.parent` gives them."""
+    parents = pages[start - 1 : end - 1] if start else (None, *pages[: end - 1])
+    return list(zip(pages[start:end], parents))
+
+
 def fetch_table(req: PrefillRequest) -> dict[PageHash, tuple[NodeId, PageHash | None]]:
     """(peer, parent) of every page that `req`'s fetch plan names (its runs do not overlap)."""
     prompt = req.prompt_pages
@@ -369,7 +375,7 @@ class PrefillScheduler:
             covered = job.prefix_pages * self.pt + job.done
             full = min(len(req.prompt_pages), covered // self.pt)
             if full > job.next_page:
-                computed = [(req.prompt_pages[i], job.parent(i)) for i in range(job.next_page, full)]
+                computed = page_pairs(req.prompt_pages, job.next_page, full)
                 self.pool.store_all(Tier.GPU, computed, end, owner=job.rid)
                 job.next_page = full
             if covered < req.prompt_tokens:
