@@ -27,7 +27,10 @@ chosen at once (`TierRuns.room_for_run`), and a run where that could choose diff
 page being written, goes page by page. A run's events are the page-by-page ones regrouped: per tier one
 removal event (all its victims) and its stored chains, each page at most once per tier, so each tier's
 events still replay in order to its resident set and name the same removed pages (a directory and the
-branch counts fed a whole drain of events end in the same state).
+branch counts fed a whole drain of events end in the same state). A run is checked once: the pool's checks
+(no page resident or written by another owner) and its L2 plan (which pages L2 lacks) stand for those of
+`insert_all` and `remove_all` (`TierRuns.insert_run`, `remove_victims`), and the plan tells L1's insert which
+of the run's pages have a depth (the depth table holds exactly the pages either tier holds).
 
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
@@ -290,10 +293,10 @@ class KvPool:
                        parent_of: Mapping[PageHash, PageHash | None], plan: Plan, now: float) -> None:  # fmt: skip
         """The L2 side of writing the run `pages` (distinct, in order; `chosen`: the same as a set, or None to
         make one where needed; parents in `parent_of`, which is the run itself where `pages` is a dict
-        page -> parent) through, by its plan from `_l2_plan`: evict the victims
-        (one removal event), touch the pages L2 holds, insert the missing ones (their store events are the
-        caller's). Every page has its depth already (L1 holds it), and the plan checked what `insert_all`
-        would: the missing pages are neither resident in L2 nor being written."""
+        page -> parent) through, by its plan from `_l2_plan`: evict the victims (one removal event), touch the
+        pages L2 holds, insert the missing ones (their store events are the caller's). Every page has its
+        depth already (L1 holds it), and the plan checked what `insert_all` would: the missing pages are
+        neither resident in L2 nor being written."""
         missing, victims = plan
         l2 = self.l2
         if victims:
@@ -306,8 +309,11 @@ class KvPool:
             chosen = set(pages) if chosen is None else chosen
             l2.touch_all(chosen - missing if missing else chosen, now)
         if missing:
-            items = parent_of if every and pages is parent_of else {page: parent_of[page] for page in pages if page in missing}
-            l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # a dict when `pages is parent_of`
+            if every and pages is parent_of:
+                items = parent_of  # the run itself
+            else:
+                items = {page: parent_of[page] for page in pages if page in missing}
+            l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # the run: a dict
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -418,7 +424,9 @@ class KvPool:
         if tier is not Tier.GPU:
             return RunDepths.LOOKUP
         missing = plan[0]
-        return RunDepths.NONE_KNOWN if len(missing) == len(run) else RunDepths.LOOKUP if missing else RunDepths.ALL_KNOWN
+        if len(missing) == len(run):
+            return RunDepths.NONE_KNOWN
+        return RunDepths.LOOKUP if missing else RunDepths.ALL_KNOWN
 
     def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float) -> None:
         """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier`."""
