@@ -9,7 +9,7 @@ touch is kept once per run (see `tier`); error cases raise leaving the state as 
 the evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
 Each run operation passes over a large table (residency, pins, cached pages, last access) at most once per
 change it makes: checks that a caller has already made, or that a table operation it does anyway decides
-(`pin_all`), are not repeated (`insert_run`, `remove_victims`). Depths are shared int objects (`depths`).
+(`pin_all`), are not repeated (`insert_run`, `remove_victims`). Depths are shared int objects (`shared_depths`).
 
 Boundary: page accounting of one tier, like `tier`; which runs to move, and the KV events, are `kvpool`'s.
 """
@@ -30,10 +30,10 @@ Owner = str
 """Who holds pins and in-use slots: a request id."""
 
 
-_DEPTHS: list[int] = list(range(1024))  # shared int objects for depths (see `depths`)
+_DEPTHS: list[int] = list(range(1024))  # shared int objects for depths (see `shared_depths`)
 
 
-def depths(first: int, n: int) -> list[int]:
+def shared_depths(first: int, n: int) -> list[int]:
     """The `n` consecutive depths from `first`, as int objects shared by every page of one depth (an int above
     256 is otherwise a new 32-byte object per page in the depth table)."""
     end = first + n
@@ -43,8 +43,8 @@ def depths(first: int, n: int) -> list[int]:
 
 
 def shared_depth(d: int) -> int:
-    """`d` (>= 0) as the int object that `depths` hands out for it."""
-    return _DEPTHS[d] if d < len(_DEPTHS) else depths(d, 1)[0]
+    """`d` (>= 0) as the int object that `shared_depths` hands out for it."""
+    return _DEPTHS[d] if d < len(_DEPTHS) else shared_depths(d, 1)[0]
 
 
 class RunDepths(Enum):
@@ -67,7 +67,7 @@ def new_depths(
         return {}
     parents = list(items.values()) if none_known else list(map(items.__getitem__, fresh))
     if all(map(eq, parents[1:], fresh)):  # one chain: consecutive depths from its first page's
-        return dict(zip(fresh, depths(depth.get(parents[0], -1) + 1, len(fresh))))  # type: ignore[arg-type]
+        return dict(zip(fresh, shared_depths(depth.get(parents[0], -1) + 1, len(fresh))))  # type: ignore[arg-type]
     new: dict[PageHash, int] = {}
     for page, parent in zip(fresh, parents):
         known = new.get(parent)  # type: ignore[arg-type]  # None: a root

@@ -1,7 +1,7 @@
 """The tier's fused run operations against their page-by-page definitions (`TierPool.insert`, `remove`, `pin`):
 `insert_run` (the checks left to the caller, and what the caller knows of the depths), `remove_victims`, the
 residency check `pin_all` makes through the cached-set removal (an error leaves every table as it was), and
-the depths as shared int objects (`depths`, `shared_depth`, `new_depths(..., none_known=True)`)."""
+the depths as shared int objects (`shared_depths`, `shared_depth`, `new_depths(..., none_known=True)`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.tier import TierPool
-from evolving_infra.node_agent.engine.tierruns import RunDepths, depths, new_depths, shared_depth
+from evolving_infra.node_agent.engine.tierruns import RunDepths, new_depths, shared_depth, shared_depths
 
 CHAIN = chain_hashes(f"f{i}".encode() for i in range(14))
 OTHER = chain_hashes(f"g{i}".encode() for i in range(6))
@@ -148,9 +148,9 @@ def test_pin_all_of_a_page_not_resident_raises_leaving_every_table(
 
 @given(first=st.integers(0, 5000), n=st.integers(0, 3000))
 def test_depths_are_consecutive_and_shared(first: int, n: int) -> None:
-    got = depths(first, n)
+    got = shared_depths(first, n)
     assert got == list(range(first, first + n))
-    assert all(a is b for a, b in zip(got, depths(first, n), strict=True))
+    assert all(a is b for a, b in zip(got, shared_depths(first, n), strict=True))
     assert all(shared_depth(d) is d for d in got)
 
 
