@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from evolving_infra.core.itermodel import PrefillItem
 from evolving_infra.core.pages import PageHash
