@@ -107,7 +107,8 @@ class EvictionOrder:
 
     def _sorted(self, members: set[PageHash], key: Key) -> list[PageHash]:
         """The live entries of the bucket `members` of `key` in descending `rank` (smallest last): by page hash
-        descending, then a stable sort by depth (small integers: the sort's fast comparisons). For coarse keys
+        descending, then a stable sort by depth (small integers: the sort's fast comparisons); the first sort
+        only when two entries share a depth (else the depths alone give the order). For coarse keys
         the stale entries are dropped from `members` first, by C-level passes (what `victims` would do one by
         one); otherwise entries of pages neither tier holds (no depth)."""
         if self.coarse is not None:
@@ -121,8 +122,10 @@ class EvictionOrder:
         if len(live) != len(members):
             self._size -= len(members) - len(live)
             members.intersection_update(live)
-        live.sort(reverse=True)
-        live.sort(key=self._depth.__getitem__)
+        depth = self._depth.__getitem__
+        if len(set(map(depth, live))) < len(live):  # depths tie (rare: most buckets hold one chain's pages)
+            live.sort(reverse=True)
+        live.sort(key=depth)
         return live
 
     def rank(self, page: PageHash) -> int:
