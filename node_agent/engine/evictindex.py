@@ -276,10 +276,11 @@ class EvictionOrder:
             bucket = buckets[key]
             members = bucket.members
             order = bucket.order
+            fresh = order is None and self.coarse is not None  # then `_sorted` left only live entries
             if order is None:
                 order = bucket.order = self._sorted(members, key)
             k = min(n - len(out), len(order))
-            if k and not exclude and self._all_valid(order[-k:], key):  # the k smallest entries at once
+            if k and not exclude and (fresh or self._all_valid(order[-k:], key)):  # the k smallest at once
                 chunk = order[-k:]
                 del order[-k:]
                 members.difference_update(chunk)
