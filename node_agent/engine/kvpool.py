@@ -111,14 +111,19 @@ class KvPool:
             zero = 0 in values
         counts = self._counts
         flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
-        if zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
+        if zero and max(values) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
+            flipped = list(filter(counts.__contains__, updates))
+            deque(map(counts.__delitem__, flipped), maxlen=0)
+        elif zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
             pages, given = list(updates), list(values)
             flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
             gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
             counts.update(compress(updates.items(), given))
             deque(map(counts.__delitem__, gone), maxlen=0)
         else:  # all positive (the usual case): the new ones flip, and one C-level update
-            flipped = list(filterfalse(counts.__contains__, updates))
+            # none flips when every page is counted already (a C-level keys-view check that stops at the
+            # first new page, so it costs little when there are new ones)
+            flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
             counts.update(updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)

@@ -164,3 +164,34 @@ def test_a_load_keeps_the_depths_its_pages_got_when_first_stored() -> None:
         p.land_all(Tier.GPU, "c", [(chain[i], parent(0, i)) for i in range(5, 8)], 4.0)
     assert [pools[0]._depth[page] for page in chain[:8]] == [0, 1, 2, 3, 4, 0, 1, 2]
     assert _tables(pools[0]) == _tables(pools[1])
+
+
+def _batch(pages: list[PageHash], mode: str, counts: list[int]) -> dict[PageHash, int]:
+    if mode == "zeros":  # every count 0: pages leaving (the all-zero path)
+        return dict.fromkeys(pages, 0)
+    return {page: max(1, c) if mode == "positive" else c for page, c in zip(pages, counts)}
+
+
+@given(st.lists(st.tuples(st.lists(st.sampled_from(CHAINS[0][:4]), unique=True, max_size=4),
+                          st.sampled_from(["zeros", "positive", "mixed"]),
+                          st.lists(st.integers(0, 3), min_size=4, max_size=4)),
+                max_size=8))  # fmt: skip
+def test_set_counts_fast_paths_match_page_by_page(batches: list[tuple[list[PageHash], str, list[int]]]) -> None:
+    """Few pages, so pushes often hit the fast paths: all zeros, all positive and every page counted already
+    (nothing flips), all positive and some new."""
+    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True)
+    seen: list[list[PageHash]] = []
+    changed = pool.l1.counts_changed
+
+    def record(pages: object, flipped: list[PageHash]) -> None:
+        seen.append(list(flipped))
+        changed(pages, flipped)  # type: ignore[arg-type]
+
+    pool.l1.counts_changed = record  # type: ignore[method-assign]
+    model: dict[PageHash, int] = {}
+    for pages, mode, counts in batches:
+        updates = _batch(pages, mode, counts)
+        expected = page_by_page(model, updates)
+        pool.set_counts(updates)
+        assert seen.pop() == expected
+        assert list(pool._counts.items()) == list(model.items())
