@@ -70,18 +70,24 @@ def page_by_page(counts: dict[PageHash, int], updates: dict[PageHash, int]) -> l
     return flipped
 
 
-@given(st.lists(st.dictionaries(st.sampled_from(CHAINS[0]), st.one_of(st.integers(0, 3), st.booleans()), max_size=10),
-                max_size=6))  # fmt: skip
-def test_set_counts_with_zeros_and_bools_matches_page_by_page(batches: list[dict[PageHash, int]]) -> None:
+def _recording_pool(tier: str) -> tuple[KvPool, list[list[PageHash]]]:
+    """A pool whose tier `tier` ("l1" or "l2") records the pages each `set_counts` flips, in call order."""
     pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True)
     seen: list[list[PageHash]] = []
-    changed = pool.l2.counts_changed
+    changed = getattr(pool, tier).counts_changed
 
     def record(pages: object, flipped: list[PageHash]) -> None:
         seen.append(list(flipped))
-        changed(pages, flipped)  # type: ignore[arg-type]
+        changed(pages, flipped)
 
-    pool.l2.counts_changed = record  # type: ignore[method-assign]
+    setattr(getattr(pool, tier), "counts_changed", record)
+    return pool, seen
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(CHAINS[0]), st.one_of(st.integers(0, 3), st.booleans()), max_size=10),
+                max_size=6))  # fmt: skip
+def test_set_counts_with_zeros_and_bools_matches_page_by_page(batches: list[dict[PageHash, int]]) -> None:
+    pool, seen = _recording_pool("l2")
     model: dict[PageHash, int] = {}
     for updates in batches:
         expected = page_by_page(model, updates)
@@ -179,15 +185,7 @@ def _batch(pages: list[PageHash], mode: str, counts: list[int]) -> dict[PageHash
 def test_set_counts_fast_paths_match_page_by_page(batches: list[tuple[list[PageHash], str, list[int]]]) -> None:
     """Few pages, so pushes often hit the fast paths: all zeros, all positive and every page counted already
     (nothing flips), all positive and some new."""
-    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True)
-    seen: list[list[PageHash]] = []
-    changed = pool.l1.counts_changed
-
-    def record(pages: object, flipped: list[PageHash]) -> None:
-        seen.append(list(flipped))
-        changed(pages, flipped)  # type: ignore[arg-type]
-
-    pool.l1.counts_changed = record  # type: ignore[method-assign]
+    pool, seen = _recording_pool("l1")
     model: dict[PageHash, int] = {}
     for pages, mode, counts in batches:
         updates = _batch(pages, mode, counts)
