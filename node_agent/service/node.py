@@ -150,7 +150,7 @@ class NodeAgent:
         # transfers' deadline (tests/node_agent/test_service_transfers.py).
         self.serve_executor = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix=f"serve-{self.node}")
         l2 = self.engine.pool.l2
-        self.sync = ArenaSync(self.arena, l2.contains, l2.is_writing)
+        self.sync = ArenaSync(self.arena, l2.contains, l2.is_writing, lambda page: self.engine.pool.l1.contains(page))
         self.clock = NodeClock(s.speed_up)
         self.mover = KvMover(self._transport, self.executor, self.metrics, s.peers, s.peer_networks)
         self.runner = EngineRunner(self.engine, self.clock, self, self.mover)
@@ -511,11 +511,20 @@ class NodeAgent:
     def prefill_finished(self, done: PrefillFinished) -> None:
         self.metrics.request("prefill", "finished")
         reused = self._reused.pop(done.request, 0)
+        if not done.local_decode:
+            # The decode node pulls the prompt from this arena: pages only L1 holds (L2 evicted them while L1
+            # kept them, and this prefill reused them) are written in for as long as a pull may wait; else the
+            # prompt could never be pulled, and every retry of the request, reusing the same L1 pages here,
+            # would fail the same way.
+            exposed = self.sync.expose(done.pages)
+            if exposed.pages:
+                asyncio.get_running_loop().call_later(self.settings.decode_pull_timeout_s, self.sync.unexpose, exposed)
         self.hub.publish(messages.prefill_finished_body(self.node, done, reused))
 
     def switch_completed(self, report: SwitchReport) -> None:
         if self._strand_kv:
             self._strand_kv = False
+            self.sync.drop_exposed()
             self.runner.drop_cached_kv()
         took = self.clock.now() - self._switch_started
         self.metrics.switched(report, took)

@@ -1,4 +1,5 @@
-"""Two node agents reading each other's pages at once, each with a single transfer thread.
+"""Node agents reading each other's pages: two at once, each with a single transfer thread; and a prompt only
+the prefill node's GPU tier holds, pulled after its prefill finished.
 
 A node's transfer threads block on the peer's `ReadPages` stream while they read. If serving a stream needed one
 of those same threads, two nodes reading from each other would each wait for the other's thread until the
@@ -12,9 +13,10 @@ import asyncio
 from typing import Any
 
 from evolving_infra.core.pages import PageHash, chain_hashes
-from evolving_infra.core.types import NodeMode
+from evolving_infra.core.types import BranchId, NodeMode, RequestId
+from evolving_infra.node_agent.engine.outputs import PrefillFinished
 from evolving_infra.node_agent.service import NodeAgent, NodeAgentSettings
-from evolving_infra.node_agent.transfer import TransportKind, TransportSettings
+from evolving_infra.node_agent.transfer import PagesMissing, TransportKind, TransportSettings
 
 PAGES = 200  # about the size of the fetches that stalled a loaded local cluster
 
@@ -54,3 +56,36 @@ def test_two_nodes_with_one_transfer_thread_each_read_each_others_pages_at_once(
             await b.close(grace=None)
 
     assert asyncio.run(scenario()) == (PAGES, PAGES, True, True)
+
+
+def test_a_prompt_that_only_gpu_memory_holds_is_readable_once_its_prefill_finished() -> None:
+    """L2 may evict pages that L1 keeps (write-through puts a page in both, each tier evicts on its own), and a
+    prefill then reuses them from L1. Its decode node pulls the prompt from this node's arena: the finished
+    prefill's pages are written in and kept for `decode_pull_timeout_s`, then released (L2 does not hold
+    them). Before, every such pull failed NOT_FOUND, and so did each retry of the request (the retries reused
+    the same L1 pages)."""
+
+    async def scenario() -> tuple[bool, int, bool, bool]:
+        a = NodeAgent(settings("a").model_copy(update={"decode_pull_timeout_s": 0.5}))
+        b = NodeAgent(settings("b"))
+        await a.start()
+        try:
+            await b.start()
+            pages = chain_hashes(f"p:{i}".encode() for i in range(20))
+            a.engine.pool.l1.insert_all(dict(zip(pages, (None, *pages[:-1]))), 0.0)  # L1 only, not in the arena
+            try:
+                await asyncio.wait_for(b.mover.read(a.address, pages), 30)
+                missing_before = False
+            except PagesMissing:
+                missing_before = True
+            done = PrefillFinished(RequestId("r"), BranchId("x"), 0.0, tuple(pages), 20 * 64, False)
+            a.prefill_finished(done)
+            moved = len((await asyncio.wait_for(b.mover.read(a.address, pages), 30)).moved)
+            kept = all(p in a.arena for p in pages)
+            await asyncio.sleep(1.5)  # past the exposure (0.5 s): released, as L2 does not hold them
+            return missing_before, moved, kept, any(p in a.arena for p in pages)
+        finally:
+            await a.close(grace=None)
+            await b.close(grace=None)
+
+    assert asyncio.run(scenario()) == (True, 20, True, False)

@@ -18,7 +18,7 @@ from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, NodeMode, Phase, Tier
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.node_agent.service.events import EventHub, SubscriberDropped
-from evolving_infra.node_agent.service.kvsync import ArenaSync
+from evolving_infra.node_agent.service.kvsync import ArenaSync, Exposure
 from evolving_infra.node_agent.service.messages import resident_chains
 from evolving_infra.node_agent.service.runner import NodeClock
 from evolving_infra.node_agent.service.settings import (
@@ -172,6 +172,71 @@ def test_arena_holds_exactly_the_wanted_pages_once_readers_let_go(ops: list[tupl
     assert engine_l2 <= set(arena.pages()) <= kept  # staged pages are pulled by the decode path, never made up
     assert all(arena.locate(p).checksum == emulated_checksum(p, 256) for p in engine_l2)
     assert not sync.pending
+
+
+EXPOSE_OPS = st.lists(
+    st.tuples(st.sampled_from(["store", "remove", "gpu", "ungpu", "expose", "unexpose", "drop", "stale", "pin",
+                               "unpin"]),
+              st.lists(st.sampled_from(POOL), min_size=1, max_size=4)),
+    max_size=40,
+)  # fmt: skip
+
+
+@given(ops=EXPOSE_OPS)
+def test_exposed_prompts_stay_readable_until_unexposed_and_nothing_else_lingers(
+    ops: list[tuple[str, list[PageHash]]],
+) -> None:
+    """A finished prefill's prompt (`expose`): its pages only the engine's L1 holds are written into the arena and
+    stay there until `unexpose` (or `drop_exposed`); afterwards the arena again holds exactly the L2 pages (once readers let
+    go)."""
+    l2: set[PageHash] = set()
+    l1: set[PageHash] = set()
+    arena = KvArena(len(POOL), 256)
+    sync = ArenaSync(arena, l2.__contains__, gpu_holds=l1.__contains__)
+    exposures: list[Exposure] = []
+    stale: list[Exposure] = []
+    readers: list = []
+    for op, pages in ops:
+        if op == "store":
+            l2.update(pages)
+            sync.apply_events([KvStored(NodeId("n"), Tier.HOST, None, tuple(pages), 0.0)])
+        elif op == "remove":
+            l2.difference_update(pages)
+            sync.apply_events([KvRemoved(NodeId("n"), Tier.HOST, tuple(pages), 0.0)])
+        elif op == "gpu":
+            l1.update(pages)
+        elif op == "ungpu":
+            l1.difference_update(pages)
+        elif op == "expose":
+            exposed_now = {p for e in exposures for p in e.pages}
+            # L1-only pages, or pages exposed already: the others follow L2
+            readable = {p for p in pages if (p not in arena and p in l1) or p in exposed_now}
+            exposed = sync.expose(pages)
+            assert set(exposed.pages) == readable and all(p in arena for p in exposed.pages)
+            exposures.append(exposed)
+        elif op == "unexpose" and exposures:
+            sync.unexpose(exposures.pop(0))
+        elif op == "drop":  # the node dropped its KV: every exposure ends; their late `unexpose` changes nothing
+            stale.extend(exposures)
+            exposures.clear()
+            sync.drop_exposed()
+        elif op == "stale" and stale:
+            sync.unexpose(stale.pop())
+        elif op == "pin" and all(p in arena for p in pages):
+            reader = arena.pinned(list(dict.fromkeys(pages)))
+            reader.__enter__()
+            readers.append(reader)
+        elif op == "unpin" and readers:
+            readers.pop().__exit__(None, None, None)
+        arena.check_invariants()
+        held = {p for e in exposures for p in e.pages}
+        assert held <= set(arena.pages())  # an exposed page is never released while exposed
+    while readers:
+        readers.pop().__exit__(None, None, None)
+    while exposures:
+        sync.unexpose(exposures.pop())
+    sync.retry()
+    assert set(arena.pages()) == l2 and not sync.pending
 
 
 def test_a_full_arena_defers_writes_until_room_appears() -> None:
