@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,11 +151,49 @@ class _Timer(enum.IntEnum):
     ISSUE = 1
 
 
-class _Req(enum.Enum):
+class _Req(enum.IntEnum):
     WAITING = 0
     SCHEDULED = 1
     ISSUED = 2
     COMPLETED = 3
+
+
+class _Run:
+    """The replay state of one loaded agent, per request by its position in `agent.requests`: its `_Req` state,
+    how many of its `after` have not completed, and its dependents (positions in file order, the slice
+    `children[child_at[p]:child_at[p + 1]]`). A few bytes per request in arrays, where a dict entry per request
+    and field, and a list per request, cost some 250 bytes; `specs` (request id -> spec) must hold the agent's
+    requests when it is built."""
+
+    __slots__ = ("agent", "child_at", "children", "first", "left", "missing", "state", "where")
+
+    def __init__(self, agent: AgentSpec, specs: dict[str, RequestSpec]) -> None:
+        reqs = agent.requests
+        n = len(reqs)
+        self.agent = agent
+        self.left = n
+        self.first = reqs[0].index if reqs else 0
+        contiguous = all(spec.index == self.first + p for p, spec in enumerate(reqs))
+        self.where: dict[int, int] | None = None if contiguous else {spec.index: p for p, spec in enumerate(reqs)}
+        self.state = bytearray(n)  # every request WAITING
+        self.missing = array("I", [len(spec.after) for spec in reqs])
+        self.child_at = array("I", bytes(4 * (n + 1)))
+        for spec in reqs:
+            for dep in spec.after:
+                self.child_at[self.pos(specs[dep].index) + 1] += 1
+        for p in range(n):
+            self.child_at[p + 1] += self.child_at[p]
+        self.children = array("I", bytes(4 * self.child_at[n]))
+        fill = self.child_at[:n]
+        for p, spec in enumerate(reqs):
+            for dep in spec.after:
+                q = self.pos(specs[dep].index)
+                self.children[fill[q]] = p
+                fill[q] += 1
+
+    def pos(self, index: int) -> int:
+        """The position in `agent.requests` of the request with trace index `index`."""
+        return index - self.first if self.where is None else self.where[index]
 
 
 class AgentReplayer:
@@ -178,12 +217,10 @@ class AgentReplayer:
         self._timers: list[tuple[float, int, int, _Timer, str]] = []
         self._seq = 0
         self._specs: dict[str, RequestSpec] = {}
-        self._state: dict[str, _Req] = {}
-        self._missing: dict[str, int] = {}
-        self._dependents: dict[str, list[str]] = {}
+        """Request id -> spec, for the loaded agents' requests."""
+        self._runs: dict[str, _Run] = {}
+        """Agent id -> its replay state (loaded agents)."""
         self._ends_on: dict[str, list[str]] = {}
-        self._by_id: dict[str, AgentSpec] = {}
-        self._left: dict[str, int] = {}
         self._ended: set[str] = set()
         self._arrived: dict[str, float] = {}
         self._active: set[str] = set()
@@ -201,24 +238,17 @@ class AgentReplayer:
         """Take agent's requests into the replay state (all agents at once for a whole plan)."""
         for spec in agent.requests:
             self._specs[spec.id] = spec
-            self._state[spec.id] = _Req.WAITING
-            self._missing[spec.id] = len(spec.after)
-            self._dependents[spec.id] = []
-        for spec in agent.requests:
-            for dep in spec.after:
-                self._dependents[dep].append(spec.id)
+        self._runs[agent.agent] = _Run(agent, self._specs)
         for branch, rid in agent.branch_end_after.items():
             self._ends_on.setdefault(rid, []).append(branch)
-        self._by_id[agent.agent] = agent
-        self._left[agent.agent] = len(agent.requests)
 
     def _unload(self, agent: AgentSpec) -> None:
         """Forget a finished agent (streamed plans only) and tell the plan."""
         for spec in agent.requests:
-            del self._specs[spec.id], self._state[spec.id], self._missing[spec.id], self._dependents[spec.id]
+            del self._specs[spec.id]
             self._ends_on.pop(spec.id, None)
         self._ended.difference_update(agent.branches)
-        del self._by_id[agent.agent], self._left[agent.agent], self._arrived[agent.agent]
+        del self._runs[agent.agent], self._arrived[agent.agent]
         self._plan.release(agent.index)
 
     # -- read-only state ---------------------------------------------------------------------------------
@@ -291,28 +321,30 @@ class AgentReplayer:
     def completed(self, request_id: str, now: float) -> list[Effect]:
         """Request `request_id` completed at `now`; returns every effect due by `now`, in order."""
         self._require_started()
-        state = self._state.get(request_id)
-        if state is None:
+        spec = self._specs.get(request_id)
+        if spec is None:
             raise ReplayError(f"completed({request_id!r}): no such request in the trace")
-        if state is not _Req.ISSUED:
-            raise ReplayError(
-                f"completed({request_id!r}): the request is {state.name.lower()}; only issued requests complete"
-            )
+        run = self._runs[spec.agent]
+        p = run.pos(spec.index)
+        if run.state[p] != _Req.ISSUED:
+            state = _Req(run.state[p]).name.lower()
+            raise ReplayError(f"completed({request_id!r}): the request is {state}; only issued requests complete")
         now = self._advance(now)
         out: list[Effect] = []
         self._drain(now, out)
-        self._state[request_id] = _Req.COMPLETED
+        run.state[p] = _Req.COMPLETED
         self._in_flight -= 1
-        spec = self._specs[request_id]
         for branch in self._ends_on.get(request_id, ()):
             self._end_branch(branch, spec.agent, now, out)
-        for child in self._dependents[request_id]:
-            self._missing[child] -= 1
-            if self._missing[child] == 0:
-                self._schedule_issue(self._specs[child], now)
-        self._left[spec.agent] -= 1
-        if self._left[spec.agent] == 0:
-            self._finish(self._by_id[spec.agent], now, out)
+        missing = run.missing
+        for k in range(run.child_at[p], run.child_at[p + 1]):
+            child = run.children[k]
+            missing[child] -= 1
+            if missing[child] == 0:
+                self._schedule_issue(run, child, now)
+        run.left -= 1
+        if run.left == 0:
+            self._finish(run.agent, now, out)
             self._fill(now, out)
         self._drain(now, out)
         return out
@@ -348,14 +380,15 @@ class AgentReplayer:
             at, _, _, kind, key = heapq.heappop(self._timers)
             if kind is _Timer.ISSUE:
                 spec = self._specs[key]
-                self._state[key] = _Req.ISSUED
+                run = self._runs[spec.agent]
+                run.state[run.pos(spec.index)] = _Req.ISSUED
                 self._issued += 1
                 self._in_flight += 1
                 # Root requests of an agent that waited for admission count latency from its arrival.
                 since = self._arrived[spec.agent] + spec.delay_s if not spec.after else at
                 out.append(IssueRequest(request=spec, at=at, since=since))
             else:
-                self._arrive(self._by_id[key], at, out)
+                self._arrive(self._runs[key].agent, at, out)
 
     def _arrive(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
         self._arrived[agent.agent] = at
@@ -378,7 +411,7 @@ class AgentReplayer:
         else:
             cap = self._mode.max_active
             while self._admission and (cap is None or len(self._active) < cap):
-                self._start_agent(self._by_id[self._admission.popleft()], at, out)
+                self._start_agent(self._runs[self._admission.popleft()].agent, at, out)
 
     def _start_agent(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
         self._active.add(agent.agent)
@@ -386,12 +419,14 @@ class AgentReplayer:
         if not agent.requests:
             self._finish(agent, at, out)
             return
-        for spec in agent.requests:
+        run = self._runs[agent.agent]
+        for p, spec in enumerate(agent.requests):
             if not spec.after:
-                self._schedule_issue(spec, at)
+                self._schedule_issue(run, p, at)
 
-    def _schedule_issue(self, spec: RequestSpec, ready: float) -> None:
-        self._state[spec.id] = _Req.SCHEDULED
+    def _schedule_issue(self, run: _Run, p: int, ready: float) -> None:
+        spec = run.agent.requests[p]
+        run.state[p] = _Req.SCHEDULED
         self._push(ready + spec.delay_s, _Timer.ISSUE, spec.id)
 
     def _end_branch(self, branch: str, agent: str, at: float, out: list[Effect]) -> None:

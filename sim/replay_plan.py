@@ -25,7 +25,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
+
+from evolving_infra.traces.records import Request
 
 
 class PlanError(ValueError):
@@ -75,18 +77,103 @@ class TraceLike(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestSpec:
-    """One request as replay sees it; `index` is its position in the trace's file order."""
+class _Fields:
+    """A request's fields as replay needs them, for a record that does not answer them itself."""
 
     id: str
     agent: str
-    workload: str
     branch: str
     after: tuple[str, ...]
     delay_s: float
     prompt_tokens: int
     output_tokens: int
     index: int
+
+
+_FIELDS = ("id", "agent", "workload", "branch", "after", "delay_s", "prompt_tokens", "output_tokens", "index")
+
+
+class RequestSpec:
+    """One request as replay sees it; `index` is its position in the trace's file order. Immutable; equality,
+    hash and repr are those of its nine fields (`_FIELDS`).
+
+    Slim: built from a loaded trace's `Request` that already answers every field as replay needs it (its `index`
+    is the position, its `after` has no repeats), a spec keeps that record and the agent's workload and reads the
+    other fields from it: 48 bytes, where a copy of the fields costs some 160 (the object and two new ints)."""
+
+    __slots__ = ("_of", "workload")
+    _of: _Fields | Request
+    workload: str
+
+    def __init__(self, id: str, agent: str, workload: str, branch: str, after: tuple[str, ...], delay_s: float,
+                 prompt_tokens: int, output_tokens: int, index: int) -> None:  # fmt: skip
+        fields = _Fields(id, agent, branch, tuple(after), delay_s, prompt_tokens, output_tokens, index)
+        object.__setattr__(self, "_of", fields)
+        object.__setattr__(self, "workload", workload)
+
+    @classmethod
+    def of_record(cls, record: Request, workload: str) -> RequestSpec:
+        """The spec of a loaded trace's record (which must answer every field as replay needs it)."""
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "_of", record)
+        object.__setattr__(spec, "workload", workload)
+        return spec
+
+    @property
+    def id(self) -> str:
+        return self._of.id
+
+    @property
+    def agent(self) -> str:
+        return self._of.agent
+
+    @property
+    def branch(self) -> str:
+        return self._of.branch
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return self._of.after
+
+    @property
+    def delay_s(self) -> float:
+        return self._of.delay_s
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._of.prompt_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self._of.output_tokens
+
+    @property
+    def index(self) -> int:
+        return self._of.index
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"RequestSpec is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"RequestSpec is immutable; cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RequestSpec)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"RequestSpec({', '.join(f'{name}={getattr(self, name)!r}' for name in _FIELDS)})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (RequestSpec, self._key())
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +280,16 @@ def _distinct(after: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(after))
 
 
+def _answers(req: object, index: int, after: tuple[str, ...]) -> TypeGuard[Request]:
+    """Whether `req` is a trace record that answers every field of its spec at position `index` exactly as a
+    copy would (the same values of the same types), so the spec may keep it instead of a copy."""
+    return (
+        type(req) is Request and after is req.after and type(req.index) is int and req.index == index
+        and type(req.delay_s) is float and type(req.keep) is int and type(req.new) is int
+        and type(req.output_tokens) is int
+    )  # fmt: skip
+
+
 def _agents_of(trace: TraceLike) -> Iterable[AgentLike]:
     agents = trace.agents
     if isinstance(agents, Mapping):
@@ -244,17 +341,22 @@ def _build(trace: TraceLike, *, agent_index: int = 0, first_request: int = 0) ->
             )
         if req.branch not in branches[req.agent]:
             branches[req.agent].append(req.branch)
-        spec = RequestSpec(
-            id=req.id,
-            agent=req.agent,
-            workload=agent_info[req.agent].workload,
-            branch=req.branch,
-            after=_distinct(req.after),
-            delay_s=float(req.delay_s),
-            prompt_tokens=int(req.prompt_tokens),
-            output_tokens=int(req.output_tokens),
-            index=index,
-        )
+        workload = agent_info[req.agent].workload
+        after = _distinct(req.after)
+        if _answers(req, index, after):
+            spec = RequestSpec.of_record(req, workload)
+        else:
+            spec = RequestSpec(
+                id=req.id,
+                agent=req.agent,
+                workload=workload,
+                branch=req.branch,
+                after=after,
+                delay_s=float(req.delay_s),
+                prompt_tokens=int(req.prompt_tokens),
+                output_tokens=int(req.output_tokens),
+                index=index,
+            )
         specs[req.id] = spec
         per_agent[req.agent].append(spec)
 

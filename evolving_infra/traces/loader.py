@@ -122,6 +122,9 @@ class _Builder:
         self.branch_end: dict[BranchId, BranchEnd] = {}
         self.first_branch: dict[AgentId, BranchId] = {}
         self.line = 0
+        self.ints: dict[int, int] = {}
+        self.floats: dict[float, float] = {}
+        """One shared object per distinct `new`, `output_tokens` and `delay_s` value (see `shared_int`)."""
 
     # -- helpers ---------------------------------------------------------------------------------------
     def fail(self, rule: Rule, message: str) -> TraceError:
@@ -158,6 +161,18 @@ class _Builder:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise self.fail(Rule.NOT_NUMBER, f"{what} field {key!r} must be a finite number, got {value!r}")
         return float(value)
+
+    def shared_int(self, value: int) -> int:
+        """`value`, as the one object of its value in this trace: a request's token counts and pauses repeat
+        across requests (a few thousand distinct values per hundred thousand requests), and an int or float object
+        costs 24 to 32 bytes a request."""
+        return self.ints.setdefault(value, value)
+
+    def shared_float(self, value: float) -> float:
+        """`value` as the one object of its value (not -0.0, which equals 0.0 but is kept as written)."""
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            return value
+        return self.floats.setdefault(value, value)
 
     # -- records ---------------------------------------------------------------------------------------
     def add(self, line: int, record: object) -> None:
@@ -233,9 +248,9 @@ class _Builder:
             raise self.fail(Rule.NO_OUTPUT, f"{what} has output_tokens {output_tokens}; must be >= 1")
         relation = self.relation(agent, branch, base, keep)
         request = Request(
-            index=len(self.requests), id=rid, agent=agent, branch=branch, after=after, delay_s=delay_s,
-            base=base, shared=shared, keep=keep, new=new, output_tokens=output_tokens, relation=relation,
-            line=self.line,
+            index=len(self.requests), id=rid, agent=agent, branch=branch, after=after,
+            delay_s=self.shared_float(delay_s), base=base, shared=shared, keep=keep, new=self.shared_int(new),
+            output_tokens=self.shared_int(output_tokens), relation=relation, line=self.line,
         )  # fmt: skip
         self.requests.append(request)
         self.by_id[rid] = request

@@ -47,7 +47,7 @@ def test_streamed_replay_emits_the_whole_plans_effects(records: list[dict[str, A
     assert released == [index[e.agent] for e in got.effects if isinstance(e, AgentFinished)]
     if stop is None:
         assert replayer.done and sorted(released) == list(range(len(blocks)))
-        assert not replayer._specs and not replayer._state and not replayer._dependents, "finished agents are dropped"
+        assert not replayer._specs and not replayer._runs, "finished agents are dropped"
 
 
 def test_a_streamed_plan_refuses_open_loop_and_names_unknown_requests() -> None:
