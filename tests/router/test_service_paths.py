@@ -302,13 +302,13 @@ def test_a_switch_the_operator_drives_has_its_hand_backs_rerouted_from_the_event
         return out
 
     out = run(scenario)
-    assert not out["switch_done_at_reroute"]
-    assert out["statuses"] == [200] * 8 and out["tokens"] == [2] * 8
-    assert out["handed"] >= 1 and out["retries"].get("handed_back") == out["handed"]
+    assert not out["switch_done_at_reroute"], out  # (each assertion shows the whole outcome if it fails)
+    assert out["statuses"] == [200] * 8 and out["tokens"] == [2] * 8, out
+    assert out["handed"] >= 1 and out["retries"].get("handed_back") == out["handed"], out
     # Under load a request may reach p0 after its switch began but before the router saw it: p0 refuses it
     # (failed_precondition) and it is re-routed. No other retry, and no request is ever sent to p0 twice (a
     # handed-back or refused request goes elsewhere).
-    assert set(out["retries"]) <= {"handed_back", "failed_precondition"}
+    assert set(out["retries"]) <= {"handed_back", "failed_precondition"}, out
     to_p0 = [branch for branch, node in out["sends"] if node == "p0"]
     assert len(to_p0) == len(set(to_p0)), out["sends"]
-    assert len(out["sends"]) == 8 + sum(out["retries"].values())
+    assert len(out["sends"]) == 8 + sum(out["retries"].values()), out
