@@ -19,30 +19,16 @@ at once (C-level checks) when they are all live and nothing is excluded.
 Keys: the built-in policies' keys depend only on (count > 0, last access), so they are computed here from
 those two (`coarse_key`, equal to `policy.key`); any other policy is asked page by page with a `HostPage`.
 
-Entries are lower bounds (built-in policies): a coarse key only rises while a page stays resident, except
-when its count drops to 0, so a page's entry is left where it is when its key rises (a touch, a count going
-positive) and only a drop to count 0 enters a cached page again at once (a pinned one leaves `entered`).
-The set `entered` names the pages that hold such an entry: a cached page is touched with no work here, a
-released one is entered only when it is not in `entered`, and a page leaving the tier, or taken as a
-victim, leaves `entered` (`forget`; a victim put back is entered again). `victims`, meeting an entry of a
-cached page under a key below the page's key, moves it to the page's key (a bucket created or joined there); an
-entry under a key above it is a duplicate (the page holds a lower one) and is dropped; an entry of a page
-not cached (pinned, or gone) is dropped and the page leaves `entered` (entered again when released).
-Other policies' keys may fall with any count change: their entries are exact (every change enters the
-page again under its new key), and an entry whose key is no longer its page's is dropped when met. Either
-way the buckets are rebuilt from the cached pages (and `entered` reset to them) when stale entries
-outnumber live ones several times.
+Entries are lazy: a page that was pinned, evicted or re-keyed keeps its old entry, which `victims` rejects
+(the page is no longer cached, or its current key differs) and drops when it meets it; the entries are
+rebuilt from the cached pages when stale ones outnumber live ones several times.
 
-Invariant (checked by `TierPool.check` through `unheld`): with coarse keys, every cached page is in
-`entered`, every page in `entered` is resident, and each holds an entry under a key at or below its current
-key (its last access as the tier's table has it; unsettled pin touches only raise it); with other keys,
-every cached page is a member of the bucket of its current key. Then `victims` yields exactly the cached
-pages, in ascending (key, rank) order, each once: buckets come off the heap in key order, a key is in the
-heap exactly while it has a bucket, and a page met below its key is moved to a bucket still to come.
+Invariant (checked by `TierPool.check` through `holds`): every cached page is a member of the bucket of its
+current key. Then `victims` yields exactly the cached pages, in ascending (key, rank) order, each once:
+buckets come off the heap in key order, and a key is in the heap exactly while it has a bucket.
 
 Boundary: ordering only; the tier owns the page tables this reads (cached set, last access, counts) and tells
-the order when a page becomes cached or leaves the tier, and when a page's count changes (with other
-policies also when a cached page's last access rises).
+the order when a cached page's key may have changed.
 """
 
 from __future__ import annotations
@@ -105,13 +91,11 @@ class EvictionOrder:
     ) -> None:
         self.policy = policy
         self.coarse = coarse_key(policy)
-        self.lazy = self.coarse is not None  # entries are lower bounds (a rising key needs no work here)
         self.keyed_by_count = self.coarse is not _lru_key  # whether a count change can move a page
         self._cached, self._access, self._counts, self._depth = cached, access, counts, depth
         self._buckets: dict[Key, _Bucket] = {}
         self._keys: list[Key] = []  # a heap; a key is in it exactly while it has a bucket
         self._size = 0  # entries in all buckets, stale ones included
-        self._entered: set[PageHash] = set()  # coarse keys: pages holding an entry at or below their key
         self._valid = self._validity()
 
     # --- keys ----------------------------------------------------------------------------------------
@@ -124,22 +108,15 @@ class EvictionOrder:
     def _sorted(self, members: set[PageHash], key: Key) -> list[PageHash]:
         """The live entries of the bucket `members` of `key` in descending `rank` (smallest last): by page hash
         descending, then a stable sort by depth (small integers: the sort's fast comparisons); the first sort
-        only when two entries share a depth (else the depths alone give the order). For coarse keys the other
-        entries are settled first, as `victims` would one by one (`_settle`): those of pages not cached
-        dropped (C-level passes), those of cached pages whose key is no longer `key` moved or dropped;
-        otherwise entries of pages neither tier holds (no depth) are dropped."""
+        only when two entries share a depth (else the depths alone give the order). For coarse keys
+        the stale entries are dropped from `members` first, by C-level passes (what `victims` would do one by
+        one); otherwise entries of pages neither tier holds (no depth)."""
         if self.coarse is not None:
-            cached = self._cached
-            live = list(filter(cached.__contains__, members))
-            if len(live) != len(members):
-                self._entered.difference_update(filterfalse(cached.__contains__, members))
-            times = list(map(self._access.__getitem__, live))
-            exact = all(map(eq, times, repeat(key[-1])))
-            if exact and self.keyed_by_count:
-                counts = self._counts
-                exact = all(map(counts.__contains__, live)) if key[0] > 0 else counts.keys().isdisjoint(live)
-            if not exact:
-                live = self._split(live, times, key)
+            live = list(filter(self._cached.__contains__, members))
+            live = list(compress(live, map(eq, map(self._access.__getitem__, live), repeat(key[-1]))))
+            if self.keyed_by_count:
+                test = self._counts.__contains__
+                live = list(filter(test, live) if key[0] > 0 else filterfalse(test, live))
         else:
             live = list(filter(self._depth.__contains__, members))
         if len(live) != len(members):
@@ -150,37 +127,6 @@ class EvictionOrder:
             live.sort(reverse=True)
         live.sort(key=depth)
         return live
-
-    def _split(self, pages: list[PageHash], times: list[float], key: Key) -> list[PageHash]:
-        """Of cached `pages` (last accessed at `times`) with entries under `key` (coarse keys): those whose key
-        is `key`; the others' entries move to their keys when those are larger (the caller drops them here)."""
-        coarse, counts = self.coarse, self._counts
-        assert coarse is not None
-        live: list[PageHash] = []
-        moved: dict[Key, list[PageHash]] = {}
-        for page, when in zip(pages, times):
-            current = coarse(page in counts, when)
-            if current == key:
-                live.append(page)
-            elif current > key:
-                group = moved.get(current)
-                if group is None:
-                    moved[current] = [page]
-                else:
-                    group.append(page)
-        for current, group in moved.items():
-            self._add_all(current, group)
-        return live
-
-    def _settle(self, page: PageHash, key: Key) -> None:
-        """After dropping a stale entry of `page` under `key` (coarse keys): move it to the page's key if that
-        is larger and the page cached; forget the page if it is not cached."""
-        if page in self._cached:
-            current = self.key(page)
-            if current > key:
-                self._add_all(current, (page,))
-        else:
-            self._entered.discard(page)
 
     def rank(self, page: PageHash) -> int:
         """The tie-break of resident `page` among pages of one key, ascending: deeper pages first (a page
@@ -219,8 +165,6 @@ class EvictionOrder:
         """(Re)enter cached `page` under its current key."""
         bucket = self._bucket(self.key(page))
         bucket.order = None  # (also when `page` has an entry here: a stale one may have another depth)
-        if self.lazy:
-            self._entered.add(page)
         if page not in bucket.members:
             bucket.members.add(page)
             self._size += 1
@@ -230,7 +174,7 @@ class EvictionOrder:
     def _add_all(self, key: Key, pages: Iterable[PageHash]) -> None:
         bucket = self._bucket(key)
         members = bucket.members
-        pages = pages if isinstance(pages, (set, list, tuple)) else list(pages)
+        pages = pages if isinstance(pages, (set, list)) else list(pages)
         before = len(members)
         members.update(pages)
         if pages:
@@ -244,7 +188,6 @@ class EvictionOrder:
             for page in pages:
                 self.enter(page)
             return
-        self._entered |= pages
         if self.keyed_by_count:
             counted = self._counts.keys() & pages
             if counted:
@@ -263,7 +206,6 @@ class EvictionOrder:
                 self.enter(page)
             return
         pages = set(pages)
-        self._entered |= pages
         access = self._access.__getitem__
         parts: list[tuple[bool, set[PageHash]]] = [(False, pages)]
         if self.keyed_by_count:
@@ -280,44 +222,12 @@ class EvictionOrder:
                 self._add_all(coarse(flag, when), group)
         self._maybe_rebuild()
 
-    def released(self, page: PageHash) -> None:
-        """`page` became cached (unpinned): entered unless it holds a lower-bound entry (coarse keys)."""
-        if not self.lazy or page not in self._entered:
-            self.enter(page)
-
-    def released_all(self, pages: set[PageHash], now: float) -> None:
-        """`released` for cached `pages`, every one last accessed at `now` (one C-level set difference)."""
-        if self.lazy:
-            pages = pages - self._entered
-        if pages:
-            self.enter_all(pages, now)
-
-    def released_each(self, pages: set[PageHash]) -> None:
-        """`released` for cached `pages` (any last accesses)."""
-        if self.lazy:
-            pages = pages - self._entered
-        if pages:
-            self.enter_each(pages)
-
-    def forget(self, pages: Iterable[PageHash]) -> None:
-        """`pages` left the tier (their entries stay, stale until met)."""
-        if self.lazy:
-            self._entered.difference_update(pages)
-
     def recount(self, pages: Iterable[PageHash], flipped: Iterable[PageHash]) -> None:
         """The counts of `pages` changed, those of `flipped` (a subset) between 0 and positive: re-enter
-        the cached ones whose key may have fallen (coarse keys: those now at 0, the others' keys rose; the
-        ones not cached leave `entered`), or changed (other policies)."""
+        the cached ones whose key may have moved (coarse keys see only the sign of a count)."""
         if not self.keyed_by_count:
             return
-        if self.coarse is None:
-            moved = self._cached.intersection(pages)
-        else:
-            down = set(flipped).difference(self._counts)  # (a dict: C-level look-ups)
-            if not down:
-                return
-            self._entered -= down
-            moved = self._cached.intersection(down)
+        moved = self._cached.intersection(flipped if self.coarse is not None else pages)
         if moved:
             self.enter_each(moved)
 
@@ -333,7 +243,6 @@ class EvictionOrder:
         self._buckets = {}
         self._keys = []
         self._size = 0
-        self._entered = set()
         self.enter_each(self._cached)
 
     def floor(self, pages: set[PageHash], now: float, depths: Mapping[PageHash, int]) -> tuple[Key, float] | None:
@@ -357,17 +266,17 @@ class EvictionOrder:
     # --- choosing victims ----------------------------------------------------------------------------
     def victims(self, n: int, exclude: Container[PageHash]) -> list[PageHash]:
         """The first `n` cached pages not in `exclude`, in ascending (key, rank) order, taken out of the
-        order (the caller evicts them, or enters them again); stale entries met on the way are settled."""
+        order (the caller evicts them); stale entries met on the way are dropped."""
         out: list[PageHash] = []
         keep: list[Key] = []
-        heap, buckets, valid, lazy = self._keys, self._buckets, self._valid, self.lazy
+        heap, buckets, valid = self._keys, self._buckets, self._valid
         taken = 0
         while heap and len(out) < n:
             key = heapq.heappop(heap)
             bucket = buckets[key]
             members = bucket.members
             order = bucket.order
-            fresh = order is None and lazy  # then `_sorted` left only live entries
+            fresh = order is None and self.coarse is not None  # then `_sorted` left only live entries
             if order is None:
                 order = bucket.order = self._sorted(members, key)
             k = min(n - len(out), len(order))
@@ -384,8 +293,6 @@ class EvictionOrder:
                 if not valid(page, key):
                     members.discard(page)
                     taken += 1
-                    if lazy:
-                        self._settle(page, key)
                 elif page in exclude:
                     held.append(page)
                 else:
@@ -401,39 +308,9 @@ class EvictionOrder:
         for key in keep:
             heapq.heappush(heap, key)
         self._size -= taken
-        if lazy and out:
-            self._entered.difference_update(out)
         return out
 
-    # --- invariant checks (slow: for tests and `check` modes) ----------------------------------------
-    def _lowest(self) -> dict[PageHash, Key]:
-        """Each page with an entry: the smallest key it has one under."""
-        lowest: dict[PageHash, Key] = {}
-        for key, bucket in self._buckets.items():
-            for page in bucket.members:
-                if page not in lowest or key < lowest[page]:
-                    lowest[page] = key
-        return lowest
-
     def holds(self, page: PageHash) -> bool:
-        """Whether resident `page` holds its entry as the invariant asks: coarse keys, it is in `entered`
-        with an entry under a key at or below its current key; other keys, an entry under its current key."""
-        key = self.key(page)
-        if not self.lazy:
-            bucket = self._buckets.get(key)
-            return bucket is not None and page in bucket.members
-        return page in self._entered and any(
-            page in bucket.members for at, bucket in self._buckets.items() if at <= key
-        )
-
-    def unheld(self) -> list[PageHash]:
-        """The pages that break the module's invariant (none when it holds): cached pages not held, and
-        (coarse keys) pages in `entered` that are not resident or not held."""
-        if not self.lazy:
-            return [page for page in self._cached if not self.holds(page)]
-        lowest, access = self._lowest(), self._access
-        bad = [page for page in self._cached if page not in self._entered]
-        for page in self._entered:
-            if page not in access or page not in lowest or lowest[page] > self.key(page):
-                bad.append(page)
-        return bad
+        """Whether `page` has an entry under its current key (for invariant checks)."""
+        bucket = self._buckets.get(self.key(page))
+        return bucket is not None and page in bucket.members

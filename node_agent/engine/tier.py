@@ -12,8 +12,7 @@ Each of the tier's `capacity` page slots is in exactly one of four states:
 Invariant (checked by `check`): free + cached + pinned + in_use == capacity, with `free` a counter kept
 by every operation and the other three recounted from the page tables; free >= 0; a page is never both
 resident and writing; an owner's pin set and the pages' pin counts agree; the eviction candidates are
-exactly the unpinned resident pages, each held by the eviction order as `evictindex` states (built-in
-policies: under a key at or below its current key; others: under its current key).
+exactly the unpinned resident pages, each entered in the eviction index under its current key.
 
 Representation (chosen so that a whole run of pages is pinned, unpinned or touched with C-level set and
 dict operations): per resident page its parent and last access (`_parent`, `_access`) and its depth in its
@@ -193,8 +192,9 @@ class TierPool(TierRuns):
 
     # --- eviction order ------------------------------------------------------------------------------
     def rekey(self, page: PageHash) -> None:
-        """The branch count of resident `page` changed."""
-        self._order.recount((page,), (page,))
+        """The branch count of `page` changed."""
+        if page in self._cached and self._order.keyed_by_count:
+            self._order.enter(page)
 
     def counts_changed(self, pages: Iterable[PageHash], flipped: Iterable[PageHash]) -> None:
         """The branch counts of `pages` changed; those of `flipped` (a subset) went from 0 to positive or
@@ -217,7 +217,7 @@ class TierPool(TierRuns):
             self._access[page] = now
             if now > self._max_access:
                 self._max_access = now
-            if page in self._cached and not self._order.lazy:  # (coarse keys: its entry stays a lower bound)
+            if page in self._cached:
                 self._order.enter(page)
 
     def pin(self, owner: Owner, page: PageHash, now: float) -> None:
@@ -256,7 +256,7 @@ class TierPool(TierRuns):
         else:
             self._pinned.discard(page)
             self._cached.add(page)
-            self._order.released(page)
+            self._order.enter(page)
 
     def unpin_all(self, owner: Owner, now: float) -> list[PageHash]:
         """Drop every pin of `owner`; pages nobody else pins become cached (touched at `now`)."""
@@ -279,13 +279,13 @@ class TierPool(TierRuns):
         self._cached |= freed
         if self._all_at_most(pages, now):
             self._set_access(pages, now)
-            self._order.released_all(freed, now)
+            self._order.enter_all(freed, now)
         else:
             access = self._access
             for page in pages:
                 if now > access[page]:
                     access[page] = now
-            self._order.released_each(freed)
+            self._order.enter_each(freed)
         return list(pages)
 
     def _settle_touches(self, touches: list[tuple[float, set[PageHash]]]) -> None:
@@ -409,7 +409,6 @@ class TierPool(TierRuns):
         del self._parent[page]
         del self._access[page]
         self._cached.discard(page)
-        self._order.forget((page,))
         self._free += 1
         if self._peer is None or page not in self._peer._parent:
             del self._depth[page]
@@ -456,6 +455,6 @@ class TierPool(TierRuns):
                 raise PoolInvariantError(
                     f"{name}: page {page:#x} has pin count {self.pins(page)} but {counted.get(page, 0)} owner pin(s)"
                 )
-        unheld = self._order.unheld()
-        if unheld:
-            raise PoolInvariantError(f"{name}: page {min(unheld):#x} is not held by the eviction order as it must be")
+        for page in self._cached:
+            if not self._order.holds(page):
+                raise PoolInvariantError(f"{name}: cached page {page:#x} is missing from the eviction order")

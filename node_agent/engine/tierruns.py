@@ -4,8 +4,7 @@ instead of a Python step per page. `TierPool` inherits them; they read and write
 
 Exactness rules: a run is touched at `now` in one `dict.update` only when no page of it was last accessed
 after `now` (otherwise page by page, keeping the later access); a run enters the eviction order in one set
-update per key (`EvictionOrder.enter_all`; a touched run enters nothing with the built-in policies, whose
-entries are lower bounds); a run's new pages get consecutive depths (`new_depths`); a pin's
+update per key (`EvictionOrder.enter_all`); a run's new pages get consecutive depths (`new_depths`); a pin's
 touch is kept once per run (see `tier`); error cases raise leaving the state as it was. `room_for_run` plans
 the evictions a run's page-by-page writes would make, and declines where choosing them up front could differ.
 Each run operation passes over a large table (residency, pins, cached pages, last access) at most once per
@@ -116,13 +115,11 @@ class TierRuns:
         """`touch` every page of `pages` (all resident)."""
         if self._all_at_most(pages, now):  # then they all become `now`
             self._set_access(pages, now)
-            # The cached ones re-entered, except with coarse keys (their entries stay lower bounds): a resident
-            # page is pinned or cached, and the pinned set is the small one.
-            if not self._order.lazy:
-                pinned = pages & self._pinned  # (iterates the smaller set)
-                cached = pages - pinned if pinned else pages
-                if cached:
-                    self._order.enter_all(cached, now)
+            # The cached ones: a resident page is pinned or cached, and the pinned set is the small one.
+            pinned = pages & self._pinned  # (iterates the smaller set)
+            cached = pages - pinned if pinned else pages
+            if cached:
+                self._order.enter_all(cached, now)
         else:
             for page in pages:
                 self.touch(page, now)
@@ -322,5 +319,4 @@ class TierRuns:
                 if page not in peer:
                     del depth[page]
         self._cached.difference_update(victims)
-        self._order.forget(victims)
         self._free += len(victims)
