@@ -1,0 +1,109 @@
+"""What one page costs in the engine's tables, per kind of operation: the figures behind the design of the
+pools as arrays of page ids (docs/benchmarks.md, "Where the per-page cost comes from").
+
+Measures, on tables the size of one node's host tier (default 130,000 resident pages, random 64-bit page
+hashes as the content hashes are), the cost per page of a run of pages (default 2,000, a CC prompt's order):
+- the hash tables the tier keeps today (`dict.update`, `set.update`, `set.difference_update`, lookups);
+- the same operations on numpy arrays indexed by dense page ids (`arr[ids] = now`, gathers, a lexsort);
+- the resolution of a run's hashes to ids (one dict lookup per page), which the array design pays once per
+  request and operation where it holds no ids yet;
+- `TierPool` itself: a run pinned at one time and released at a later one (`pin_all`, `unpin_all`), the
+  two operations every admitted request makes on every prompt page.
+
+Prints one JSON object (nanoseconds per page). Not a test: figures depend on the machine's caches; compare
+within one run.
+
+    .venv/bin/python scripts/bench_page_tables.py [--resident 130000] [--run 2000] [--repeat 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from evolving_infra.core.eviction import BranchCountEviction
+from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.tier import TierPool
+
+
+def _per_page(fn: Callable[[int], None], repeat: int, run: int) -> float:
+    """Nanoseconds per page of `fn(i)` over `repeat` calls on runs of `run` pages (best of three rounds)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter_ns()
+        for i in range(repeat):
+            fn(i)
+        best = min(best, (time.perf_counter_ns() - start) / (repeat * run))
+    return round(best, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--resident", type=int, default=130_000, help="pages in the tables (one node's host tier)")
+    parser.add_argument("--run", type=int, default=2_000, help="pages per operation (one prompt's order)")
+    parser.add_argument("--repeat", type=int, default=200, help="operations per measurement")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.run > args.resident:
+        parser.error("--run must not exceed --resident")
+    rng = random.Random(args.seed)
+    pages = [rng.getrandbits(64) for _ in range(args.resident)]
+    # a run is a stretch of pages stored together (adjacent in the tables' insertion order), as a chain is
+    starts = [rng.randrange(args.resident - args.run + 1) for _ in range(args.repeat)]
+    runs = [pages[s : s + args.run] for s in starts]
+    run_sets = [set(r) for r in runs]
+    out: dict[str, float | int] = {"resident_pages": args.resident, "run_pages": args.run}
+
+    access = dict.fromkeys(pages, 0.0)
+    out["dict_update_ns"] = _per_page(lambda i: access.update(dict.fromkeys(runs[i], float(i))), args.repeat, args.run)
+    out["dict_lookup_ns"] = _per_page(lambda i: list(map(access.__getitem__, runs[i])), args.repeat, args.run)
+    cached = set(pages)
+    out["set_remove_and_add_ns"] = _per_page(
+        lambda i: (cached.difference_update(run_sets[i]), cached.update(run_sets[i])), args.repeat, args.run
+    )
+
+    ids = {page: i for i, page in enumerate(pages)}
+    id_runs = [np.fromiter(map(ids.__getitem__, r), dtype=np.int64, count=args.run) for r in runs]
+    out["resolve_ids_ns"] = _per_page(
+        lambda i: np.fromiter(map(ids.__getitem__, runs[i]), dtype=np.int64, count=args.run), args.repeat, args.run
+    )
+    last = np.zeros(args.resident)
+    state = np.zeros(args.resident, dtype=np.int8)
+    depth = np.array([rng.randrange(4096) for _ in range(args.resident)], dtype=np.int32)
+    hashes = np.array(pages, dtype=np.uint64)
+
+    def arrays(i: int) -> None:
+        r = id_runs[i]
+        last[r] = float(i)
+        state[r] = 1
+        state[r] = 0
+
+    out["array_assign_ns"] = _per_page(arrays, args.repeat, args.run)
+    out["array_order_ns"] = _per_page(lambda i: np.lexsort((hashes[id_runs[i]], -depth[id_runs[i]])), args.repeat, args.run)
+
+    pool = TierPool(Tier.HOST, args.resident, BranchCountEviction(), {})
+    parent = None
+    chain = {}
+    for page in pages:
+        chain[page] = parent
+        parent = page
+    pool.insert_all(chain, 0.0)
+    now = [1.0]
+
+    def pin_release(i: int) -> None:
+        now[0] += 1.0
+        pool.pin_all("r", run_sets[i], now[0])
+        now[0] += 1.0
+        pool.unpin_all("r", now[0])
+
+    out["tierpool_pin_and_release_ns"] = _per_page(pin_release, args.repeat, args.run)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
