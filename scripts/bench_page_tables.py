@@ -31,7 +31,7 @@ from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.tier import TierPool
 
 
-def _per_page(fn: Callable[[int], None], repeat: int, run: int) -> float:
+def _per_page(fn: Callable[[int], object], repeat: int, run: int) -> float:
     """Nanoseconds per page of `fn(i)` over `repeat` calls on runs of `run` pages (best of three rounds)."""
     best = float("inf")
     for _ in range(3):
@@ -63,9 +63,12 @@ def main() -> None:
     out["dict_update_ns"] = _per_page(lambda i: access.update(dict.fromkeys(runs[i], float(i))), args.repeat, args.run)
     out["dict_lookup_ns"] = _per_page(lambda i: list(map(access.__getitem__, runs[i])), args.repeat, args.run)
     cached = set(pages)
-    out["set_remove_and_add_ns"] = _per_page(
-        lambda i: (cached.difference_update(run_sets[i]), cached.update(run_sets[i])), args.repeat, args.run
-    )
+
+    def remove_and_add(i: int) -> None:
+        cached.difference_update(run_sets[i])
+        cached.update(run_sets[i])
+
+    out["set_remove_and_add_ns"] = _per_page(remove_and_add, args.repeat, args.run)
 
     ids = {page: i for i, page in enumerate(pages)}
     id_runs = [np.fromiter(map(ids.__getitem__, r), dtype=np.int64, count=args.run) for r in runs]
@@ -87,8 +90,8 @@ def main() -> None:
     out["array_order_ns"] = _per_page(lambda i: np.lexsort((hashes[id_runs[i]], -depth[id_runs[i]])), args.repeat, args.run)
 
     pool = TierPool(Tier.HOST, args.resident, BranchCountEviction(), {})
-    parent = None
-    chain = {}
+    parent: int | None = None
+    chain: dict[int, int | None] = {}
     for page in pages:
         chain[page] = parent
         parent = page
