@@ -1,0 +1,309 @@
+"""Work in progress (branch wip/id-pools, not used by the engine yet): one tier's page accounting over dense
+page ids and numpy arrays, with the eviction order of `evictindex` kept as arrays of ids per key.
+
+Why (docs/benchmarks.md, "Where the per-page cost comes from"): every table operation of `tier.TierPool` on a
+page is a hash-table probe at cache-miss cost (~100-250 ns), several per page per request; an assignment into
+an array indexed by a dense id costs a few ns. Here a node interns each page hash to an id while either tier
+holds the page (`PageIds`); a tier keeps per id its state (absent, pinned, cached), last access and pin count
+in arrays (`IdTier`); the eviction order (`IdOrder`) keeps, per key, the id arrays entered under it with the
+ids' generations, and orders a bucket only when victims reach it: the live ids (cached, with this key, same
+generation) in ascending (-depth, hash), the order of `evictindex.EvictionOrder` for the built-in policies.
+
+Scope of this step: the built-in policies' coarse keys, pins by owners, touches, count flips, inserts and
+evictions; checked against `TierPool` by a hypothesis state machine (tests/node_agent/test_engine_idpages.py).
+Writes, reservations, the run plans of `tierruns` and the pool's two tiers are not here yet.
+
+Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, LruEviction
+from evolving_infra.core.pages import PageHash
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
+
+Ids = npt.NDArray[np.int64]
+Key = tuple[float, ...]
+
+ABSENT, PINNED, CACHED = 0, 1, 2
+
+
+class PageIds:
+    """Page hash <-> dense id of one node, with per-id depth, generation and holder count (tiers holding
+    it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
+    eviction order is recognised as stale."""
+
+    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024) -> None:
+        self._counts = {} if counts is None else counts  # the node's positive branch counts, by hash
+        self._id: dict[PageHash, int] = {}
+        self.hashes = np.zeros(capacity, dtype=np.uint64)
+        self.depth = np.zeros(capacity, dtype=np.int64)
+        self.gen = np.zeros(capacity, dtype=np.int64)
+        self.holders = np.zeros(capacity, dtype=np.int8)
+        self.counted = np.zeros(capacity, dtype=np.bool_)
+        self._free: list[int] = []
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._id)
+
+    def _grow(self, need: int) -> None:
+        size = len(self.hashes)
+        if need <= size:
+            return
+        new = max(need, 2 * size)
+        for name in ("hashes", "depth", "gen", "holders", "counted"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:size] = old
+            setattr(self, name, arr)
+
+    def get(self, page: PageHash) -> int | None:
+        return self._id.get(page)
+
+    def ids(self, pages: Iterable[PageHash]) -> Ids:
+        """The ids of `pages` (each held by a tier)."""
+        pages = list(pages)
+        return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+
+    def hash_of(self, ids: Ids) -> list[PageHash]:
+        return [int(h) for h in self.hashes[ids]]
+
+    def intern(self, page: PageHash, parent: PageHash | None) -> int:
+        """The id of `page`, made (with its depth: one more than its parent's if held, else 0) if new."""
+        got = self._id.get(page)
+        if got is not None:
+            return got
+        if self._free:
+            i = self._free.pop()
+        else:
+            i = self._next
+            self._next += 1
+            self._grow(self._next)
+        pid = self._id.get(parent) if parent is not None else None
+        self.depth[i] = 0 if pid is None else self.depth[pid] + 1
+        self.hashes[i] = page
+        self.holders[i] = 0
+        self.counted[i] = page in self._counts
+        self._id[page] = i
+        return i
+
+    def hold(self, ids: Ids) -> None:
+        self.holders[ids] += 1
+
+    def drop(self, ids: Ids) -> None:
+        """A tier no longer holds `ids`; those no tier holds are freed."""
+        self.holders[ids] -= 1
+        gone = ids[self.holders[ids] == 0]
+        if len(gone):
+            self.gen[gone] += 1
+            for h in self.hashes[gone].tolist():
+                del self._id[int(h)]
+            self._free.extend(gone.tolist())
+
+
+class _Bucket:
+    __slots__ = ("chunks", "ordered")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[Ids, Ids]] = []  # (ids, their generations when entered)
+        self.ordered = False  # chunks is one chunk of distinct ids in eviction order
+
+
+class IdOrder:
+    """The eviction order of one tier's cached ids under a built-in policy (see the module docstring)."""
+
+    def __init__(self, policy: HostEvictionPolicy, ids: PageIds, tier: IdTier) -> None:
+        if type(policy) is BranchCountEviction:
+            self.by_count = True
+        elif type(policy) is LruEviction:
+            self.by_count = False
+        else:
+            raise NotImplementedError("the id order covers the built-in policies only (this step)")
+        self._ids, self._tier = ids, tier
+        self._buckets: dict[Key, _Bucket] = {}
+        self._keys: list[Key] = []
+
+    def key_of(self, counted: bool, when: float) -> Key:
+        return (1.0 if counted else 0.0, when) if self.by_count else (when,)
+
+    def _add(self, key: Key, ids: Ids) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
+            heapq.heappush(self._keys, key)
+        bucket.chunks.append((ids, self._ids.gen[ids]))
+        bucket.ordered = False
+
+    def enter(self, ids: Ids) -> None:
+        """(Re)enter cached `ids` under their current keys (grouped by key: one chunk per key)."""
+        if not len(ids):
+            return
+        access = self._tier.access[ids]
+        if self.by_count:
+            flag = self._ids.counted[ids]
+            groups = [(True, ids[flag], access[flag]), (False, ids[~flag], access[~flag])]
+        else:
+            groups = [(False, ids, access)]
+        for counted, part, times in groups:
+            if not len(part):
+                continue
+            if (times == times[0]).all():
+                self._add(self.key_of(counted, float(times[0])), part)
+                continue
+            for when in np.unique(times).tolist():
+                self._add(self.key_of(counted, when), part[times == when])
+
+    def _live(self, key: Key, ids: Ids, gens: Ids) -> npt.NDArray[np.bool_]:
+        tier, pages = self._tier, self._ids
+        live = (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
+        if self.by_count:
+            live &= pages.counted[ids] == (key[0] > 0)
+        return live
+
+    def _order(self, key: Key, bucket: _Bucket) -> Ids:
+        """The bucket's live ids in eviction order (kept as its one chunk)."""
+        if len(bucket.chunks) == 1:
+            ids, gens = bucket.chunks[0]
+        else:
+            ids = np.concatenate([c[0] for c in bucket.chunks])
+            gens = np.concatenate([c[1] for c in bucket.chunks])
+        ids = ids[self._live(key, ids, gens)]
+        if not bucket.ordered:
+            ids = np.unique(ids)
+            pages = self._ids
+            ids = ids[np.lexsort((pages.hashes[ids], -pages.depth[ids]))]
+        bucket.chunks = [(ids, self._ids.gen[ids])]
+        bucket.ordered = True
+        return ids
+
+    def victims(self, n: int, exclude: Ids | None = None) -> Ids:
+        """The first `n` cached ids not in `exclude` in ascending (key, -depth, hash), taken out of the order."""
+        out: list[Ids] = []
+        need = n
+        keep: list[Key] = []
+        while self._keys and need > 0:
+            key = heapq.heappop(self._keys)
+            bucket = self._buckets[key]
+            order = self._order(key, bucket)
+            if exclude is not None and len(exclude):
+                usable = ~np.isin(order, exclude)
+                pick = np.flatnonzero(usable)[:need]
+                chosen = order[pick]
+                rest = np.delete(order, pick)
+            else:
+                chosen, rest = order[:need], order[need:]
+            out.append(chosen)
+            need -= len(chosen)
+            if len(rest):
+                bucket.chunks = [(rest, self._ids.gen[rest])]
+                keep.append(key)
+            else:
+                del self._buckets[key]
+        for key in keep:
+            heapq.heappush(self._keys, key)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+class IdTier:
+    """One tier's pages over ids: state, last access and pin count per id, pins per owner."""
+
+    def __init__(self, name: str, capacity: int, policy: HostEvictionPolicy, ids: PageIds) -> None:
+        self.name, self.capacity, self.pages = name, capacity, ids
+        self.state = np.zeros(len(ids.hashes), dtype=np.int8)
+        self.access = np.zeros(len(ids.hashes), dtype=np.float64)
+        self.pins = np.zeros(len(ids.hashes), dtype=np.int32)
+        self.resident = 0
+        self.cached = 0
+        self._owner: dict[str, Ids] = {}
+        self.order = IdOrder(policy, ids, self)
+
+    def _fit(self) -> None:
+        size = len(self.pages.hashes)
+        if len(self.state) < size:
+            for name in ("state", "access", "pins"):
+                old = getattr(self, name)
+                arr = np.zeros(size, dtype=old.dtype)
+                arr[: len(old)] = old
+                setattr(self, name, arr)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.resident
+
+    def insert(self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None) -> Ids:
+        """Make the pages of `items` (page -> parent, in chain order; none resident here) resident at `now`,
+        pinned by `owner` if given, else cached."""
+        ids = np.fromiter((self.pages.intern(p, q) for p, q in items.items()), dtype=np.int64, count=len(items))
+        self._fit()
+        if (self.state[ids] != ABSENT).any():
+            raise PoolInvariantError(f"{self.name}: a page of the run is already resident")
+        if len(ids) > self.free:
+            raise PoolInvariantError(f"{self.name}: storing {len(ids)} page(s) needs free slots, {self.free} free")
+        self.pages.hold(ids)
+        self.resident += len(ids)
+        self.access[ids] = now
+        if owner is None:
+            self.state[ids] = CACHED
+            self.cached += len(ids)
+            self.order.enter(ids)
+        else:
+            self.state[ids] = PINNED
+            self.pins[ids] = 1
+            self._owner[owner] = np.union1d(self._owner.get(owner, ids[:0]), ids)
+        return ids
+
+    def touch(self, ids: Ids, now: float) -> None:
+        """Touch resident `ids` at `now` (a later last access is kept); cached ones move in the order."""
+        moved = ids[self.access[ids] < now]
+        self.access[moved] = now
+        cached = moved[self.state[moved] == CACHED]
+        self.order.enter(cached)
+
+    def pin(self, owner: str, ids: Ids, now: float) -> None:
+        """`owner` pins resident `ids` (once per owner) and touches them."""
+        if (self.state[ids] == ABSENT).any():
+            raise PoolInvariantError(f"{self.name}: cannot pin a page that is not resident")
+        held = self._owner.get(owner)
+        new = np.unique(ids) if held is None else np.setdiff1d(ids, held)
+        self.cached -= int((self.state[new] == CACHED).sum())
+        self.state[new] = PINNED
+        self.pins[new] += 1
+        self._owner[owner] = new if held is None else np.union1d(held, new)
+        self.touch(ids, now)
+
+    def unpin_all(self, owner: str, now: float) -> None:
+        """Drop every pin of `owner`; pages nobody else pins become cached, every one touched at `now`."""
+        ids = self._owner.pop(owner, None)
+        if ids is None:
+            return
+        self.pins[ids] -= 1
+        freed = ids[self.pins[ids] == 0]
+        self.state[freed] = CACHED
+        self.cached += len(freed)
+        later = self.access[ids] < now
+        self.access[ids[later]] = now
+        # every freed page enters under its key now; the touched pinned ones need no entry
+        self.order.enter(freed)
+
+    def set_counted(self, ids: Ids, counted: bool) -> None:
+        """The count of resident `ids` turned positive (True) or 0 (False): cached ones whose flag flips move."""
+        flip = ids[self.pages.counted[ids] != counted]
+        self.pages.counted[flip] = counted
+        if self.order.by_count:
+            self.order.enter(flip[self.state[flip] == CACHED])
+
+    def evict(self, n: int, exclude: Ids | None = None) -> Ids:
+        """Evict the first `n` cached pages in eviction order (fewer if there are fewer)."""
+        ids = self.order.victims(n, exclude)
+        self.state[ids] = ABSENT
+        self.resident -= len(ids)
+        self.cached -= len(ids)
+        self.pages.drop(ids)
+        return ids

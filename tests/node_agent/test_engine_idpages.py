@@ -1,0 +1,146 @@
+"""The id-array tier (`idpages`, work in progress) against `TierPool` as its oracle: the same operations
+(chains stored cached or pinned, pins by several owners, releases, touches, count flips, evictions with and
+without excluded pages) at times that often tie, and after each the same resident, cached and pinned pages,
+the same last accesses, and every eviction choosing the same pages in the same order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from evolving_infra.core.eviction import BranchCountEviction, LruEviction
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.idpages import CACHED, PINNED, IdTier, PageIds
+from evolving_infra.node_agent.engine.tier import TierPool
+
+OWNERS = ["a", "b", "c"]
+
+
+class IdTierMachine(RuleBasedStateMachine):
+    @initialize(lru=st.booleans(), capacity=st.integers(4, 24))
+    def start(self, lru: bool, capacity: int) -> None:
+        policy = LruEviction() if lru else BranchCountEviction()
+        self.counts: dict[PageHash, int] = {}
+        self.oracle = TierPool(Tier.HOST, capacity, policy, self.counts)
+        self.ids = PageIds(self.counts)
+        self.tier = IdTier("host", capacity, policy, self.ids)
+        self.now = 0.0
+        self.next_page = 1
+        self.pins: dict[str, set[PageHash]] = {}
+
+    def _resident(self) -> list[PageHash]:
+        return sorted(self.oracle.resident())
+
+    def _ids(self, pages: list[PageHash]):  # type: ignore[no-untyped-def]
+        return self.ids.ids(pages)
+
+    def _evict(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> None:
+        expected = self.oracle.victims(n, exclude)
+        self.oracle.remove_victims(expected)
+        got = self.tier.evict(n, self._ids(sorted(exclude)) if exclude else None)
+        assert self.ids.hash_of(got) == expected
+
+    @rule(dt=st.sampled_from([0.0, 0.0, 1.0, 2.5]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(k=st.integers(1, 6), extend=st.booleans(), owner=st.sampled_from([None, *OWNERS]), data=st.data())
+    def store_chain(self, k: int, extend: bool, owner: str | None, data: st.DataObject) -> None:
+        resident = self._resident()
+        parent = data.draw(st.sampled_from(resident)) if extend and resident else None
+        k = min(k, self.oracle.capacity - len(self.oracle.pinned_pages()))
+        if k <= 0:
+            return
+        items: dict[PageHash, PageHash | None] = {}
+        for _ in range(k):
+            page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
+            self.next_page += 1
+            items[page] = parent
+            parent = page
+        need = k - self.oracle.free
+        if need > 0:
+            if self.oracle.evictable() < need:
+                return
+            self._evict(need)
+        self.oracle.insert_all(items, self.now, owner=owner)
+        self.tier.insert(items, self.now, owner)
+        if owner is not None:
+            self.pins.setdefault(owner, set()).update(items)
+
+    @precondition(lambda self: bool(self.oracle.resident()))
+    @rule(owner=st.sampled_from(OWNERS), data=st.data())
+    def pin(self, owner: str, data: st.DataObject) -> None:
+        pages = data.draw(st.sets(st.sampled_from(self._resident()), min_size=1))
+        self.oracle.pin_all(owner, pages, self.now)
+        self.tier.pin(owner, self._ids(sorted(pages)), self.now)
+        self.pins.setdefault(owner, set()).update(pages)
+
+    @rule(owner=st.sampled_from(OWNERS))
+    def release(self, owner: str) -> None:
+        self.oracle.unpin_all(owner, self.now)
+        self.tier.unpin_all(owner, self.now)
+        self.pins.pop(owner, None)
+
+    @precondition(lambda self: bool(self.oracle.resident()))
+    @rule(data=st.data())
+    def touch(self, data: st.DataObject) -> None:
+        pages = data.draw(st.sets(st.sampled_from(self._resident()), min_size=1))
+        self.oracle.touch_all(pages, self.now)
+        self.tier.touch(self._ids(sorted(pages)), self.now)
+
+    @precondition(lambda self: bool(self.oracle.resident()))
+    @rule(counted=st.booleans(), value=st.integers(1, 3), data=st.data())
+    def count(self, counted: bool, value: int, data: st.DataObject) -> None:
+        pages = data.draw(st.sets(st.sampled_from(self._resident()), min_size=1))
+        flipped = [p for p in pages if (p in self.counts) != counted]
+        for page in pages:
+            if counted:
+                self.counts[page] = value
+            else:
+                self.counts.pop(page, None)
+        self.oracle.counts_changed(pages, flipped)
+        self.tier.set_counted(self._ids(sorted(pages)), counted)
+
+    @precondition(lambda self: self.oracle.evictable() > 0)
+    @rule(data=st.data(), with_exclude=st.booleans())
+    def evict(self, data: st.DataObject, with_exclude: bool) -> None:
+        exclude: frozenset[PageHash] = frozenset()
+        if with_exclude:
+            exclude = frozenset(data.draw(st.sets(st.sampled_from(self._resident()), max_size=3)))
+        n = data.draw(st.integers(1, self.oracle.evictable(exclude) or 1))
+        if self.oracle.evictable(exclude) < n:
+            return
+        self._evict(n, exclude)
+
+    @invariant()
+    def same_pages(self) -> None:
+        if not hasattr(self, "oracle"):
+            return
+        resident = self._resident()
+        ids = self._ids(resident)
+        assert self.tier.resident == len(resident)
+        state = self.tier.state[ids].tolist()
+        pinned = self.oracle.pinned_pages()
+        assert state == [PINNED if p in pinned else CACHED for p in resident]
+        assert self.tier.cached == len(resident) - len(pinned)
+        assert self.tier.access[ids].tolist() == [self.oracle.last_access(p) for p in resident]
+        assert len(self.ids) == len(resident)
+
+
+IdTierMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestIdTier = IdTierMachine.TestCase
+
+
+@pytest.mark.parametrize("n", [1])
+def test_depths_follow_chains(n: int) -> None:
+    ids = PageIds()
+    tier = IdTier("host", 8, BranchCountEviction(), ids)
+    got = tier.insert({PageHash(10): None, PageHash(11): PageHash(10), PageHash(12): PageHash(11)}, 0.0)
+    assert ids.depth[got].tolist() == [0, 1, 2]
+    # the deepest page goes first among pages of one key
+    assert ids.hash_of(tier.evict(n)) == [12]
