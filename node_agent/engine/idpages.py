@@ -60,6 +60,7 @@ class PageIds:
         self.counted = np.zeros(capacity, dtype=np.bool_)
         self._free: list[int] = []
         self._next = 0
+        self.tiers: list[IdTier] = []  # the tiers over these ids (a count flip moves cached pages in each)
 
     def __len__(self) -> int:
         return len(self._id)
@@ -104,6 +105,14 @@ class PageIds:
         self.counted[i] = page in self._counts
         self._id[page] = i
         return i
+
+    def set_counted(self, ids: Ids, counted: bool) -> None:
+        """The count of `ids` turned positive (True) or 0 (False); each tier re-enters its cached ids whose
+        flag flipped."""
+        flip = ids[self.counted[ids] != counted]
+        self.counted[flip] = counted
+        for tier in self.tiers:
+            tier.counted_flipped(flip)
 
     def hold(self, ids: Ids) -> None:
         self.holders[ids] += 1
@@ -234,6 +243,7 @@ class IdTier:
         self.cached = 0
         self._owner: dict[str, Ids] = {}
         self.order = IdOrder(policy, ids, self)
+        ids.tiers.append(self)
 
     def _fit(self) -> None:
         size = len(self.pages.hashes)
@@ -303,12 +313,25 @@ class IdTier:
         # every freed page enters under its key now; the touched pinned ones need no entry
         self.order.enter(freed)
 
-    def set_counted(self, ids: Ids, counted: bool) -> None:
-        """The count of resident `ids` turned positive (True) or 0 (False): cached ones whose flag flips move."""
-        flip = ids[self.pages.counted[ids] != counted]
-        self.pages.counted[flip] = counted
-        if self.order.by_count:
-            self.order.enter(flip[self.state[flip] == CACHED])
+    def counted_flipped(self, ids: Ids) -> None:
+        """The counted flag of `ids` (held by some tier) flipped: cached ones here move in the order."""
+        if self.order.by_count and len(ids):
+            ids = ids[ids < len(self.state)]
+            self.order.enter(ids[self.state[ids] == CACHED])
+
+    def check(self) -> None:
+        """Raise `PoolInvariantError` unless every cached id has a live entry under its current key and the
+        counters agree with the state array."""
+        cached = np.flatnonzero(self.state == CACHED)
+        if len(cached) != self.cached or int((self.state != ABSENT).sum()) != self.resident:
+            raise PoolInvariantError(f"{self.name}: page counters disagree with the state array")
+        entered: set[int] = set()
+        for key, bucket in self.order._buckets.items():
+            for ids, gens in bucket.chunks:
+                entered.update(ids[self.order._live(key, ids, gens)].tolist())
+        missing = set(cached.tolist()) - entered
+        if missing:
+            raise PoolInvariantError(f"{self.name}: cached ids {sorted(missing)} have no entry under their key")
 
     def evict(self, n: int, exclude: Ids | None = None) -> Ids:
         """Evict the first `n` cached pages in eviction order (fewer if there are fewer)."""

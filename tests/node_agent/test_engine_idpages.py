@@ -20,16 +20,29 @@ OWNERS = ["a", "b", "c"]
 
 
 class IdTierMachine(RuleBasedStateMachine):
-    @initialize(lru=st.booleans(), capacity=st.integers(4, 24))
-    def start(self, lru: bool, capacity: int) -> None:
+    @initialize(lru=st.booleans(), capacity=st.integers(4, 24), peer_capacity=st.integers(4, 24))
+    def start(self, lru: bool, capacity: int, peer_capacity: int) -> None:
         policy = LruEviction() if lru else BranchCountEviction()
         self.counts: dict[PageHash, int] = {}
-        self.oracle = TierPool(Tier.HOST, capacity, policy, self.counts)
+        depth: dict[PageHash, int] = {}
+        # two tiers sharing their pages' depths (as a node's L1 and L2 do), each against its oracle
+        self.oracles = [
+            TierPool(Tier.HOST, capacity, policy, self.counts, depth),
+            TierPool(Tier.GPU, peer_capacity, LruEviction(), self.counts, depth),
+        ]
+        self.oracles[0]._peer, self.oracles[1]._peer = self.oracles[1], self.oracles[0]
         self.ids = PageIds(self.counts)
-        self.tier = IdTier("host", capacity, policy, self.ids)
+        self.tiers = [IdTier("host", capacity, policy, self.ids), IdTier("gpu", peer_capacity, LruEviction(), self.ids)]
+        self.side = 0
+        self.oracle, self.tier = self.oracles[0], self.tiers[0]
+        self.depth = depth
         self.now = 0.0
         self.next_page = 1
-        self.pins: dict[str, set[PageHash]] = {}
+
+    @rule(side=st.integers(0, 1))
+    def switch_tier(self, side: int) -> None:
+        """The following operations go to the other tier (which shares the page ids and depths)."""
+        self.oracle, self.tier = self.oracles[side], self.tiers[side]
 
     def _resident(self) -> list[PageHash]:
         return sorted(self.oracle.resident())
@@ -47,19 +60,30 @@ class IdTierMachine(RuleBasedStateMachine):
     def tick(self, dt: float) -> None:
         self.now += dt
 
-    @rule(k=st.integers(1, 6), extend=st.booleans(), owner=st.sampled_from([None, *OWNERS]), data=st.data())
-    def store_chain(self, k: int, extend: bool, owner: str | None, data: st.DataObject) -> None:
-        resident = self._resident()
-        parent = data.draw(st.sampled_from(resident)) if extend and resident else None
+    @rule(k=st.integers(1, 6), extend=st.booleans(), owner=st.sampled_from([None, *OWNERS]),
+          from_peer=st.booleans(), data=st.data())  # fmt: skip
+    def store_chain(self, k: int, extend: bool, owner: str | None, from_peer: bool, data: st.DataObject) -> None:
+        """A chain of new pages, or (`from_peer`) pages the other tier holds and this one lacks, in chain order."""
         k = min(k, self.oracle.capacity - len(self.oracle.pinned_pages()))
         if k <= 0:
             return
         items: dict[PageHash, PageHash | None] = {}
-        for _ in range(k):
-            page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
-            self.next_page += 1
-            items[page] = parent
-            parent = page
+        if from_peer:
+            peer = self.oracles[1] if self.oracle is self.oracles[0] else self.oracles[0]
+            lacking = sorted(peer.resident() - self.oracle.resident(), key=lambda p: (self.depth[p], p))
+            for page in lacking[:k]:
+                items[page] = peer.parent(page)
+            if not items:
+                return
+            k = len(items)
+        else:
+            resident = sorted(set(self._resident()) | set(self.depth))
+            parent = data.draw(st.sampled_from(resident)) if extend and resident else None
+            for _ in range(k):
+                page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
+                self.next_page += 1
+                items[page] = parent
+                parent = page
         need = k - self.oracle.free
         if need > 0:
             if self.oracle.evictable() < need:
@@ -67,8 +91,6 @@ class IdTierMachine(RuleBasedStateMachine):
             self._evict(need)
         self.oracle.insert_all(items, self.now, owner=owner)
         self.tier.insert(items, self.now, owner)
-        if owner is not None:
-            self.pins.setdefault(owner, set()).update(items)
 
     @precondition(lambda self: bool(self.oracle.resident()))
     @rule(owner=st.sampled_from(OWNERS), data=st.data())
@@ -76,13 +98,11 @@ class IdTierMachine(RuleBasedStateMachine):
         pages = data.draw(st.sets(st.sampled_from(self._resident()), min_size=1))
         self.oracle.pin_all(owner, pages, self.now)
         self.tier.pin(owner, self._ids(sorted(pages)), self.now)
-        self.pins.setdefault(owner, set()).update(pages)
 
     @rule(owner=st.sampled_from(OWNERS))
     def release(self, owner: str) -> None:
         self.oracle.unpin_all(owner, self.now)
         self.tier.unpin_all(owner, self.now)
-        self.pins.pop(owner, None)
 
     @precondition(lambda self: bool(self.oracle.resident()))
     @rule(data=st.data())
@@ -101,8 +121,9 @@ class IdTierMachine(RuleBasedStateMachine):
                 self.counts[page] = value
             else:
                 self.counts.pop(page, None)
-        self.oracle.counts_changed(pages, flipped)
-        self.tier.set_counted(self._ids(sorted(pages)), counted)
+        for oracle in self.oracles:
+            oracle.counts_changed(pages, flipped)
+        self.ids.set_counted(self._ids(sorted(pages)), counted)
 
     @precondition(lambda self: self.oracle.evictable() > 0)
     @rule(data=st.data(), with_exclude=st.booleans())
@@ -119,19 +140,22 @@ class IdTierMachine(RuleBasedStateMachine):
     def same_pages(self) -> None:
         if not hasattr(self, "oracle"):
             return
-        resident = self._resident()
-        ids = self._ids(resident)
-        assert self.tier.resident == len(resident)
-        state = self.tier.state[ids].tolist()
-        pinned = self.oracle.pinned_pages()
-        assert state == [PINNED if p in pinned else CACHED for p in resident]
-        assert self.tier.cached == len(resident) - len(pinned)
-        assert self.tier.access[ids].tolist() == [self.oracle.last_access(p) for p in resident]
-        assert len(self.ids) == len(resident)
+        for oracle, tier in zip(self.oracles, self.tiers):
+            tier.check()
+            resident = sorted(oracle.resident())
+            ids = self._ids(resident)
+            assert tier.resident == len(resident)
+            pinned = oracle.pinned_pages()
+            assert tier.state[ids].tolist() == [PINNED if p in pinned else CACHED for p in resident]
+            assert tier.cached == len(resident) - len(pinned)
+            assert tier.access[ids].tolist() == [oracle.last_access(p) for p in resident]
+        held = sorted(self.depth)
+        assert len(self.ids) == len(held)
+        assert self.ids.depth[self._ids(held)].tolist() == [self.depth[p] for p in held]
 
 
 IdTierMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=400, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestIdTier = IdTierMachine.TestCase
 
