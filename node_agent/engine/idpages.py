@@ -9,9 +9,11 @@ in arrays (`IdTier`); the eviction order (`IdOrder`) keeps, per key, the id arra
 ids' generations, and orders a bucket only when victims reach it: the live ids (cached, with this key, same
 generation) in ascending (-depth, hash), the order of `evictindex.EvictionOrder` for the built-in policies.
 
-Scope of this step: the built-in policies' coarse keys, pins by owners, touches, count flips, inserts and
-evictions; checked against `TierPool` by a hypothesis state machine (tests/node_agent/test_engine_idpages.py).
-Writes, reservations, the run plans of `tierruns` and the pool's two tiers are not here yet.
+Scope of this step: the built-in policies' coarse keys, two tiers over one `PageIds`, pins by owners,
+touches, count flips, reservations, writes, inserts from free, reserved or writing slots, and evictions;
+checked against `TierPool` by a hypothesis state machine (tests/node_agent/test_engine_idpages.py). Not here
+yet: the run plans of `tierruns` (`room_for_run`, `floor`), KV events and the pool (`kvpool`) over two
+`IdTier`s, and callers that keep a request's ids instead of its hashes.
 
 Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
 """
@@ -242,6 +244,9 @@ class IdTier:
         self.resident = 0
         self.cached = 0
         self._owner: dict[str, Ids] = {}
+        self._writing: dict[PageHash, str] = {}  # pages being written (few) -> owner
+        self._reserved: dict[str, int] = {}
+        self._n_reserved = 0
         self.order = IdOrder(policy, ids, self)
         ids.tiers.append(self)
 
@@ -256,29 +261,126 @@ class IdTier:
 
     @property
     def free(self) -> int:
-        return self.capacity - self.resident
+        return self.capacity - self.resident - len(self._writing) - self._n_reserved
 
-    def insert(self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None) -> Ids:
+    @property
+    def in_use(self) -> int:
+        return len(self._writing) + self._n_reserved
+
+    def evictable(self, exclude: Ids | None = None) -> int:
+        """Cached pages, not counting those in `exclude` (distinct ids)."""
+        if exclude is None or not len(exclude):
+            return self.cached
+        exclude = exclude[exclude < len(self.state)]
+        return self.cached - int((self.state[exclude] == CACHED).sum())
+
+    def room(self, exclude: Ids | None = None) -> int:
+        """Slots obtainable now: free ones plus evictable cached ones."""
+        return self.free + self.evictable(exclude)
+
+    # --- in-use slots: reservations and writes (few: kept by owner and by page hash) -------------------
+    def reserve(self, owner: str, n: int) -> None:
+        """Reserve `n` anonymous in-use slots for pages `owner` will write."""
+        if n <= 0:
+            return
+        if n > self.free:
+            raise PoolInvariantError(f"{self.name}: reserving for {owner} needs {n} free page(s), {self.free} free")
+        self._reserved[owner] = self._reserved.get(owner, 0) + n
+        self._n_reserved += n
+
+    def unreserve(self, owner: str, n: int | None = None) -> int:
+        """Return `n` (default: all) of `owner`'s reserved slots to free; the number returned."""
+        held = self._reserved.get(owner, 0)
+        n = held if n is None else min(n, held)
+        if n <= 0:
+            return 0
+        if held - n:
+            self._reserved[owner] = held - n
+        else:
+            del self._reserved[owner]
+        self._n_reserved -= n
+        return n
+
+    def begin_write(self, owner: str, page: PageHash) -> None:
+        """A free slot starts receiving `page` (known hash) for `owner`."""
+        i = self.pages.get(page)
+        if page in self._writing or (i is not None and i < len(self.state) and self.state[i] != ABSENT):
+            raise PoolInvariantError(f"{self.name}: page {page:#x} is already resident or being written")
+        if self.free < 1:
+            raise PoolInvariantError(f"{self.name}: writing page {page:#x} needs a free page, none free")
+        self._writing[page] = owner
+
+    def cancel_write(self, page: PageHash) -> None:
+        del self._writing[page]
+
+    def writer(self, page: PageHash) -> str | None:
+        return self._writing.get(page)
+
+    # --- residency -----------------------------------------------------------------------------------
+    def insert(
+        self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free"
+    ) -> Ids:
         """Make the pages of `items` (page -> parent, in chain order; none resident here) resident at `now`,
-        pinned by `owner` if given, else cached."""
-        ids = np.fromiter((self.pages.intern(p, q) for p, q in items.items()), dtype=np.int64, count=len(items))
-        self._fit()
-        if (self.state[ids] != ABSENT).any():
+        pinned by `owner` if given, else cached. `slots`: "free", "reserved" (`owner`'s reservation) or
+        "writing" (the writing slots of these very pages, by `owner`)."""
+        k = len(items)
+        if slots == "writing":
+            if any(self._writing.get(page) != owner for page in items):
+                raise PoolInvariantError(f"{self.name}: {owner} lands a page it was not writing")
+        elif not self._writing.keys().isdisjoint(items):
+            raise PoolInvariantError(f"{self.name}: a page of the run is being written")
+        if slots == "reserved" and self._reserved.get(owner, 0) < k:  # type: ignore[arg-type]
+            raise PoolInvariantError(f"{self.name}: {owner} stores {k} page(s) without as many reserved slots")
+        if slots == "free" and k > self.free:
+            raise PoolInvariantError(f"{self.name}: storing {k} page(s) needs free slots, {self.free} free")
+        known = [self.pages.get(page) for page in items]
+        if any(i is not None and i < len(self.state) and self.state[i] != ABSENT for i in known):
             raise PoolInvariantError(f"{self.name}: a page of the run is already resident")
-        if len(ids) > self.free:
-            raise PoolInvariantError(f"{self.name}: storing {len(ids)} page(s) needs free slots, {self.free} free")
+        ids = np.fromiter((self.pages.intern(p, q) for p, q in items.items()), dtype=np.int64, count=k)
+        self._fit()
+        if slots == "writing":
+            for page in items:
+                del self._writing[page]
+        elif slots == "reserved":
+            self.unreserve(owner, k)  # type: ignore[arg-type]  # the slots become the pages'
         self.pages.hold(ids)
-        self.resident += len(ids)
+        self.resident += k
         self.access[ids] = now
         if owner is None:
             self.state[ids] = CACHED
-            self.cached += len(ids)
+            self.cached += k
             self.order.enter(ids)
         else:
             self.state[ids] = PINNED
             self.pins[ids] = 1
-            self._owner[owner] = np.union1d(self._owner.get(owner, ids[:0]), ids)
+            held = self._owner.get(owner)
+            self._owner[owner] = distinct(ids) if held is None else np.union1d(held, ids)
         return ids
+
+    def remove(self, ids: Ids) -> None:
+        """Evict cached `ids` (never pinned ones); their entries in the order turn stale."""
+        if (self.state[ids] != CACHED).any():
+            raise PoolInvariantError(f"{self.name}: refusing to evict pages that are pinned or not resident")
+        self.state[ids] = ABSENT
+        self.resident -= len(ids)
+        self.cached -= len(ids)
+        self.pages.drop(ids)
+
+    def unpin(self, owner: str, i: int) -> None:
+        """Drop `owner`'s pin on id `i` without touching it."""
+        held = self._owner.get(owner)
+        if held is None or not (held == i).any():
+            raise PoolInvariantError(f"{self.name}: {owner} does not pin that page")
+        rest = held[held != i]
+        if len(rest):
+            self._owner[owner] = rest
+        else:
+            del self._owner[owner]
+        self.pins[i] -= 1
+        if self.pins[i] == 0:
+            self.state[i] = CACHED
+            self.cached += 1
+            self.order.enter(np.array([i], dtype=np.int64))
 
     def touch(self, ids: Ids, now: float) -> None:
         """Touch resident `ids` at `now` (a later last access is kept); cached ones move in the order."""
@@ -336,8 +438,5 @@ class IdTier:
     def evict(self, n: int, exclude: Ids | None = None) -> Ids:
         """Evict the first `n` cached pages in eviction order (fewer if there are fewer)."""
         ids = self.order.victims(n, exclude)
-        self.state[ids] = ABSENT
-        self.resident -= len(ids)
-        self.cached -= len(ids)
-        self.pages.drop(ids)
+        self.remove(ids)
         return ids

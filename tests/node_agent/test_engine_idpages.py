@@ -44,6 +44,11 @@ class IdTierMachine(RuleBasedStateMachine):
         """The following operations go to the other tier (which shares the page ids and depths)."""
         self.oracle, self.tier = self.oracles[side], self.tiers[side]
 
+    def _new_page(self) -> PageHash:
+        page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
+        self.next_page += 1
+        return page
+
     def _resident(self) -> list[PageHash]:
         return sorted(self.oracle.resident())
 
@@ -70,7 +75,7 @@ class IdTierMachine(RuleBasedStateMachine):
         items: dict[PageHash, PageHash | None] = {}
         if from_peer:
             peer = self.oracles[1] if self.oracle is self.oracles[0] else self.oracles[0]
-            lacking = sorted(peer.resident() - self.oracle.resident(), key=lambda p: (self.depth[p], p))
+            lacking = sorted(peer.resident() - self.oracle.resident() - set(self.oracle.writing_set()), key=lambda p: (self.depth[p], p))
             for page in lacking[:k]:
                 items[page] = peer.parent(page)
             if not items:
@@ -80,8 +85,7 @@ class IdTierMachine(RuleBasedStateMachine):
             resident = sorted(set(self._resident()) | set(self.depth))
             parent = data.draw(st.sampled_from(resident)) if extend and resident else None
             for _ in range(k):
-                page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
-                self.next_page += 1
+                page = self._new_page()
                 items[page] = parent
                 parent = page
         need = k - self.oracle.free
@@ -125,6 +129,81 @@ class IdTierMachine(RuleBasedStateMachine):
             oracle.counts_changed(pages, flipped)
         self.ids.set_counted(self._ids(sorted(pages)), counted)
 
+    @rule(owner=st.sampled_from(OWNERS), n=st.integers(0, 3), back=st.booleans())
+    def reserve(self, owner: str, n: int, back: bool) -> None:
+        if back:
+            assert self.oracle.unreserve(owner, n) == self.tier.unreserve(owner, n)
+        elif n <= self.oracle.free:
+            self.oracle.reserve(owner, n)
+            self.tier.reserve(owner, n)
+
+    @rule(owner=st.sampled_from(OWNERS), k=st.integers(1, 3), extend=st.booleans(), data=st.data())
+    def store_reserved(self, owner: str, k: int, extend: bool, data: st.DataObject) -> None:
+        """`owner` stores new pages (a decode's generated ones) into slots it reserved."""
+        k = min(k, self.oracle.reserved_by(owner))
+        if k <= 0:
+            return
+        held = sorted(self.depth)
+        parent = data.draw(st.sampled_from(held)) if extend and held else None
+        items = {}
+        for _ in range(k):
+            page = self._new_page()
+            items[page] = parent
+            parent = page
+        self.oracle.insert_all(items, self.now, owner=owner, slots="reserved")
+        self.tier.insert(items, self.now, owner, slots="reserved")
+
+    @rule(owner=st.sampled_from(OWNERS), data=st.data())
+    def begin_write(self, owner: str, data: st.DataObject) -> None:
+        """A fetch starts: a page the peer tier holds (or a new one) is written into a free slot."""
+        peer = self.oracles[1] if self.oracle is self.oracles[0] else self.oracles[0]
+        candidates = sorted(peer.resident() - self.oracle.resident() - set(self.oracle.writing_set()))
+        page = data.draw(st.sampled_from(candidates)) if candidates and data.draw(st.booleans()) else self._new_page()
+        if self.oracle.free < 1:
+            return
+        self.oracle.begin_write(owner, page)
+        self.tier.begin_write(owner, page)
+
+    @precondition(lambda self: bool(self.oracle.writing))
+    @rule(data=st.data(), land=st.booleans())
+    def finish_write(self, data: st.DataObject, land: bool) -> None:
+        """A write lands (the page becomes resident, pinned by its writer) or is cancelled."""
+        page = data.draw(st.sampled_from(sorted(self.oracle.writing_set())))
+        owner = self.oracle.writer(page)
+        assert self.tier.writer(page) == owner
+        if land:
+            parent = self.oracles[0].parent(page) if self.oracles[0].contains(page) else None
+            if parent is None and self.oracles[1].contains(page):
+                parent = self.oracles[1].parent(page)
+            self.oracle.insert_all({page: parent}, self.now, owner=owner, slots="writing")
+            self.tier.insert({page: parent}, self.now, owner, slots="writing")
+        else:
+            self.oracle.cancel_write(page)
+            self.tier.cancel_write(page)
+
+    @precondition(lambda self: self.oracle.evictable() > 0)
+    @rule(data=st.data())
+    def remove_some(self, data: st.DataObject) -> None:
+        """Cached pages evicted by name (not in eviction order)."""
+        cached = sorted(self.oracle.resident() - self.oracle.pinned_pages())
+        pages = data.draw(st.sets(st.sampled_from(cached), min_size=1))
+        ids = self._ids(sorted(pages))
+        self.oracle.remove_all(pages)
+        self.tier.remove(ids)
+
+    @precondition(lambda self: bool(self.oracle.owners()))
+    @rule(data=st.data())
+    def unpin_one(self, data: st.DataObject) -> None:
+        """An owner drops its pin on one page without touching it."""
+        owners = sorted(o for o in self.oracle.owners() if self.oracle.pinned_by(o))
+        if not owners:
+            return
+        owner = data.draw(st.sampled_from(owners))
+        page = data.draw(st.sampled_from(sorted(self.oracle.pinned_by(owner))))
+        i = int(self._ids([page])[0])
+        self.oracle.unpin(owner, page)
+        self.tier.unpin(owner, i)
+
     @precondition(lambda self: self.oracle.evictable() > 0)
     @rule(data=st.data(), with_exclude=st.booleans())
     def evict(self, data: st.DataObject, with_exclude: bool) -> None:
@@ -145,6 +224,8 @@ class IdTierMachine(RuleBasedStateMachine):
             resident = sorted(oracle.resident())
             ids = self._ids(resident)
             assert tier.resident == len(resident)
+            gauges = oracle.gauges()
+            assert (tier.free, tier.in_use) == (gauges.free, gauges.in_use)
             pinned = oracle.pinned_pages()
             assert tier.state[ids].tolist() == [PINNED if p in pinned else CACHED for p in resident]
             assert tier.cached == len(resident) - len(pinned)
@@ -155,7 +236,7 @@ class IdTierMachine(RuleBasedStateMachine):
 
 
 IdTierMachine.TestCase.settings = settings(
-    max_examples=400, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=400, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestIdTier = IdTierMachine.TestCase
 
