@@ -87,7 +87,7 @@ class PageIds:
         return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
 
     def hash_of(self, ids: Ids) -> list[PageHash]:
-        return [int(h) for h in self.hashes[ids]]
+        return [PageHash(h) for h in self.hashes[ids].tolist()]
 
     def intern(self, page: PageHash, parent: PageHash | None) -> int:
         """The id of `page`, made (with its depth: one more than its parent's if held, else 0) if new."""
@@ -126,7 +126,7 @@ class PageIds:
         if len(gone):
             self.gen[gone] += 1
             for h in self.hashes[gone].tolist():
-                del self._id[int(h)]
+                del self._id[PageHash(h)]
             self._free.extend(gone.tolist())
 
 
@@ -184,7 +184,9 @@ class IdOrder:
 
     def _live(self, key: Key, ids: Ids, gens: Ids) -> npt.NDArray[np.bool_]:
         tier, pages = self._tier, self._ids
-        live = (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
+        live: npt.NDArray[np.bool_] = (
+            (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
+        )
         if self.by_count:
             live &= pages.counted[ids] == (key[0] > 0)
         return live
