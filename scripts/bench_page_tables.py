@@ -8,7 +8,8 @@ hashes as the content hashes are), the cost per page of a run of pages (default 
 - the resolution of a run's hashes to ids (one dict lookup per page), which the array design pays once per
   request and operation where it holds no ids yet;
 - `TierPool` itself: a run pinned at one time and released at a later one (`pin_all`, `unpin_all`), the
-  two operations every admitted request makes on every prompt page.
+  two operations every admitted request makes on every prompt page; and the same on `idpages.IdTier` (the
+  tier over page ids, work in progress), with the run's hashes resolved to ids each time or with the ids kept.
 
 Prints one JSON object (nanoseconds per page). Not a test: figures depend on the machine's caches; compare
 within one run.
@@ -28,6 +29,7 @@ import numpy as np
 
 from evolving_infra.core.eviction import BranchCountEviction
 from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.idpages import IdTier, PageIds
 from evolving_infra.node_agent.engine.tier import TierPool
 
 
@@ -105,6 +107,21 @@ def main() -> None:
         pool.unpin_all("r", now[0])
 
     out["tierpool_pin_and_release_ns"] = _per_page(pin_release, args.repeat, args.run)
+
+    page_ids = PageIds({})
+    id_tier = IdTier("host", args.resident, BranchCountEviction(), page_ids)
+    id_tier.insert(chain, 0.0)
+    kept = [page_ids.ids(r) for r in runs]
+
+    def id_pin_release(i: int, resolve: bool) -> None:
+        now[0] += 1.0
+        ids_of_run = page_ids.ids(runs[i]) if resolve else kept[i]
+        id_tier.pin("r", ids_of_run, now[0])
+        now[0] += 1.0
+        id_tier.unpin_all("r", now[0])
+
+    out["idtier_pin_and_release_resolved_ns"] = _per_page(lambda i: id_pin_release(i, True), args.repeat, args.run)
+    out["idtier_pin_and_release_kept_ids_ns"] = _per_page(lambda i: id_pin_release(i, False), args.repeat, args.run)
     print(json.dumps(out, indent=2))
 
 
