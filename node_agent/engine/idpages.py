@@ -10,10 +10,10 @@ ids' generations, and orders a bucket only when victims reach it: the live ids (
 generation) in ascending (-depth, hash), the order of `evictindex.EvictionOrder` for the built-in policies.
 
 Scope of this step: the built-in policies' coarse keys, two tiers over one `PageIds`, pins by owners,
-touches, count flips, reservations, writes, inserts from free, reserved or writing slots, and evictions;
-checked against `TierPool` by a hypothesis state machine (tests/node_agent/test_engine_idpages.py). Not here
-yet: the run plans of `tierruns` (`room_for_run`, `floor`), KV events and the pool (`kvpool`) over two
-`IdTier`s, and callers that keep a request's ids instead of its hashes.
+touches, count flips, reservations, writes, inserts from free, reserved or writing slots, evictions, and the
+write plan of a run (`room_for_run` with the order's `floor`); checked against `TierPool` by a hypothesis
+state machine (tests/node_agent/test_engine_idpages.py). Not here yet: KV events and the pool (`kvpool`) over
+two `IdTier`s, policies without coarse keys, and callers that keep a request's ids instead of its hashes.
 
 Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
 """
@@ -53,7 +53,7 @@ class PageIds:
     eviction order is recognised as stale."""
 
     def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024) -> None:
-        self._counts = {} if counts is None else counts  # the node's positive branch counts, by hash
+        self.counts = {} if counts is None else counts  # the node's positive branch counts, by hash
         self._id: dict[PageHash, int] = {}
         self.hashes = np.zeros(capacity, dtype=np.uint64)
         self.depth = np.zeros(capacity, dtype=np.int64)
@@ -104,7 +104,7 @@ class PageIds:
         self.depth[i] = 0 if pid is None else self.depth[pid] + 1
         self.hashes[i] = page
         self.holders[i] = 0
-        self.counted[i] = page in self._counts
+        self.counted[i] = page in self.counts
         self._id[page] = i
         return i
 
@@ -128,6 +128,11 @@ class PageIds:
             for h in self.hashes[gone].tolist():
                 del self._id[PageHash(h)]
             self._free.extend(gone.tolist())
+
+
+def rank(page: PageHash, depth: int) -> int:
+    """The tie-break of `evictindex`: deeper first, then the smaller hash (hash - depth * 2^64)."""
+    return page - (depth << 64)
 
 
 class _Bucket:
@@ -233,6 +238,33 @@ class IdOrder:
         for key in keep:
             heapq.heappush(self._keys, key)
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+    def floor(self, pages: set[PageHash], now: float, depths: dict[PageHash, int]) -> tuple[Key, int]:
+        """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`; the depths of
+        pages no tier holds are taken from `depths`."""
+        counted = False
+        if self.by_count:
+            free = {p for p in pages if not self._is_counted(p)}
+            if free:
+                pages = free
+            else:
+                counted = True
+        ranks = []
+        for page in pages:
+            i = self._ids.get(page)
+            ranks.append(rank(page, depths[page] if i is None else int(self._ids.depth[i])))
+        return self.key_of(counted, now), min(ranks)
+
+    def _is_counted(self, page: PageHash) -> bool:
+        i = self._ids.get(page)
+        return bool(self._ids.counted[i]) if i is not None else page in self._ids.counts
+
+    def place(self, i: int) -> tuple[Key, int]:
+        """(key, rank) of cached id `i` now."""
+        pages, tier = self._ids, self._tier
+        key = self.key_of(bool(pages.counted[i]), float(tier.access[i]))
+        return key, rank(PageHash(int(pages.hashes[i])), int(pages.depth[i]))
 
 
 class IdTier:
@@ -383,6 +415,54 @@ class IdTier:
             self.state[i] = CACHED
             self.cached += 1
             self.order.enter(np.array([i], dtype=np.int64))
+
+    def room_for_run(
+        self, pages: set[PageHash], now: float, parents: dict[PageHash, PageHash | None] | None = None
+    ) -> tuple[set[PageHash], Ids] | None:
+        """`TierRuns.room_for_run` over ids: the pages of `pages` this tier lacks and the victims (taken out of
+        the order; the caller removes them) that writing them one page at a time at `now` would evict, or None
+        (changing nothing) where choosing the victims up front could differ from page by page."""
+        lookup = self.pages.get
+        size = len(self.state)
+        missing = set()
+        for page in pages:
+            i = lookup(page)
+            if i is None or i >= size or self.state[i] == ABSENT:
+                missing.add(page)
+        if self._writing and not self._writing.keys().isdisjoint(missing):
+            return None
+        need = len(missing) - self.free
+        if need <= 0:
+            return missing, np.zeros(0, dtype=np.int64)
+        floor = self.order.floor(pages, now, self._prospective_depths(pages, parents))
+        victims = self.order.victims(need)
+        late = len(victims) < need or self.order.place(int(victims[-1])) >= floor
+        if late or not {PageHash(h) for h in self.pages.hashes[victims].tolist()}.isdisjoint(pages):
+            self.order.enter(victims)  # they stay cached: put them back
+            return None
+        return missing, victims
+
+    def _prospective_depths(
+        self, pages: set[PageHash], parents: dict[PageHash, PageHash | None] | None
+    ) -> dict[PageHash, int]:
+        """The depths the pages of `pages` no tier holds will get when stored in the order of `parents`."""
+        lookup = self.pages.get
+        if all(lookup(p) is not None for p in pages):
+            return {}
+        if parents is None:
+            raise PoolInvariantError(f"{self.name}: a run's new pages need their parents for their depths")
+        new: dict[PageHash, int] = {}
+        for page, parent in parents.items():
+            if lookup(page) is not None:
+                continue
+            if parent is None:
+                new[page] = 0
+            elif parent in new:
+                new[page] = new[parent] + 1
+            else:
+                j = lookup(parent)
+                new[page] = 0 if j is None else int(self.pages.depth[j]) + 1
+        return new
 
     def touch(self, ids: Ids, now: float) -> None:
         """Touch resident `ids` at `now` (a later last access is kept); cached ones move in the order."""

@@ -204,6 +204,41 @@ class IdTierMachine(RuleBasedStateMachine):
         self.oracle.unpin(owner, page)
         self.tier.unpin(owner, i)
 
+    @rule(data=st.data(), fresh=st.integers(0, 4), take=st.booleans())
+    def plan_run(self, data: st.DataObject, fresh: int, take: bool) -> None:
+        """A run's write plan (`room_for_run`): held pages of either tier in depth order, then `fresh` new
+        pages chained after the last; the same missing pages and victims, or both decline. Taken: the victims
+        are evicted; else put back."""
+        held = sorted(self.depth, key=lambda p: (self.depth[p], p))
+        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, max_size=6)) if held else []
+        chosen.sort(key=lambda p: (self.depth[p], p))
+        parents: dict[PageHash, PageHash | None] = {}
+        for page in chosen:
+            owner = self.oracles[0] if self.oracles[0].contains(page) else self.oracles[1]
+            parents[page] = owner.parent(page)
+        parent = chosen[-1] if chosen else None
+        for _ in range(fresh):
+            page = self._new_page()
+            parents[page] = parent
+            parent = page
+        if not parents:
+            return
+        pages = set(parents)
+        expected = self.oracle.room_for_run(pages, self.now, parents)
+        got = self.tier.room_for_run(pages, self.now, parents)
+        if expected is None:
+            assert got is None
+            return
+        assert got is not None
+        assert got[0] == expected[0]
+        assert self.ids.hash_of(got[1]) == expected[1]
+        if take:
+            self.oracle.remove_victims(expected[1])
+            self.tier.remove(got[1])
+        else:
+            self.oracle._order.enter_each(expected[1])
+            self.tier.order.enter(got[1])
+
     @precondition(lambda self: self.oracle.evictable() > 0)
     @rule(data=st.data(), with_exclude=st.booleans())
     def evict(self, data: st.DataObject, with_exclude: bool) -> None:
