@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +87,10 @@ class PageIds:
         pages = list(pages)
         return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
 
+    def lookup(self, pages: list[PageHash]) -> Ids:
+        """The ids of `pages`, -1 for pages no tier holds (one probe per page: what a request pays once)."""
+        return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+
     def hash_of(self, ids: Ids) -> list[PageHash]:
         return [PageHash(h) for h in self.hashes[ids].tolist()]
 
@@ -133,6 +138,16 @@ class PageIds:
 def rank(page: PageHash, depth: int) -> int:
     """The tie-break of `evictindex`: deeper first, then the smaller hash (hash - depth * 2^64)."""
     return page - (depth << 64)
+
+
+def held_prefix(*held: npt.NDArray[np.bool_]) -> int:
+    """How many pages from the start of a prompt some tier holds (`held`: per tier, per page, whether it
+    is resident there): the length of the reusable prefix, as the engine's admission walks find it."""
+    if not held or not len(held[0]):
+        return 0
+    anywhere = np.logical_or.reduce(held) if len(held) > 1 else held[0]
+    gaps = np.flatnonzero(~anywhere)
+    return int(gaps[0]) if len(gaps) else len(anywhere)
 
 
 class _Bucket:
@@ -296,6 +311,13 @@ class IdTier:
     @property
     def free(self) -> int:
         return self.capacity - self.resident - len(self._writing) - self._n_reserved
+
+    def holds(self, ids: Ids) -> npt.NDArray[np.bool_]:
+        """Per id of `ids` (-1: a page no tier holds), whether it is resident here."""
+        known = (ids >= 0) & (ids < len(self.state))
+        out = np.zeros(len(ids), dtype=np.bool_)
+        out[known] = self.state[ids[known]] != ABSENT
+        return out
 
     @property
     def in_use(self) -> int:

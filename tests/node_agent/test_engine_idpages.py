@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from evolving_infra.core.eviction import BranchCountEviction, LruEviction
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
-from evolving_infra.node_agent.engine.idpages import CACHED, PINNED, IdTier, PageIds
+from evolving_infra.node_agent.engine.idpages import CACHED, PINNED, IdTier, PageIds, held_prefix
 from evolving_infra.node_agent.engine.tier import TierPool
 
 OWNERS = ["a", "b", "c"]
@@ -238,6 +238,21 @@ class IdTierMachine(RuleBasedStateMachine):
         else:
             self.oracle._order.enter_each(expected[1])
             self.tier.order.enter(got[1])
+
+    @rule(data=st.data())
+    def prefix_walk(self, data: st.DataObject) -> None:
+        """A prompt's reusable prefix (the walk of `PrefillScheduler._admit_gpu`: pages L1 or L2 holds, up
+        to the first neither holds) from the id masks equals the page-by-page walk."""
+        held = sorted(self.depth)
+        prompt = data.draw(st.lists(st.sampled_from(held + [self._new_page()]), max_size=8))
+        ids = self.ids.lookup(prompt)
+        k = 0
+        for page in prompt:
+            if not (self.oracles[0].contains(page) or self.oracles[1].contains(page)):
+                break
+            k += 1
+        assert held_prefix(self.tiers[0].holds(ids), self.tiers[1].holds(ids)) == k
+        assert self.tiers[0].holds(ids).tolist() == [self.oracles[0].contains(p) for p in prompt]
 
     @precondition(lambda self: self.oracle.evictable() > 0)
     @rule(data=st.data(), with_exclude=st.booleans())
