@@ -9,7 +9,9 @@ hashes as the content hashes are), the cost per page of a run of pages (default 
   request and operation where it holds no ids yet;
 - `TierPool` itself: a run pinned at one time and released at a later one (`pin_all`, `unpin_all`), the
   two operations every admitted request makes on every prompt page; and the same on `idpages.IdTier` (the
-  tier over page ids, work in progress), with the run's hashes resolved to ids each time or with the ids kept.
+  tier over page ids, work in progress), with the run's hashes resolved to ids each time or with the ids kept;
+- the admission walk (how many pages from a prompt's start a tier holds): page by page over the resident set
+  as today, and from the id masks (`IdTier.holds`, `held_prefix`).
 
 Prints one JSON object (nanoseconds per page). Not a test: figures depend on the machine's caches; compare
 within one run.
@@ -29,7 +31,7 @@ import numpy as np
 
 from evolving_infra.core.eviction import BranchCountEviction
 from evolving_infra.core.types import Tier
-from evolving_infra.node_agent.engine.idpages import IdTier, PageIds
+from evolving_infra.node_agent.engine.idpages import IdTier, PageIds, held_prefix
 from evolving_infra.node_agent.engine.tier import TierPool
 
 
@@ -120,6 +122,21 @@ def main() -> None:
         now[0] += 1.0
         id_tier.unpin_all("r", now[0])
 
+    resident = pool.resident_set()
+
+    def walk_sets(i: int) -> None:  # the admission walk as the engine does it today
+        k = 0
+        for page in runs[i]:
+            if page not in resident:
+                break
+            k += 1
+
+    def walk_ids(i: int) -> None:
+        held_prefix(id_tier.holds(page_ids.lookup(runs[i])))
+
+    out["walk_sets_ns"] = _per_page(walk_sets, args.repeat, args.run)
+    out["walk_ids_lookup_ns"] = _per_page(walk_ids, args.repeat, args.run)
+    out["walk_ids_kept_ns"] = _per_page(lambda i: held_prefix(id_tier.holds(kept[i])), args.repeat, args.run)
     out["idtier_pin_and_release_resolved_ns"] = _per_page(lambda i: id_pin_release(i, True), args.repeat, args.run)
     out["idtier_pin_and_release_kept_ids_ns"] = _per_page(lambda i: id_pin_release(i, False), args.repeat, args.run)
     print(json.dumps(out, indent=2))
