@@ -91,6 +91,30 @@ class PageIds:
         """The ids of `pages`, -1 for pages no tier holds (one probe per page: what a request pays once)."""
         return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
 
+    def resolve(self, pages: list[PageHash]) -> tuple[Ids, Ids]:
+        """`lookup` of `pages` with the ids' generations: what a request keeps between operations."""
+        ids = self.lookup(pages)
+        return ids, self._gens(ids)
+
+    def refresh(self, pages: list[PageHash], ids: Ids, gens: Ids) -> tuple[Ids, Ids]:
+        """Kept (`ids`, `gens`) of `pages` made current: pages whose id was freed (generation moved) or that
+        had none are looked up again (one probe each); the others cost an array comparison."""
+        known = ids >= 0
+        stale = ~known
+        stale[known] = self.gen[ids[known]] != gens[known]
+        if not stale.any():
+            return ids, gens
+        where = np.flatnonzero(stale)
+        ids = ids.copy()
+        ids[where] = self.lookup([pages[j] for j in where.tolist()])
+        return ids, self._gens(ids)
+
+    def _gens(self, ids: Ids) -> Ids:
+        gens = np.full(len(ids), -1, dtype=np.int64)
+        known = ids >= 0
+        gens[known] = self.gen[ids[known]]
+        return gens
+
     def hash_of(self, ids: Ids) -> list[PageHash]:
         return [PageHash(h) for h in self.hashes[ids].tolist()]
 

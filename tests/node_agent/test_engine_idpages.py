@@ -38,6 +38,7 @@ class IdTierMachine(RuleBasedStateMachine):
         self.depth = depth
         self.now = 0.0
         self.next_page = 1
+        self.kept: list[tuple[list[PageHash], object, object]] = []
 
     @rule(side=st.integers(0, 1))
     def switch_tier(self, side: int) -> None:
@@ -238,6 +239,21 @@ class IdTierMachine(RuleBasedStateMachine):
         else:
             self.oracle._order.enter_each(expected[1])
             self.tier.order.enter(got[1])
+
+    @rule(data=st.data())
+    def keep_prompt(self, data: st.DataObject) -> None:
+        """A request keeps its prompt's (ids, generations); later, refreshed, they equal a fresh lookup, however
+        many pages were evicted (ids freed and reused) or stored in between."""
+        held = sorted(self.depth)
+        prompt = data.draw(st.lists(st.sampled_from(held + [self._new_page()]), max_size=8))
+        self.kept.append((prompt, *self.ids.resolve(prompt)))
+
+    @invariant()
+    def kept_prompts_refresh(self) -> None:
+        for prompt, ids, gens in getattr(self, "kept", []):
+            now_ids, now_gens = self.ids.refresh(prompt, ids, gens)
+            assert now_ids.tolist() == self.ids.lookup(prompt).tolist()
+            assert now_gens.tolist() == self.ids.resolve(prompt)[1].tolist()
 
     @rule(data=st.data())
     def prefix_walk(self, data: st.DataObject) -> None:
