@@ -10,6 +10,8 @@ hashes as the content hashes are), the cost per page of a run of pages (default 
 - `TierPool` itself: a run pinned at one time and released at a later one (`pin_all`, `unpin_all`), the
   two operations every admitted request makes on every prompt page; and the same on `idpages.IdTier` (the
   tier over page ids, work in progress), with the run's hashes resolved to ids each time or with the ids kept;
+- eviction in policy order (500 pages at a time) from both tiers filled alike, checking that they choose the
+  same pages;
 - the admission walk (how many pages from a prompt's start a tier holds): page by page over the resident set
   as today, and from the id masks (`IdTier.holds`, `held_prefix`).
 
@@ -44,6 +46,45 @@ def _per_page(fn: Callable[[int], object], repeat: int, run: int) -> float:
             fn(i)
         best = min(best, (time.perf_counter_ns() - start) / (repeat * run))
     return round(best, 1)
+
+
+def _eviction(pages: list[int], run: int, rng: random.Random) -> dict[str, float]:
+    """Eviction in policy order, 500 pages at a time, from both tiers filled alike: chains of `run` pages
+    stored at distinct times, then 300 prefixes of them touched at later times (so buckets of many sizes)."""
+    n = len(pages)
+    pool = TierPool(Tier.HOST, n, BranchCountEviction(), {})
+    page_ids = PageIds({})
+    id_tier = IdTier("host", n, BranchCountEviction(), page_ids)
+    now = 0.0
+    for start in range(0, n, run):
+        now += 1.0
+        part = pages[start : start + run]
+        items: dict[int, int | None] = dict(zip(part, [None, *part[:-1]]))
+        pool.insert_all(items, now)
+        id_tier.insert(items, now)
+    for _ in range(300):
+        now += 1.0
+        start = rng.randrange(0, n, run)
+        touched = pages[start : start + rng.randrange(1, run)]
+        pool.touch_all(set(touched), now)
+        id_tier.touch(page_ids.ids(touched), now)
+    rounds = min(100, n // 1000)
+
+    def old() -> None:
+        pool.remove_victims(pool.victims(500))
+
+    def new() -> None:
+        id_tier.evict(500)
+
+    out = {}
+    for name, fn in (("tierpool_evict_ns", old), ("idtier_evict_ns", new)):
+        start_ns = time.perf_counter_ns()
+        for _ in range(rounds):
+            fn()
+        out[name] = round((time.perf_counter_ns() - start_ns) / (rounds * 500), 1)
+    if pool.victims(500) != page_ids.hash_of(id_tier.order.victims(500)):
+        raise SystemExit("the two tiers' eviction orders differ (a defect of idpages)")
+    return out
 
 
 def main() -> None:
@@ -139,6 +180,7 @@ def main() -> None:
     out["walk_ids_kept_ns"] = _per_page(lambda i: held_prefix(id_tier.holds(kept[i])), args.repeat, args.run)
     out["idtier_pin_and_release_resolved_ns"] = _per_page(lambda i: id_pin_release(i, True), args.repeat, args.run)
     out["idtier_pin_and_release_kept_ids_ns"] = _per_page(lambda i: id_pin_release(i, False), args.repeat, args.run)
+    out.update(_eviction(pages, args.run, rng))
     print(json.dumps(out, indent=2))
 
 
