@@ -1,4 +1,4 @@
-"""Work in progress (branch wip/id-pools, not used by the engine yet): one tier's page accounting over dense
+"""Work in progress (not used by the engine yet; next steps in docs/benchmarks.md): one tier's page accounting over dense
 page ids and numpy arrays, with the eviction order of `evictindex` kept as arrays of ids per key.
 
 Why (docs/benchmarks.md, "Where the per-page cost comes from"): every table operation of `tier.TierPool` on a
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from enum import IntEnum
 from itertools import repeat
 
 import numpy as np
@@ -34,7 +35,15 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 Ids = npt.NDArray[np.int64]
 Key = tuple[float, ...]
 
-ABSENT, PINNED, CACHED = 0, 1, 2
+class PageState(IntEnum):
+    """A page's state in one tier, as stored in `IdTier.state` (one byte per id)."""
+
+    ABSENT = 0  # not resident here (pages being written are kept by hash: few)
+    PINNED = 1  # resident, pinned by at least one owner
+    CACHED = 2  # resident, pinned by nobody: an eviction candidate
+
+
+ABSENT, PINNED, CACHED = PageState.ABSENT, PageState.PINNED, PageState.CACHED
 
 
 def distinct(ids: Ids) -> Ids:
