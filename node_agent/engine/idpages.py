@@ -146,6 +146,51 @@ class PageIds:
         self._id[page] = i
         return i
 
+    def intern_run(self, items: dict[PageHash, PageHash | None]) -> Ids:
+        """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
+        (each the parent of the next) that no tier holds yet: one id block, consecutive depths."""
+        pages = list(items)
+        k = len(pages)
+        parents = list(items.values())
+        known = self._id
+        if k < 2 or parents[1:] != pages[:-1] or not known.keys().isdisjoint(pages):
+            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
+        take = min(k, len(self._free))
+        ids = np.empty(k, dtype=np.int64)
+        if take:
+            ids[:take] = self._free[len(self._free) - take :][::-1]  # (the order `intern` pops them in)
+            del self._free[len(self._free) - take :]
+        if k > take:
+            ids[take:] = np.arange(self._next, self._next + k - take)
+            self._next += k - take
+            self._grow(self._next)
+        first = parents[0]
+        pid = known.get(first) if first is not None else None
+        base = 0 if pid is None else int(self.depth[pid]) + 1
+        self.depth[ids] = np.arange(base, base + k)
+        self.hashes[ids] = np.fromiter(pages, dtype=np.uint64, count=k)
+        self.holders[ids] = 0
+        counts = self.counts
+        self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False
+        known.update(zip(pages, ids.tolist()))
+        return ids
+
+    def recount(self, pages: Iterable[PageHash]) -> None:
+        """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
+        some tier holds follow, and each tier re-enters its cached ids whose flag flipped."""
+        get = self._id.get
+        held = [(i, page) for page in pages if (i := get(page)) is not None]
+        if not held:
+            return
+        ids = np.fromiter((i for i, _ in held), dtype=np.int64, count=len(held))
+        now = np.fromiter((page in self.counts for _, page in held), dtype=np.bool_, count=len(held))
+        flip = now != self.counted[ids]
+        if flip.any():
+            ids = ids[flip]
+            self.counted[ids] = now[flip]
+            for tier in self.tiers:
+                tier.counted_flipped(ids)
+
     def set_counted(self, ids: Ids, counted: bool) -> None:
         """The count of `ids` turned positive (True) or 0 (False); each tier re-enters its cached ids whose
         flag flipped."""
@@ -407,11 +452,12 @@ class IdTier:
 
     # --- residency -----------------------------------------------------------------------------------
     def insert(
-        self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free"
-    ) -> Ids:
+        self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free",
+        pin: bool = True,
+    ) -> Ids:  # fmt: skip
         """Make the pages of `items` (page -> parent, in chain order; none resident here) resident at `now`,
-        pinned by `owner` if given, else cached. `slots`: "free", "reserved" (`owner`'s reservation) or
-        "writing" (the writing slots of these very pages, by `owner`)."""
+        pinned by `owner` if given (and `pin`), else cached. `slots`: "free", "reserved" (`owner`'s reservation)
+        or "writing" (the writing slots of these very pages, by `owner`)."""
         k = len(items)
         if slots == "writing":
             if any(self._writing.get(page) != owner for page in items):
@@ -425,7 +471,16 @@ class IdTier:
         known = [self.pages.get(page) for page in items]
         if any(i is not None and i < len(self.state) and self.state[i] != ABSENT for i in known):
             raise PoolInvariantError(f"{self.name}: a page of the run is already resident")
-        ids = np.fromiter((self.pages.intern(p, q) for p, q in items.items()), dtype=np.int64, count=k)
+        return self.insert_unchecked(items, now, owner, slots=slots, pin=pin)
+
+    def insert_unchecked(
+        self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free",
+        pin: bool = True,
+    ) -> Ids:  # fmt: skip
+        """`insert` without its checks, which the caller made (no page resident here or written by another
+        owner; the slots exist)."""
+        k = len(items)
+        ids = self.pages.intern_run(items)
         self._fit()
         if slots == "writing":
             for page in items:
@@ -435,7 +490,7 @@ class IdTier:
         self.pages.hold(ids)
         self.resident += k
         self.access[ids] = now
-        if owner is None:
+        if owner is None or not pin:
             self.state[ids] = CACHED
             self.cached += k
             self.order.enter(ids)
@@ -454,6 +509,14 @@ class IdTier:
         self.resident -= len(ids)
         self.cached -= len(ids)
         self.pages.drop(ids)
+
+    def owners(self) -> set[str]:
+        """Every owner holding a pin, a reserved slot or a writing slot here."""
+        return set(self._owner) | set(self._reserved) | set(self._writing.values())
+
+    def pinned_ids(self, owner: str) -> Ids | None:
+        """The ids `owner` pins here (sorted, distinct), or None."""
+        return self._owner.get(owner)
 
     def unpin(self, owner: str, i: int) -> None:
         """Drop `owner`'s pin on id `i` without touching it."""

@@ -51,6 +51,8 @@ from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.idpages import PageIds
+from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
 
@@ -81,13 +83,25 @@ class KvPool:
         *,
         gpu_policy: HostEvictionPolicy | None = None,
         check: bool = False,
+        tables: PageTables | None = None,
     ) -> None:
         self.node = node
         self._counts: dict[PageHash, int] = {}
         self._depth: dict[PageHash, int] = {}  # pages either tier holds -> depth (shared by both)
         self._policies = {Tier.GPU: gpu_policy or LruEviction(), Tier.HOST: host_policy}
-        self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, self._depth)
-        self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts, self._depth)
+        self.tables = page_tables(self._policies.values()) if tables is None else tables
+        self.l1: TierPool
+        self.l2: TierPool
+        if self.tables is PageTables.IDS:  # the same interface over id arrays (`idpool`)
+            ids = PageIds(self._counts)
+            self._ids: PageIds | None = ids
+            self._depth = IdDepths(ids)  # type: ignore[assignment]  # read only here
+            self.l1 = IdTierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, ids)  # type: ignore[assignment]
+            self.l2 = IdTierPool(Tier.HOST, l2_pages, host_policy, self._counts, ids)  # type: ignore[assignment]
+        else:
+            self._ids = None
+            self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, self._depth)
+            self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts, self._depth)
         self.l1._peer, self.l2._peer = self.l2, self.l1
         self._outbox: list[tuple[str, Tier, PageHash | None, list[PageHash], float]] = []
         self._last: dict[Tier, int] = {}  # index in the outbox of each tier's latest event
@@ -125,6 +139,9 @@ class KvPool:
             # first new page, so it costs little when there are new ones)
             flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
             counts.update(updates)
+        if self._ids is not None:
+            self._ids.recount(flipped)  # both tiers at once
+            return
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
 

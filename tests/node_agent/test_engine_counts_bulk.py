@@ -10,6 +10,7 @@ from evolving_infra.core.eviction import BranchCountEviction
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId
 from evolving_infra.node_agent.engine import KvPool
+from evolving_infra.node_agent.engine.idpool import PageTables
 
 PAGES = chain_hashes(f"c{i}".encode() for i in range(12))
 updates_st = st.dictionaries(st.sampled_from(PAGES), st.integers(0, 3), max_size=12)
@@ -29,7 +30,7 @@ def page_by_page(counts: dict[PageHash, int], updates: dict[PageHash, int]) -> l
 
 @given(st.lists(updates_st, max_size=6))
 def test_set_counts_matches_page_by_page(batches: list[dict[PageHash, int]]) -> None:
-    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True)
+    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True, tables=PageTables.SETS)  # (records the set tiers' recounts)
     seen: list[list[PageHash]] = []
     changed = pool.l2.counts_changed
 

@@ -14,6 +14,7 @@ from evolving_infra.core.eviction import BranchCountEviction, LruEviction
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool
+from evolving_infra.node_agent.engine.idpool import PageTables
 
 CHAINS = [chain_hashes(f"k{c}:{i}".encode() for i in range(10)) for c in range(2)]
 
@@ -72,7 +73,7 @@ def page_by_page(counts: dict[PageHash, int], updates: dict[PageHash, int]) -> l
 
 def _recording_pool(tier: str) -> tuple[KvPool, list[list[PageHash]]]:
     """A pool whose tier `tier` ("l1" or "l2") records the pages each `set_counts` flips, in call order."""
-    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True)
+    pool = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True, tables=PageTables.SETS)  # (records the set tiers' recounts)
     seen: list[list[PageHash]] = []
     changed = getattr(pool, tier).counts_changed
 

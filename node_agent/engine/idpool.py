@@ -1,0 +1,429 @@
+"""`TierPool`'s interface over the id tier of `idpages`: the step that lets today's `KvPool`, prefill and decode
+schedulers run on `IdTier`, so the simulator's reference runs judge the id tier before any caller keeps ids.
+
+What each table becomes: the resident pages and their parents stay a dict keyed by hash (`_parent`, as in
+`TierPool`: the admission walks test membership in it, and KV events need parents); last access, pinned or
+cached state, pin counts, pins per owner and the eviction order live in an `IdTier` over the node's
+`PageIds` (shared by both tiers: the depth of a page is its id's). Hashes are resolved to ids per call (one
+dict probe per page), so walks cost what they cost today; eviction and pins run over id arrays.
+
+Exactness: every operation leaves the state `TierPool`'s would (resident pages, parents, last accesses, pins,
+free and in-use slots, depths) and chooses the same victims in the same order; pin touches are applied at once
+rather than kept per owner (`TierPool` keeps them lazily; its `last_access` is the same value). Checked by a
+hypothesis state machine against `TierPool` (tests/node_agent/test_engine_idpool.py) and by the simulator's
+reference runs with `EVOLVING_INFRA_PAGE_TABLES=ids` (docs/benchmarks.md).
+
+Scope: the built-in eviction policies (coarse keys); `KvPool` keeps `TierPool` for any other policy.
+
+Boundary: page accounting of one tier, as `tier`; the KV events and write-through are `kvpool`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
+from enum import Enum
+
+import numpy as np
+
+from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.evictindex import coarse_key
+from evolving_infra.node_agent.engine.idpages import ABSENT, CACHED, PINNED, Ids, IdTier, PageIds
+from evolving_infra.node_agent.engine.tier import TierGauges
+from evolving_infra.node_agent.engine.tierruns import Owner, RunDepths
+
+__all__ = ["IdDepths", "IdTierPool", "PageTables", "page_tables"]
+
+ENV = "EVOLVING_INFRA_PAGE_TABLES"
+_NO_IDS: Ids = np.zeros(0, dtype=np.int64)
+
+
+class PageTables(Enum):
+    """How a node's pool keeps its page tables."""
+
+    SETS = "sets"  # `tier.TierPool`: dicts and sets keyed by page hash
+    IDS = "ids"  # `IdTierPool`: per-id arrays (`idpages`) under the same interface
+
+
+def page_tables(policies: Iterable[HostEvictionPolicy]) -> PageTables:
+    """The tables a new pool uses: `EVOLVING_INFRA_PAGE_TABLES` (sets, the default, or ids); ids only where
+    every policy has coarse keys (else sets)."""
+    raw = os.environ.get(ENV, PageTables.SETS.value).strip().lower()
+    try:
+        chosen = PageTables(raw)
+    except ValueError:
+        raise ValueError(f"{ENV} must be one of {[t.value for t in PageTables]}, got {raw!r}") from None
+    if chosen is PageTables.IDS and any(coarse_key(p) is None for p in policies):
+        return PageTables.SETS
+    return chosen
+
+
+class IdDepths(Mapping[PageHash, int]):
+    """The depth of every page either tier holds, read from the node's `PageIds` (what `KvPool` reads as its
+    depth table)."""
+
+    def __init__(self, ids: PageIds) -> None:
+        self._ids = ids
+
+    def __getitem__(self, page: PageHash) -> int:
+        i = self._ids.get(page)
+        if i is None:
+            raise KeyError(page)
+        return int(self._ids.depth[i])
+
+    def __iter__(self) -> Iterator[PageHash]:
+        return iter(self._ids._id)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def keys(self) -> KeysView[PageHash]:
+        return self._ids._id.keys()
+
+
+class IdTierPool:
+    """One tier with `TierPool`'s methods, kept in an `IdTier` (see the module docstring)."""
+
+    def __init__(self, tier: Tier, capacity: int, policy: HostEvictionPolicy, counts: dict[PageHash, int],
+                 ids: PageIds) -> None:  # fmt: skip
+        if capacity < 1:
+            raise ValueError(f"{tier.value} tier needs a capacity of at least 1 page, got {capacity}")
+        self.tier = tier
+        self.capacity = capacity
+        self.policy = policy
+        self._counts = counts
+        self.ids = ids
+        self.t = IdTier(tier.value, capacity, policy, ids)
+        self._parent: dict[PageHash, PageHash | None] = {}
+        self._peer: IdTierPool | None = None
+        self._gauges = TierGauges(capacity, capacity, 0, 0, 0)
+
+    # --- ids -----------------------------------------------------------------------------------------
+    def _ids(self, pages: Collection[PageHash]) -> Ids:
+        """Ids of `pages`, every one resident here (or held by the peer)."""
+        return np.fromiter(map(self.ids._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+
+    def _known(self, pages: Iterable[PageHash]) -> Ids:
+        """Distinct ids of those of `pages` some tier holds."""
+        get = self.ids._id.get
+        found = {i for page in pages if (i := get(page)) is not None}
+        return np.fromiter(found, dtype=np.int64, count=len(found)) if found else _NO_IDS
+
+    def _hashes(self, ids: Ids) -> list[PageHash]:
+        return self.ids.hash_of(ids)
+
+    def _resident_ids(self, pages: Collection[PageHash]) -> Ids:
+        if not self._parent.keys() >= set(pages):
+            missing = min(set(pages) - self._parent.keys())
+            raise PoolInvariantError(f"{self.tier.value}: cannot pin page {missing:#x}: not resident")
+        return self._ids(pages)
+
+    # --- queries -------------------------------------------------------------------------------------
+    def contains(self, page: PageHash) -> bool:
+        return page in self._parent
+
+    def is_writing(self, page: PageHash) -> bool:
+        return page in self.t._writing
+
+    def writer(self, page: PageHash) -> Owner | None:
+        return self.t._writing.get(page)
+
+    def parent(self, page: PageHash) -> PageHash | None:
+        return self._parent[page]
+
+    def pins(self, page: PageHash) -> int:
+        if page not in self._parent:
+            return 0
+        return int(self.t.pins[self.ids._id[page]])
+
+    def resident(self) -> frozenset[PageHash]:
+        return frozenset(self._parent)
+
+    def resident_set(self) -> KeysView[PageHash]:
+        return self._parent.keys()
+
+    def writing_set(self) -> KeysView[PageHash]:
+        return self.t._writing.keys()
+
+    def pinned_pages(self) -> frozenset[PageHash]:
+        state, get = self.t.state, self.ids._id.__getitem__
+        return frozenset(p for p in self._parent if state[get(p)] == PINNED)
+
+    def pinned_by(self, owner: Owner) -> frozenset[PageHash]:
+        ids = self.t.pinned_ids(owner)
+        return frozenset() if ids is None else frozenset(self._hashes(ids))
+
+    def is_pinned_by(self, owner: Owner, page: PageHash) -> bool:
+        ids = self.t.pinned_ids(owner)
+        i = self.ids.get(page)
+        return ids is not None and i is not None and bool((ids == i).any())
+
+    def reserved_by(self, owner: Owner) -> int:
+        return self.t._reserved.get(owner, 0)
+
+    def owners(self) -> set[Owner]:
+        return self.t.owners()
+
+    @property
+    def free(self) -> int:
+        return self.t.free
+
+    def _cached_among(self, pages: Iterable[PageHash]) -> int:
+        ids = self._known(pages)
+        if not len(ids):
+            return 0
+        ids = ids[ids < len(self.t.state)]
+        return int((self.t.state[ids] == CACHED).sum())
+
+    def evictable(self, exclude: Iterable[PageHash] = ()) -> int:
+        return self.t.cached - self._cached_among(exclude)
+
+    def room(self, exclude: Iterable[PageHash] = ()) -> int:
+        return self.free + self.evictable(exclude)
+
+    def lacks_room(self, n: int, exclude: Collection[PageHash] = ()) -> bool:
+        free = self.free
+        if n <= free:
+            return False
+        cached = self.t.cached
+        if free + cached < n:
+            return True
+        if free + cached - len(exclude) >= n:
+            return False
+        return free + cached - self._cached_among(exclude) < n
+
+    def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
+        state, access, get = self.t.state, self.t.access, self.ids._id.__getitem__
+        for page in self._parent:
+            i = get(page)
+            if state[i] == CACHED and page not in exclude:
+                yield HostPage(page, counts.get(page, 0), float(access[i]))
+
+    @property
+    def writing(self) -> int:
+        return len(self.t._writing)
+
+    def gauges(self) -> TierGauges:
+        t = self.t
+        cached, free, last = t.cached, t.free, self._gauges
+        in_use = t.in_use
+        pinned = t.resident - cached
+        if last.free != free or last.cached != cached or last.pinned != pinned or last.in_use != in_use:
+            last = self._gauges = TierGauges(self.capacity, free, cached, pinned, in_use)
+        return last
+
+    # --- eviction order ------------------------------------------------------------------------------
+    def rekey(self, page: PageHash) -> None:
+        i = self.ids.get(page)
+        if i is not None and self.t.order.by_count and self.t.state[i] == CACHED:
+            self.t.order.enter(np.array([i], dtype=np.int64))
+
+    def counts_changed(self, pages: Iterable[PageHash], flipped: Iterable[PageHash]) -> None:
+        """As `TierPool.counts_changed`, for this tier alone (a pool recounts both tiers at once with
+        `PageIds.recount`, which is what this calls)."""
+        self.ids.recount(flipped)
+
+    @property
+    def keyed_by_count(self) -> bool:
+        return self.t.order.by_count
+
+    def victims(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> list[PageHash]:
+        ids = self.t.order.victims(n, self._known(exclude) if exclude else None)
+        return self._hashes(ids)
+
+    # --- access and pins -----------------------------------------------------------------------------
+    def touch(self, page: PageHash, now: float) -> None:
+        if page in self._parent:
+            self.t.touch(np.array([self.ids._id[page]], dtype=np.int64), now)
+
+    def touch_all(self, pages: set[PageHash], now: float) -> None:
+        if pages:
+            self.t.touch(self._ids(pages), now)
+
+    def pin(self, owner: Owner, page: PageHash, now: float) -> None:
+        self.t.pin(owner, self._resident_ids([page]), now)
+
+    def pin_all(self, owner: Owner, pages: Iterable[PageHash], now: float) -> None:
+        pages = set(pages)
+        if pages:
+            self.t.pin(owner, self._resident_ids(pages), now)
+
+    def unpin(self, owner: Owner, page: PageHash) -> None:
+        i = self.ids.get(page)
+        if i is None:
+            raise PoolInvariantError(f"{self.tier.value}: {owner} does not pin page {page:#x}")
+        self.t.unpin(owner, i)
+
+    def unpin_all(self, owner: Owner, now: float) -> None:
+        self.t.unpin_all(owner, now)
+
+    def last_access(self, page: PageHash) -> float:
+        return float(self.t.access[self.ids._id[page]])
+
+    def last_accesses(self) -> dict[PageHash, float]:
+        return {page: self.last_access(page) for page in self._parent}
+
+    # --- in-use slots --------------------------------------------------------------------------------
+    def reserve(self, owner: Owner, n: int) -> None:
+        self.t.reserve(owner, n)
+
+    def unreserve(self, owner: Owner, n: int | None = None) -> int:
+        return self.t.unreserve(owner, n)
+
+    def begin_write(self, owner: Owner, page: PageHash) -> None:
+        self.t.begin_write(owner, page)
+
+    def begin_write_all(self, owner: Owner, pages: Iterable[PageHash]) -> None:
+        pages = list(pages)
+        run = dict.fromkeys(pages, owner)
+        writing = self.t._writing
+        if len(run) != len(pages) or not (self._parent.keys().isdisjoint(run) and writing.keys().isdisjoint(run)):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident or being written")
+        if len(run) > self.free:
+            raise PoolInvariantError(
+                f"{self.tier.value}: writing {len(run)} page(s) needs {len(run)} free page(s), only {self.free} free"
+            )
+        writing.update(run)
+
+    def writes_all(self, owner: Owner, pages: Iterable[PageHash]) -> bool:
+        get = self.t._writing.get
+        return all(get(page) == owner for page in pages)
+
+    def writes_of(self, owner: Owner) -> list[PageHash]:
+        return [p for p, o in self.t._writing.items() if o == owner]
+
+    def cancel_write(self, page: PageHash) -> None:
+        self.t.cancel_write(page)
+
+    # --- residency -----------------------------------------------------------------------------------
+    def insert(
+        self, page: PageHash, parent: PageHash | None, now: float, *, source: Owner | None = None,
+        pin_owner: Owner | None = None,
+    ) -> None:  # fmt: skip
+        """`TierPool.insert`: the slot from `source`'s writing slot for `page`, else `source`'s reservation,
+        else (source None) a free slot; pinned by `pin_owner` if given."""
+        if page in self._parent:
+            raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is already resident")
+        t = self.t
+        writer = t._writing.get(page)
+        if source is not None and writer == source:
+            slots = "writing"
+        elif source is not None:
+            if t._reserved.get(source, 0) < 1:
+                raise PoolInvariantError(f"{self.tier.value}: {source} stores page {page:#x} without a reserved slot")
+            if writer is not None:
+                raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is being written by another owner")
+            slots = "reserved"
+        else:
+            if writer is not None:
+                raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is being written by another owner")
+            if t.free < 1:
+                raise PoolInvariantError(f"{self.tier.value}: storing page {page:#x} needs 1 free page(s), none free")
+            slots = "free"
+        self._place({page: parent}, now, source, slots, pin_owner)
+
+    def _place(self, items: dict[PageHash, PageHash | None], now: float, source: Owner | None, slots: str,
+               pin_owner: Owner | None) -> None:  # fmt: skip
+        """Make `items` resident (checks made by the caller): slots taken from `source` per `slots`."""
+        t = self.t
+        if pin_owner is None or pin_owner == source or slots == "free":
+            owner = pin_owner if slots == "free" else source
+            t.insert_unchecked(items, now, owner, slots=slots, pin=pin_owner is not None)
+        else:  # slots of one owner, pinned by another: take the slots as the source's, then move the pins
+            ids = t.insert_unchecked(items, now, source, slots=slots, pin=False)
+            t.pin(pin_owner, ids, now)
+        self._parent.update(items)
+
+    def insert_all(
+        self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free"
+    ) -> None:
+        if not items:
+            return
+        if not self._parent.keys().isdisjoint(items):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident")
+        writing = self.t._writing
+        if slots != "writing" and not writing.keys().isdisjoint(items):
+            raise PoolInvariantError(f"{self.tier.value}: a page of the run is being written")
+        if slots == "writing" and any(writing.get(page) != owner for page in items):
+            raise PoolInvariantError(f"{self.tier.value}: {owner} lands a page it was not writing")
+        self.insert_run(items, now, owner=owner, slots=slots)
+
+    def insert_run(
+        self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
+        depths: RunDepths = RunDepths.LOOKUP,
+    ) -> None:  # fmt: skip
+        """`insert_all` without the page checks (`TierRuns.insert_run`); `depths` is not needed here (the
+        depths are the ids')."""
+        k = len(items)
+        if not k:
+            return
+        t = self.t
+        if slots == "reserved" and t._reserved.get(owner, 0) < k:  # type: ignore[arg-type]
+            held = t._reserved.get(owner, 0)  # type: ignore[arg-type]
+            raise PoolInvariantError(f"{self.tier.value}: {owner} stores {k} page(s) with {held} reserved slot(s)")
+        if slots == "free" and k > t.free:
+            raise PoolInvariantError(f"{self.tier.value}: storing {k} page(s) needs {k} free page(s), {t.free} free")
+        self._place(items, now, owner, slots, owner)
+
+    def parents(self) -> Mapping[PageHash, PageHash | None]:
+        return self._parent
+
+    def room_for_run(
+        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None
+    ) -> tuple[set[PageHash], list[PageHash]] | None:
+        plan = self.t.room_for_run(pages, now, parents)  # type: ignore[arg-type]  # read only
+        if plan is None:
+            return None
+        return plan[0], self._hashes(plan[1])
+
+    def remove(self, page: PageHash) -> None:
+        if page not in self._parent:
+            raise PoolInvariantError(f"{self.tier.value}: cannot remove page {page:#x}: not resident")
+        i = self.ids._id[page]
+        if self.t.state[i] != CACHED:
+            raise PoolInvariantError(
+                f"{self.tier.value}: refusing to evict pinned page {page:#x} ({self.pins(page)} pins)"
+            )
+        self.remove_victims([page])
+
+    def remove_all(self, pages: Iterable[PageHash]) -> None:
+        gone = set(pages)
+        ids = self._known(gone)
+        if len(ids) != len(gone) or not gone <= self._parent.keys() or (self.t.state[ids] != CACHED).any():
+            raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
+        self.remove_victims(list(gone))
+
+    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False) -> None:
+        """Remove cached `victims` (distinct; taken from the order, or checked by the caller)."""
+        ids = self._ids(victims)
+        parent = self._parent
+        for page in victims:
+            del parent[page]
+        self.t.remove(ids)
+
+    # --- invariants ----------------------------------------------------------------------------------
+    def check(self) -> None:
+        t = self.t
+        t.check()
+        name = self.tier.value
+        if t.free < 0:
+            raise PoolInvariantError(f"{name}: free is negative ({t.free})")
+        get = self.ids.get
+        ids = [get(p) for p in self._parent]
+        if any(i is None for i in ids):
+            raise PoolInvariantError(f"{name}: resident pages without an id")
+        held = np.flatnonzero(t.state != ABSENT)
+        if sorted(ids) != held.tolist():  # type: ignore[type-var]
+            raise PoolInvariantError(f"{name}: the resident pages differ from the ids held")
+        if set(t._writing) & self._parent.keys():
+            raise PoolInvariantError(f"{name}: pages both resident and being written")
+        counted = np.zeros(len(t.state), dtype=np.int64)
+        for owner, pinned in t._owner.items():
+            if (t.state[pinned] != PINNED).any():
+                raise PoolInvariantError(f"{name}: {owner} pins a page that is not pinned")
+            counted[pinned] += 1
+        if (counted != t.pins[: len(counted)]).any() or ((t.pins > 0) != (t.state == PINNED)).any():
+            raise PoolInvariantError(f"{name}: pin counts disagree with the owners' pins")

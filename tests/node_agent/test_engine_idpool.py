@@ -1,0 +1,158 @@
+"""The pool over id tables (`idpool.IdTierPool` under `KvPool`, tables=IDS) against the pool over hash-keyed sets
+(`TierPool`, tables=SETS) as its oracle: the same operations (runs stored, fetched, landed, cancelled; single
+pages stored pinned or not; prefixes pinned, touched, unpinned page by page; releases; branch counts; evictions
+by policy, with excluded pages; L1 released) at
+times that often tie, and after each the same resident pages and parents, last accesses, pins per owner and per
+page, in-use slots and gauges, and exactly the same KV events (so every eviction chose the same pages in the
+same order). Both pools run with `check=True`, which also compares every eviction with the policy's own
+`victims` over a full snapshot."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evolving_infra.core.eviction import BranchCountEviction, LruEviction
+from evolving_infra.core.pages import PageHash, chain_hashes
+from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.node_agent.engine import KvPool
+from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
+from evolving_infra.node_agent.engine.tier import TierPool
+
+CHAINS = [chain_hashes(f"c{c}:{i}".encode() for i in range(12)) for c in range(3)]
+OWNERS = [f"o{k}" for k in range(4)]
+
+
+def parent(c: int, i: int) -> PageHash | None:
+    return CHAINS[c][i - 1] if i else None
+
+
+def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
+    """What a tier shows through its interface (no internal tables)."""
+    t = pool.tier(tier)
+    resident = sorted(t.resident())
+    return (
+        {p: t.parent(p) for p in resident}, t.last_accesses(), t.pinned_pages(), {p: t.pins(p) for p in resident},
+        {o: t.pinned_by(o) for o in OWNERS}, {o: t.reserved_by(o) for o in OWNERS},
+        {o: sorted(t.writes_of(o)) for o in OWNERS}, t.free, t.evictable(), t.gauges(), sorted(t.owners()),
+    )  # fmt: skip
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "store", "store", "single", "release", "release", "count", "count", "evict", "fetch",
+                         "land", "cancel", "room", "release_l1", "pin", "pin", "touch", "unpin"]),
+        st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
+    ),  # fmt: skip
+    max_size=80,
+)
+
+
+def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n: int, k: int, now: float) -> object:
+    """One operation on pool `p`; what it returned (compared between the pools)."""
+    owner = OWNERS[k]
+    if op == "store":
+        todo = [(page, par) for page, par in pages if not p.l1.contains(page) and not p.l1.is_writing(page)]
+        if todo and p.make_room(Tier.GPU, len(todo), now):
+            p.l1.reserve(owner, len(todo))
+            p.store_all(Tier.GPU, todo, now, owner=owner)
+            return True
+        return False
+    if op == "single":  # one page into L2 from a free slot, pinned or not (a peer's transfer, a write-back)
+        page, par = pages[0]
+        if p.l2.contains(page) or p.l2.is_writing(page) or not p.make_room(Tier.HOST, 1, now):
+            return False
+        p.store(Tier.HOST, page, par, now, owner=owner, from_reservation=False, pin=k % 2 == 0)
+        return True
+    if op == "release":
+        p.release(owner, now)
+        return None
+    if op == "count":
+        p.set_counts({page: (k + n) % 3 for page, _ in pages})
+        return None
+    if op == "evict":
+        return p.evict(Tier.GPU if k % 2 else Tier.HOST, n, now)
+    if op == "fetch":
+        todo = [page for page, _ in pages if not p.l2.contains(page) and not p.l2.is_writing(page)]
+        if todo and p.make_room(Tier.HOST, len(todo), now):
+            p.begin_writes(Tier.HOST, owner, todo)
+            return True
+        return False
+    if op == "land":
+        landing = [(page, par) for page, par in pages if p.l2.writer(page) == owner]
+        p.land_all(Tier.HOST, owner, landing, now)
+        return len(landing)
+    if op == "cancel":
+        p.cancel_writes(Tier.HOST, owner, [page for page, _ in pages])
+        return None
+    if op == "room":  # room made while part of a prompt is kept (excluded)
+        return p.make_room(Tier.HOST if k % 2 else Tier.GPU, n, now, exclude=[page for page, _ in pages[:2]])
+    if op == "release_l1":
+        return p.release_l1(now)
+    tier = p.l2 if k % 2 else p.l1
+    held = [page for page, _ in pages if tier.contains(page)]
+    if op == "pin":  # an admission pins the prefix it reuses
+        tier.pin_all(owner, held, now)
+        return len(held)
+    if op == "touch":
+        tier.touch_all(set(held), now)
+        return len(held)
+    if op == "unpin":  # a pin turned out unneeded: dropped without a touch
+        mine = sorted(tier.pinned_by(owner))
+        if mine:
+            tier.unpin(owner, mine[n % len(mine)])
+        return len(mine)
+    raise AssertionError(op)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, lru=st.booleans(), l1=st.integers(4, 16), l2=st.integers(3, 12))
+def test_id_tables_match_the_set_tables(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
+    pools = [
+        KvPool(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True, tables=tables)
+        for tables in (PageTables.SETS, PageTables.IDS)
+    ]
+    assert isinstance(pools[0].l2, TierPool) and isinstance(pools[1].l2, IdTierPool)
+    now = 0.0
+    for op, c, start, n, k in ops:
+        now += float(k % 2)  # several operations at one time, too
+        pages = [(CHAINS[c][i], parent(c, i)) for i in range(start, min(12, start + n))]
+        results = [_apply(p, op, pages, n, k, now) for p in pools]
+        assert results[0] == results[1], op
+        assert pools[0].drain_events() == pools[1].drain_events(), op
+        for tier in Tier:
+            assert _view(pools[0], tier) == _view(pools[1], tier), (op, tier)
+        assert pools[0].gauges() == pools[1].gauges()
+        assert {p: pools[0].count(p) for p, _ in pages} == {p: pools[1].count(p) for p, _ in pages}
+
+
+def test_errors_leave_the_id_tier_as_it_was() -> None:
+    """Bad calls raise `PoolInvariantError` naming the page, as the set tier does, and change nothing."""
+    pool = KvPool(NodeId("n"), 4, 4, BranchCountEviction(), check=True, tables=PageTables.IDS)
+    a, b = CHAINS[0][0], CHAINS[0][1]
+    pool.l1.reserve("o0", 1)
+    pool.store_all(Tier.GPU, [(a, None)], 0.0, owner="o0")
+    before = _view(pool, Tier.GPU)
+    with pytest.raises(PoolInvariantError, match="not resident"):
+        pool.l1.pin_all("o1", [a, b], 1.0)
+    with pytest.raises(PoolInvariantError, match="pinned"):
+        pool.l1.remove(a)
+    with pytest.raises(PoolInvariantError, match="already resident"):
+        pool.l1.insert(a, None, 1.0)
+    assert _view(pool, Tier.GPU) == before
+    pool.check_invariants()
+
+
+def test_the_tables_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "ids")
+    assert page_tables([LruEviction(), BranchCountEviction()]) is PageTables.IDS
+    assert isinstance(KvPool(NodeId("n"), 4, 4, BranchCountEviction()).l1, IdTierPool)
+    monkeypatch.setenv(ENV, "sets")
+    assert isinstance(KvPool(NodeId("n"), 4, 4, BranchCountEviction()).l1, TierPool)
+    monkeypatch.setenv(ENV, "arrays")
+    with pytest.raises(ValueError, match="EVOLVING_INFRA_PAGE_TABLES must be one of"):
+        page_tables([LruEviction()])
+    monkeypatch.delenv(ENV)
+    assert page_tables([LruEviction()]) is PageTables.SETS
