@@ -43,7 +43,7 @@ class PageState(IntEnum):
     CACHED = 2  # resident, pinned by nobody: an eviction candidate
 
 
-ABSENT, PINNED, CACHED = PageState.ABSENT, PageState.PINNED, PageState.CACHED
+ABSENT, PINNED, CACHED = int(PageState.ABSENT), int(PageState.PINNED), int(PageState.CACHED)  # plain ints: fast numpy compares
 
 
 def distinct(ids: Ids) -> Ids:
@@ -336,18 +336,32 @@ class IdOrder:
     def floor(self, pages: set[PageHash], now: float, depths: dict[PageHash, int]) -> tuple[Key, int]:
         """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`; the depths of
         pages no tier holds are taken from `depths`."""
+        listed = list(pages)
+        k = len(listed)
+        table = self._ids
+        ids = np.fromiter(map(table._id.get, listed, repeat(-1)), dtype=np.int64, count=k)
+        known = ids >= 0
+        unknown = None if known.all() else np.flatnonzero(~known).tolist()
+        depth = np.empty(k, dtype=np.int64)
+        depth[known] = table.depth[ids[known]]
+        if unknown:
+            depth[unknown] = [depths[listed[j]] for j in unknown]
         counted = False
+        sel: npt.NDArray[np.bool_] | None = None
         if self.by_count:
-            free = {p for p in pages if not self._is_counted(p)}
-            if free:
-                pages = free
-            else:
+            flags = np.empty(k, dtype=np.bool_)
+            flags[known] = table.counted[ids[known]]
+            if unknown:
+                flags[unknown] = [listed[j] in table.counts for j in unknown]
+            if flags.all():
                 counted = True
-        ranks = []
-        for page in pages:
-            i = self._ids.get(page)
-            ranks.append(rank(page, depths[page] if i is None else int(self._ids.depth[i])))
-        return self.key_of(counted, now), min(ranks)
+            else:
+                sel = ~flags
+        hashes = np.fromiter(listed, dtype=np.uint64, count=k)
+        if sel is not None:
+            depth, hashes = depth[sel], hashes[sel]
+        deepest = int(depth.max())
+        return self.key_of(counted, now), rank(PageHash(int(hashes[depth == deepest].min())), deepest)
 
     def _is_counted(self, page: PageHash) -> bool:
         i = self._ids.get(page)
@@ -370,7 +384,7 @@ class IdTier:
         self.pins = np.zeros(len(ids.hashes), dtype=np.int32)
         self.resident = 0
         self.cached = 0
-        self._owner: dict[str, Ids] = {}
+        self._owner: dict[str, list[Ids]] = {}  # per owner, chunks of the ids it pins (disjoint, distinct)
         self._writing: dict[PageHash, str] = {}  # pages being written (few) -> owner
         self._reserved: dict[str, int] = {}
         self._n_reserved = 0
@@ -497,8 +511,7 @@ class IdTier:
         else:
             self.state[ids] = PINNED
             self.pins[ids] = 1
-            held = self._owner.get(owner)
-            self._owner[owner] = distinct(ids) if held is None else np.union1d(held, ids)
+            self._owner.setdefault(owner, []).append(ids)  # (new pages: none pinned by `owner` yet)
         return ids
 
     def remove(self, ids: Ids) -> None:
@@ -516,16 +529,24 @@ class IdTier:
 
     def pinned_ids(self, owner: str) -> Ids | None:
         """The ids `owner` pins here (sorted, distinct), or None."""
-        return self._owner.get(owner)
+        return self._held(owner)
+
+    def _held(self, owner: str) -> Ids | None:
+        chunks = self._owner.get(owner)
+        if chunks is None:
+            return None
+        if len(chunks) > 1:
+            chunks[:] = [np.concatenate(chunks)]
+        return chunks[0]
 
     def unpin(self, owner: str, i: int) -> None:
         """Drop `owner`'s pin on id `i` without touching it."""
-        held = self._owner.get(owner)
+        held = self._held(owner)
         if held is None or not (held == i).any():
             raise PoolInvariantError(f"{self.name}: {owner} does not pin that page")
         rest = held[held != i]
         if len(rest):
-            self._owner[owner] = rest
+            self._owner[owner] = [rest]
         else:
             del self._owner[owner]
         self.pins[i] -= 1
@@ -535,18 +556,17 @@ class IdTier:
             self.order.enter(np.array([i], dtype=np.int64))
 
     def room_for_run(
-        self, pages: set[PageHash], now: float, parents: dict[PageHash, PageHash | None] | None = None
-    ) -> tuple[set[PageHash], Ids] | None:
+        self, pages: set[PageHash], now: float, parents: dict[PageHash, PageHash | None] | None = None,
+        missing: set[PageHash] | None = None,
+    ) -> tuple[set[PageHash], Ids] | None:  # fmt: skip
         """`TierRuns.room_for_run` over ids: the pages of `pages` this tier lacks and the victims (taken out of
         the order; the caller removes them) that writing them one page at a time at `now` would evict, or None
-        (changing nothing) where choosing the victims up front could differ from page by page."""
-        lookup = self.pages.get
-        size = len(self.state)
-        missing = set()
-        for page in pages:
-            i = lookup(page)
-            if i is None or i >= size or self.state[i] == ABSENT:
-                missing.add(page)
+        (changing nothing) where choosing the victims up front could differ from page by page. `missing`: the
+        pages of `pages` this tier lacks, where the caller knows them."""
+        if missing is None:
+            ids = self.pages.lookup(list(pages))
+            lacks = ~self.holds(ids)
+            missing = {page for page, no in zip(pages, lacks.tolist()) if no}
         if self._writing and not self._writing.keys().isdisjoint(missing):
             return None
         need = len(missing) - self.free
@@ -565,7 +585,7 @@ class IdTier:
     ) -> dict[PageHash, int]:
         """The depths the pages of `pages` no tier holds will get when stored in the order of `parents`."""
         lookup = self.pages.get
-        if all(lookup(p) is not None for p in pages):
+        if self.pages._id.keys() >= pages:
             return {}
         if parents is None:
             raise PoolInvariantError(f"{self.name}: a run's new pages need their parents for their depths")
@@ -593,19 +613,23 @@ class IdTier:
         """`owner` pins resident `ids` (once per owner) and touches them."""
         if (self.state[ids] == ABSENT).any():
             raise PoolInvariantError(f"{self.name}: cannot pin a page that is not resident")
-        held = self._owner.get(owner)
+        held = self._held(owner)
         new = distinct(ids) if held is None else np.setdiff1d(ids, held)
         self.cached -= int((self.state[new] == CACHED).sum())
         self.state[new] = PINNED
         self.pins[new] += 1
-        self._owner[owner] = new if held is None else np.union1d(held, new)
+        if held is None:
+            self._owner[owner] = [new]
+        elif len(new):
+            self._owner[owner].append(new)
         self.touch(ids, now)
 
     def unpin_all(self, owner: str, now: float) -> None:
         """Drop every pin of `owner`; pages nobody else pins become cached, every one touched at `now`."""
-        ids = self._owner.pop(owner, None)
-        if ids is None:
+        chunks = self._owner.pop(owner, None)
+        if chunks is None:
             return
+        ids = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         self.pins[ids] -= 1
         freed = ids[self.pins[ids] == 0]
         self.state[freed] = CACHED

@@ -374,7 +374,8 @@ class IdTierPool:
     def room_for_run(
         self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None
     ) -> tuple[set[PageHash], list[PageHash]] | None:
-        plan = self.t.room_for_run(pages, now, parents)  # type: ignore[arg-type]  # read only
+        missing = pages.difference(self._parent)
+        plan = self.t.room_for_run(pages, now, parents, missing)  # type: ignore[arg-type]  # read only
         if plan is None:
             return None
         return plan[0], self._hashes(plan[1])
@@ -421,7 +422,9 @@ class IdTierPool:
         if set(t._writing) & self._parent.keys():
             raise PoolInvariantError(f"{name}: pages both resident and being written")
         counted = np.zeros(len(t.state), dtype=np.int64)
-        for owner, pinned in t._owner.items():
+        for owner in list(t._owner):
+            pinned = t.pinned_ids(owner)
+            assert pinned is not None
             if (t.state[pinned] != PINNED).any():
                 raise PoolInvariantError(f"{name}: {owner} pins a page that is not pinned")
             counted[pinned] += 1
