@@ -1,5 +1,6 @@
-"""Work in progress (not used by the engine yet; next steps in docs/benchmarks.md): one tier's page accounting over dense
-page ids and numpy arrays, with the eviction order of `evictindex` kept as arrays of ids per key.
+"""Work in progress (used by the engine only through `idpool` with EVOLVING_INFRA_PAGE_TABLES=ids; next steps
+in docs/benchmarks.md): one tier's page accounting over dense page ids and numpy arrays, with the eviction
+order of `evictindex` kept as arrays of ids per key.
 
 Why (docs/benchmarks.md, "Where the per-page cost comes from"): every table operation of `tier.TierPool` on a
 page is a hash-table probe at cache-miss cost (~100-250 ns), several per page per request; an assignment into
@@ -12,8 +13,9 @@ generation) in ascending (-depth, hash), the order of `evictindex.EvictionOrder`
 Scope of this step: the built-in policies' coarse keys, two tiers over one `PageIds`, pins by owners,
 touches, count flips, reservations, writes, inserts from free, reserved or writing slots, evictions, and the
 write plan of a run (`room_for_run` with the order's `floor`); checked against `TierPool` by a hypothesis
-state machine (tests/node_agent/test_engine_idpages.py). Not here yet: KV events and the pool (`kvpool`) over
-two `IdTier`s, policies without coarse keys, and callers that keep a request's ids instead of its hashes.
+state machine (tests/node_agent/test_engine_idpages.py); `idpool.IdTierPool` puts `TierPool`'s interface over
+it, so today's `KvPool` runs on it. Not here yet: policies without coarse keys, and callers that keep a
+request's ids instead of its hashes.
 
 Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
 """
