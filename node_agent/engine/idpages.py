@@ -17,207 +17,26 @@ state machine (tests/node_agent/test_engine_idpages.py); `idpool.IdTierPool` put
 it, so today's `KvPool` runs on it. Not here yet: policies without coarse keys, and callers that keep a
 request's ids instead of its hashes.
 
+Layout: the id table in `pageids`, the order in `idorder`, the tier (`IdTier`) and `held_prefix` here.
+
 Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
-from enum import IntEnum
-from itertools import repeat
-
 import numpy as np
 import numpy.typing as npt
 
-from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, LruEviction
+from evolving_infra.core.eviction import HostEvictionPolicy
 from evolving_infra.core.pages import PageHash
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.idorder import IdOrder, Key, rank
+from evolving_infra.node_agent.engine.pageids import ABSENT, CACHED, PINNED, Ids, PageIds, PageState, distinct
 
-Ids = npt.NDArray[np.int64]
-Key = tuple[float, ...]
-
-class PageState(IntEnum):
-    """A page's state in one tier, as stored in `IdTier.state` (one byte per id)."""
-
-    ABSENT = 0  # not resident here (pages being written are kept by hash: few)
-    PINNED = 1  # resident, pinned by at least one owner
-    CACHED = 2  # resident, pinned by nobody: an eviction candidate
-
-
-ABSENT, PINNED, CACHED = int(PageState.ABSENT), int(PageState.PINNED), int(PageState.CACHED)  # plain ints: fast numpy compares
-
-
-def distinct(ids: Ids) -> Ids:
-    """`ids` without repeats, sorted (a sort and a mask: numpy's hash-based `unique` costs ~10x more here)."""
-    if len(ids) < 2:
-        return ids.copy()
-    s = np.sort(ids)
-    keep = np.empty(len(s), dtype=np.bool_)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
-class PageIds:
-    """Page hash <-> dense id of one node, with per-id depth, generation and holder count (tiers holding
-    it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
-    eviction order is recognised as stale."""
-
-    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024) -> None:
-        self.counts = {} if counts is None else counts  # the node's positive branch counts, by hash
-        self._id: dict[PageHash, int] = {}
-        self.hashes = np.zeros(capacity, dtype=np.uint64)
-        self.depth = np.zeros(capacity, dtype=np.int64)
-        self.gen = np.zeros(capacity, dtype=np.int64)
-        self.holders = np.zeros(capacity, dtype=np.int8)
-        self.counted = np.zeros(capacity, dtype=np.bool_)
-        self._free: list[int] = []
-        self._next = 0
-        self.tiers: list[IdTier] = []  # the tiers over these ids (a count flip moves cached pages in each)
-
-    def __len__(self) -> int:
-        return len(self._id)
-
-    def _grow(self, need: int) -> None:
-        size = len(self.hashes)
-        if need <= size:
-            return
-        new = max(need, 2 * size)
-        for name in ("hashes", "depth", "gen", "holders", "counted"):
-            old = getattr(self, name)
-            arr = np.zeros(new, dtype=old.dtype)
-            arr[:size] = old
-            setattr(self, name, arr)
-
-    def get(self, page: PageHash) -> int | None:
-        return self._id.get(page)
-
-    def ids(self, pages: Iterable[PageHash]) -> Ids:
-        """The ids of `pages` (each held by a tier)."""
-        pages = list(pages)
-        return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
-
-    def lookup(self, pages: list[PageHash]) -> Ids:
-        """The ids of `pages`, -1 for pages no tier holds (one probe per page: what a request pays once)."""
-        return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
-
-    def resolve(self, pages: list[PageHash]) -> tuple[Ids, Ids]:
-        """`lookup` of `pages` with the ids' generations: what a request keeps between operations."""
-        ids = self.lookup(pages)
-        return ids, self._gens(ids)
-
-    def refresh(self, pages: list[PageHash], ids: Ids, gens: Ids) -> tuple[Ids, Ids]:
-        """Kept (`ids`, `gens`) of `pages` made current: pages whose id was freed (generation moved) or that
-        had none are looked up again (one probe each); the others cost an array comparison."""
-        known = ids >= 0
-        stale = ~known
-        stale[known] = self.gen[ids[known]] != gens[known]
-        if not stale.any():
-            return ids, gens
-        where = np.flatnonzero(stale)
-        ids = ids.copy()
-        ids[where] = self.lookup([pages[j] for j in where.tolist()])
-        return ids, self._gens(ids)
-
-    def _gens(self, ids: Ids) -> Ids:
-        gens = np.full(len(ids), -1, dtype=np.int64)
-        known = ids >= 0
-        gens[known] = self.gen[ids[known]]
-        return gens
-
-    def hash_of(self, ids: Ids) -> list[PageHash]:
-        return [PageHash(h) for h in self.hashes[ids].tolist()]
-
-    def intern(self, page: PageHash, parent: PageHash | None) -> int:
-        """The id of `page`, made (with its depth: one more than its parent's if held, else 0) if new."""
-        got = self._id.get(page)
-        if got is not None:
-            return got
-        if self._free:
-            i = self._free.pop()
-        else:
-            i = self._next
-            self._next += 1
-            self._grow(self._next)
-        pid = self._id.get(parent) if parent is not None else None
-        self.depth[i] = 0 if pid is None else self.depth[pid] + 1
-        self.hashes[i] = page
-        self.holders[i] = 0
-        self.counted[i] = page in self.counts
-        self._id[page] = i
-        return i
-
-    def intern_run(self, items: dict[PageHash, PageHash | None]) -> Ids:
-        """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
-        (each the parent of the next) that no tier holds yet: one id block, consecutive depths."""
-        pages = list(items)
-        k = len(pages)
-        parents = list(items.values())
-        known = self._id
-        if k < 2 or parents[1:] != pages[:-1] or not known.keys().isdisjoint(pages):
-            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
-        take = min(k, len(self._free))
-        ids = np.empty(k, dtype=np.int64)
-        if take:
-            ids[:take] = self._free[len(self._free) - take :][::-1]  # (the order `intern` pops them in)
-            del self._free[len(self._free) - take :]
-        if k > take:
-            ids[take:] = np.arange(self._next, self._next + k - take)
-            self._next += k - take
-            self._grow(self._next)
-        first = parents[0]
-        pid = known.get(first) if first is not None else None
-        base = 0 if pid is None else int(self.depth[pid]) + 1
-        self.depth[ids] = np.arange(base, base + k)
-        self.hashes[ids] = np.fromiter(pages, dtype=np.uint64, count=k)
-        self.holders[ids] = 0
-        counts = self.counts
-        self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False
-        known.update(zip(pages, ids.tolist()))
-        return ids
-
-    def recount(self, pages: Iterable[PageHash]) -> None:
-        """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
-        some tier holds follow, and each tier re-enters its cached ids whose flag flipped."""
-        get = self._id.get
-        held = [(i, page) for page in pages if (i := get(page)) is not None]
-        if not held:
-            return
-        ids = np.fromiter((i for i, _ in held), dtype=np.int64, count=len(held))
-        now = np.fromiter((page in self.counts for _, page in held), dtype=np.bool_, count=len(held))
-        flip = now != self.counted[ids]
-        if flip.any():
-            ids = ids[flip]
-            self.counted[ids] = now[flip]
-            for tier in self.tiers:
-                tier.counted_flipped(ids)
-
-    def set_counted(self, ids: Ids, counted: bool) -> None:
-        """The count of `ids` turned positive (True) or 0 (False); each tier re-enters its cached ids whose
-        flag flipped."""
-        flip = ids[self.counted[ids] != counted]
-        self.counted[flip] = counted
-        for tier in self.tiers:
-            tier.counted_flipped(flip)
-
-    def hold(self, ids: Ids) -> None:
-        self.holders[ids] += 1
-
-    def drop(self, ids: Ids) -> None:
-        """A tier no longer holds `ids`; those no tier holds are freed."""
-        self.holders[ids] -= 1
-        gone = ids[self.holders[ids] == 0]
-        if len(gone):
-            self.gen[gone] += 1
-            for h in self.hashes[gone].tolist():
-                del self._id[PageHash(h)]
-            self._free.extend(gone.tolist())
-
-
-def rank(page: PageHash, depth: int) -> int:
-    """The tie-break of `evictindex`: deeper first, then the smaller hash (hash - depth * 2^64)."""
-    return page - (depth << 64)
+__all__ = [
+    "ABSENT", "CACHED", "PINNED", "IdOrder", "IdTier", "Ids", "Key", "PageIds", "PageState", "distinct", "held_prefix",
+    "rank",
+]  # fmt: skip (the id table and the order live in `pageids` and `idorder`; re-exported here)
 
 
 def held_prefix(*held: npt.NDArray[np.bool_]) -> int:
@@ -228,152 +47,6 @@ def held_prefix(*held: npt.NDArray[np.bool_]) -> int:
     anywhere = np.logical_or.reduce(held) if len(held) > 1 else held[0]
     gaps = np.flatnonzero(~anywhere)
     return int(gaps[0]) if len(gaps) else len(anywhere)
-
-
-class _Bucket:
-    __slots__ = ("chunks", "ordered")
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[Ids, Ids]] = []  # (ids, their generations when entered)
-        self.ordered = False  # chunks is one chunk of distinct ids in eviction order
-
-
-class IdOrder:
-    """The eviction order of one tier's cached ids under a built-in policy (see the module docstring)."""
-
-    def __init__(self, policy: HostEvictionPolicy, ids: PageIds, tier: IdTier) -> None:
-        if type(policy) is BranchCountEviction:
-            self.by_count = True
-        elif type(policy) is LruEviction:
-            self.by_count = False
-        else:
-            raise NotImplementedError("the id order covers the built-in policies only (this step)")
-        self._ids, self._tier = ids, tier
-        self._buckets: dict[Key, _Bucket] = {}
-        self._keys: list[Key] = []
-
-    def key_of(self, counted: bool, when: float) -> Key:
-        return (1.0 if counted else 0.0, when) if self.by_count else (when,)
-
-    def _add(self, key: Key, ids: Ids) -> None:
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
-            heapq.heappush(self._keys, key)
-        bucket.chunks.append((ids, self._ids.gen[ids]))
-        bucket.ordered = False
-
-    def enter(self, ids: Ids) -> None:
-        """(Re)enter cached `ids` under their current keys (grouped by key: one chunk per key)."""
-        if not len(ids):
-            return
-        access = self._tier.access[ids]
-        if self.by_count:
-            flag = self._ids.counted[ids]
-            groups = [(True, ids[flag], access[flag]), (False, ids[~flag], access[~flag])]
-        else:
-            groups = [(False, ids, access)]
-        for counted, part, times in groups:
-            if not len(part):
-                continue
-            if (times == times[0]).all():
-                self._add(self.key_of(counted, float(times[0])), part)
-                continue
-            for when in np.unique(times).tolist():
-                self._add(self.key_of(counted, when), part[times == when])
-
-    def _live(self, key: Key, ids: Ids, gens: Ids) -> npt.NDArray[np.bool_]:
-        tier, pages = self._tier, self._ids
-        live: npt.NDArray[np.bool_] = (
-            (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
-        )
-        if self.by_count:
-            live &= pages.counted[ids] == (key[0] > 0)
-        return live
-
-    def _order(self, key: Key, bucket: _Bucket) -> Ids:
-        """The bucket's live ids in eviction order (kept as its one chunk)."""
-        if len(bucket.chunks) == 1:
-            ids, gens = bucket.chunks[0]
-        else:
-            ids = np.concatenate([c[0] for c in bucket.chunks])
-            gens = np.concatenate([c[1] for c in bucket.chunks])
-        ids = ids[self._live(key, ids, gens)]
-        if not bucket.ordered:
-            ids = distinct(ids)
-            pages = self._ids
-            ids = ids[np.lexsort((pages.hashes[ids], -pages.depth[ids]))]
-        bucket.chunks = [(ids, self._ids.gen[ids])]
-        bucket.ordered = True
-        return ids
-
-    def victims(self, n: int, exclude: Ids | None = None) -> Ids:
-        """The first `n` cached ids not in `exclude` in ascending (key, -depth, hash), taken out of the order."""
-        out: list[Ids] = []
-        need = n
-        keep: list[Key] = []
-        while self._keys and need > 0:
-            key = heapq.heappop(self._keys)
-            bucket = self._buckets[key]
-            order = self._order(key, bucket)
-            if exclude is not None and len(exclude):
-                usable = ~np.isin(order, exclude)
-                pick = np.flatnonzero(usable)[:need]
-                chosen = order[pick]
-                rest = np.delete(order, pick)
-            else:
-                chosen, rest = order[:need], order[need:]
-            out.append(chosen)
-            need -= len(chosen)
-            if len(rest):
-                bucket.chunks = [(rest, self._ids.gen[rest])]
-                keep.append(key)
-            else:
-                del self._buckets[key]
-        for key in keep:
-            heapq.heappush(self._keys, key)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
-    def floor(self, pages: set[PageHash], now: float, depths: dict[PageHash, int]) -> tuple[Key, int]:
-        """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`; the depths of
-        pages no tier holds are taken from `depths`."""
-        listed = list(pages)
-        k = len(listed)
-        table = self._ids
-        ids = np.fromiter(map(table._id.get, listed, repeat(-1)), dtype=np.int64, count=k)
-        known = ids >= 0
-        unknown = None if known.all() else np.flatnonzero(~known).tolist()
-        depth = np.empty(k, dtype=np.int64)
-        depth[known] = table.depth[ids[known]]
-        if unknown:
-            depth[unknown] = [depths[listed[j]] for j in unknown]
-        counted = False
-        sel: npt.NDArray[np.bool_] | None = None
-        if self.by_count:
-            flags = np.empty(k, dtype=np.bool_)
-            flags[known] = table.counted[ids[known]]
-            if unknown:
-                flags[unknown] = [listed[j] in table.counts for j in unknown]
-            if flags.all():
-                counted = True
-            else:
-                sel = ~flags
-        hashes = np.fromiter(listed, dtype=np.uint64, count=k)
-        if sel is not None:
-            depth, hashes = depth[sel], hashes[sel]
-        deepest = int(depth.max())
-        return self.key_of(counted, now), rank(PageHash(int(hashes[depth == deepest].min())), deepest)
-
-    def _is_counted(self, page: PageHash) -> bool:
-        i = self._ids.get(page)
-        return bool(self._ids.counted[i]) if i is not None else page in self._ids.counts
-
-    def place(self, i: int) -> tuple[Key, int]:
-        """(key, rank) of cached id `i` now."""
-        pages, tier = self._ids, self._tier
-        key = self.key_of(bool(pages.counted[i]), float(tier.access[i]))
-        return key, rank(PageHash(int(pages.hashes[i])), int(pages.depth[i]))
 
 
 class IdTier:
@@ -530,7 +203,7 @@ class IdTier:
         return set(self._owner) | set(self._reserved) | set(self._writing.values())
 
     def pinned_ids(self, owner: str) -> Ids | None:
-        """The ids `owner` pins here (sorted, distinct), or None."""
+        """The ids `owner` pins here (distinct, in no particular order), or None."""
         return self._held(owner)
 
     def _held(self, owner: str) -> Ids | None:

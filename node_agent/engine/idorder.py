@@ -1,0 +1,171 @@
+"""The eviction order of one id tier (`IdOrder`): per key, the id arrays entered under it with the ids'
+generations; a bucket is ordered only when victims reach it (its live ids in ascending (-depth, hash), the
+order of `evictindex.EvictionOrder` for the built-in policies); why ids, in `idpages`.
+
+Boundary: ordering only; the tier (`idpages.IdTier`) owns the state and access arrays this reads.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import repeat
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, LruEviction
+from evolving_infra.core.pages import PageHash
+from evolving_infra.node_agent.engine.pageids import CACHED, Ids, PageIds, distinct
+
+if TYPE_CHECKING:
+    from evolving_infra.node_agent.engine.idpages import IdTier
+
+Key = tuple[float, ...]
+
+
+def rank(page: PageHash, depth: int) -> int:
+    """The tie-break of `evictindex`: deeper first, then the smaller hash (hash - depth * 2^64)."""
+    return page - (depth << 64)
+
+
+class _Bucket:
+    __slots__ = ("chunks", "ordered")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[Ids, Ids]] = []  # (ids, their generations when entered)
+        self.ordered = False  # chunks is one chunk of distinct ids in eviction order
+
+
+class IdOrder:
+    """The eviction order of one tier's cached ids under a built-in policy (see the module docstring)."""
+
+    def __init__(self, policy: HostEvictionPolicy, ids: PageIds, tier: IdTier) -> None:
+        if type(policy) is BranchCountEviction:
+            self.by_count = True
+        elif type(policy) is LruEviction:
+            self.by_count = False
+        else:
+            raise NotImplementedError("the id order covers the built-in policies only (this step)")
+        self._ids, self._tier = ids, tier
+        self._buckets: dict[Key, _Bucket] = {}
+        self._keys: list[Key] = []
+
+    def key_of(self, counted: bool, when: float) -> Key:
+        return (1.0 if counted else 0.0, when) if self.by_count else (when,)
+
+    def _add(self, key: Key, ids: Ids) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
+            heapq.heappush(self._keys, key)
+        bucket.chunks.append((ids, self._ids.gen[ids]))
+        bucket.ordered = False
+
+    def enter(self, ids: Ids) -> None:
+        """(Re)enter cached `ids` under their current keys (grouped by key: one chunk per key)."""
+        if not len(ids):
+            return
+        access = self._tier.access[ids]
+        if self.by_count:
+            flag = self._ids.counted[ids]
+            groups = [(True, ids[flag], access[flag]), (False, ids[~flag], access[~flag])]
+        else:
+            groups = [(False, ids, access)]
+        for counted, part, times in groups:
+            if not len(part):
+                continue
+            if (times == times[0]).all():
+                self._add(self.key_of(counted, float(times[0])), part)
+                continue
+            for when in np.unique(times).tolist():
+                self._add(self.key_of(counted, when), part[times == when])
+
+    def _live(self, key: Key, ids: Ids, gens: Ids) -> npt.NDArray[np.bool_]:
+        tier, pages = self._tier, self._ids
+        live: npt.NDArray[np.bool_] = (
+            (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
+        )
+        if self.by_count:
+            live &= pages.counted[ids] == (key[0] > 0)
+        return live
+
+    def _order(self, key: Key, bucket: _Bucket) -> Ids:
+        """The bucket's live ids in eviction order (kept as its one chunk)."""
+        if len(bucket.chunks) == 1:
+            ids, gens = bucket.chunks[0]
+        else:
+            ids = np.concatenate([c[0] for c in bucket.chunks])
+            gens = np.concatenate([c[1] for c in bucket.chunks])
+        ids = ids[self._live(key, ids, gens)]
+        if not bucket.ordered:
+            ids = distinct(ids)
+            pages = self._ids
+            ids = ids[np.lexsort((pages.hashes[ids], -pages.depth[ids]))]
+        bucket.chunks = [(ids, self._ids.gen[ids])]
+        bucket.ordered = True
+        return ids
+
+    def victims(self, n: int, exclude: Ids | None = None) -> Ids:
+        """The first `n` cached ids not in `exclude` in ascending (key, -depth, hash), taken out of the order."""
+        out: list[Ids] = []
+        need = n
+        keep: list[Key] = []
+        while self._keys and need > 0:
+            key = heapq.heappop(self._keys)
+            bucket = self._buckets[key]
+            order = self._order(key, bucket)
+            if exclude is not None and len(exclude):
+                usable = ~np.isin(order, exclude)
+                pick = np.flatnonzero(usable)[:need]
+                chosen = order[pick]
+                rest = np.delete(order, pick)
+            else:
+                chosen, rest = order[:need], order[need:]
+            out.append(chosen)
+            need -= len(chosen)
+            if len(rest):
+                bucket.chunks = [(rest, self._ids.gen[rest])]
+                keep.append(key)
+            else:
+                del self._buckets[key]
+        for key in keep:
+            heapq.heappush(self._keys, key)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+    def floor(self, pages: set[PageHash], now: float, depths: dict[PageHash, int]) -> tuple[Key, int]:
+        """The smallest (key, `rank`) a page of `pages` (non-empty) has once accessed at `now`; the depths of
+        pages no tier holds are taken from `depths`."""
+        listed = list(pages)
+        k = len(listed)
+        table = self._ids
+        ids = np.fromiter(map(table._id.get, listed, repeat(-1)), dtype=np.int64, count=k)
+        known = ids >= 0
+        unknown = None if known.all() else np.flatnonzero(~known).tolist()
+        depth = np.empty(k, dtype=np.int64)
+        depth[known] = table.depth[ids[known]]
+        if unknown:
+            depth[unknown] = [depths[listed[j]] for j in unknown]
+        counted = False
+        sel: npt.NDArray[np.bool_] | None = None
+        if self.by_count:
+            flags = np.empty(k, dtype=np.bool_)
+            flags[known] = table.counted[ids[known]]
+            if unknown:
+                flags[unknown] = [listed[j] in table.counts for j in unknown]
+            if flags.all():
+                counted = True
+            else:
+                sel = ~flags
+        hashes = np.fromiter(listed, dtype=np.uint64, count=k)
+        if sel is not None:
+            depth, hashes = depth[sel], hashes[sel]
+        deepest = int(depth.max())
+        return self.key_of(counted, now), rank(PageHash(int(hashes[depth == deepest].min())), deepest)
+
+    def place(self, i: int) -> tuple[Key, int]:
+        """(key, rank) of cached id `i` now."""
+        pages, tier = self._ids, self._tier
+        key = self.key_of(bool(pages.counted[i]), float(tier.access[i]))
+        return key, rank(PageHash(int(pages.hashes[i])), int(pages.depth[i]))

@@ -1,0 +1,200 @@
+"""Dense page ids of one node (`PageIds`: hash <-> id while some tier holds the page, with depth, generation,
+holders and the counted flag per id) and the per-tier page states (`PageState`), for the id-array tiers of
+`idpages` and their eviction order (`idorder`); why ids, in `idpages`.
+
+Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import IntEnum
+from itertools import repeat
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from evolving_infra.core.pages import PageHash
+
+if TYPE_CHECKING:
+    from evolving_infra.node_agent.engine.idpages import IdTier
+
+Ids = npt.NDArray[np.int64]
+
+class PageState(IntEnum):
+    """A page's state in one tier, as stored in `IdTier.state` (one byte per id)."""
+
+    ABSENT = 0  # not resident here (pages being written are kept by hash: few)
+    PINNED = 1  # resident, pinned by at least one owner
+    CACHED = 2  # resident, pinned by nobody: an eviction candidate
+
+
+ABSENT, PINNED, CACHED = int(PageState.ABSENT), int(PageState.PINNED), int(PageState.CACHED)  # plain ints: fast numpy compares
+
+
+def distinct(ids: Ids) -> Ids:
+    """`ids` without repeats, sorted (a sort and a mask: numpy's hash-based `unique` costs ~10x more here)."""
+    if len(ids) < 2:
+        return ids.copy()
+    s = np.sort(ids)
+    keep = np.empty(len(s), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+class PageIds:
+    """Page hash <-> dense id of one node, with per-id depth, generation and holder count (tiers holding
+    it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
+    eviction order is recognised as stale."""
+
+    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024) -> None:
+        self.counts = {} if counts is None else counts  # the node's positive branch counts, by hash
+        self._id: dict[PageHash, int] = {}
+        self.hashes = np.zeros(capacity, dtype=np.uint64)
+        self.depth = np.zeros(capacity, dtype=np.int64)
+        self.gen = np.zeros(capacity, dtype=np.int64)
+        self.holders = np.zeros(capacity, dtype=np.int8)
+        self.counted = np.zeros(capacity, dtype=np.bool_)
+        self._free: list[int] = []
+        self._next = 0
+        self.tiers: list[IdTier] = []  # the tiers over these ids (a count flip moves cached pages in each)
+
+    def __len__(self) -> int:
+        return len(self._id)
+
+    def _grow(self, need: int) -> None:
+        size = len(self.hashes)
+        if need <= size:
+            return
+        new = max(need, 2 * size)
+        for name in ("hashes", "depth", "gen", "holders", "counted"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:size] = old
+            setattr(self, name, arr)
+
+    def get(self, page: PageHash) -> int | None:
+        return self._id.get(page)
+
+    def ids(self, pages: Iterable[PageHash]) -> Ids:
+        """The ids of `pages` (each held by a tier)."""
+        pages = list(pages)
+        return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+
+    def lookup(self, pages: list[PageHash]) -> Ids:
+        """The ids of `pages`, -1 for pages no tier holds (one probe per page: what a request pays once)."""
+        return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+
+    def resolve(self, pages: list[PageHash]) -> tuple[Ids, Ids]:
+        """`lookup` of `pages` with the ids' generations: what a request keeps between operations."""
+        ids = self.lookup(pages)
+        return ids, self._gens(ids)
+
+    def refresh(self, pages: list[PageHash], ids: Ids, gens: Ids) -> tuple[Ids, Ids]:
+        """Kept (`ids`, `gens`) of `pages` made current: pages whose id was freed (generation moved) or that
+        had none are looked up again (one probe each); the others cost an array comparison."""
+        known = ids >= 0
+        stale = ~known
+        stale[known] = self.gen[ids[known]] != gens[known]
+        if not stale.any():
+            return ids, gens
+        where = np.flatnonzero(stale)
+        ids = ids.copy()
+        ids[where] = self.lookup([pages[j] for j in where.tolist()])
+        return ids, self._gens(ids)
+
+    def _gens(self, ids: Ids) -> Ids:
+        gens = np.full(len(ids), -1, dtype=np.int64)
+        known = ids >= 0
+        gens[known] = self.gen[ids[known]]
+        return gens
+
+    def hash_of(self, ids: Ids) -> list[PageHash]:
+        return [PageHash(h) for h in self.hashes[ids].tolist()]
+
+    def intern(self, page: PageHash, parent: PageHash | None) -> int:
+        """The id of `page`, made (with its depth: one more than its parent's if held, else 0) if new."""
+        got = self._id.get(page)
+        if got is not None:
+            return got
+        if self._free:
+            i = self._free.pop()
+        else:
+            i = self._next
+            self._next += 1
+            self._grow(self._next)
+        pid = self._id.get(parent) if parent is not None else None
+        self.depth[i] = 0 if pid is None else self.depth[pid] + 1
+        self.hashes[i] = page
+        self.holders[i] = 0
+        self.counted[i] = page in self.counts
+        self._id[page] = i
+        return i
+
+    def intern_run(self, items: dict[PageHash, PageHash | None]) -> Ids:
+        """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
+        (each the parent of the next) that no tier holds yet: one id block, consecutive depths."""
+        pages = list(items)
+        k = len(pages)
+        parents = list(items.values())
+        known = self._id
+        if k < 2 or parents[1:] != pages[:-1] or not known.keys().isdisjoint(pages):
+            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
+        take = min(k, len(self._free))
+        ids = np.empty(k, dtype=np.int64)
+        if take:
+            ids[:take] = self._free[len(self._free) - take :][::-1]  # (the order `intern` pops them in)
+            del self._free[len(self._free) - take :]
+        if k > take:
+            ids[take:] = np.arange(self._next, self._next + k - take)
+            self._next += k - take
+            self._grow(self._next)
+        first = parents[0]
+        pid = known.get(first) if first is not None else None
+        base = 0 if pid is None else int(self.depth[pid]) + 1
+        self.depth[ids] = np.arange(base, base + k)
+        self.hashes[ids] = np.fromiter(pages, dtype=np.uint64, count=k)
+        self.holders[ids] = 0
+        counts = self.counts
+        self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False
+        known.update(zip(pages, ids.tolist()))
+        return ids
+
+    def recount(self, pages: Iterable[PageHash]) -> None:
+        """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
+        some tier holds follow, and each tier re-enters its cached ids whose flag flipped."""
+        get = self._id.get
+        held = [(i, page) for page in pages if (i := get(page)) is not None]
+        if not held:
+            return
+        ids = np.fromiter((i for i, _ in held), dtype=np.int64, count=len(held))
+        now = np.fromiter((page in self.counts for _, page in held), dtype=np.bool_, count=len(held))
+        flip = now != self.counted[ids]
+        if flip.any():
+            ids = ids[flip]
+            self.counted[ids] = now[flip]
+            for tier in self.tiers:
+                tier.counted_flipped(ids)
+
+    def set_counted(self, ids: Ids, counted: bool) -> None:
+        """The count of `ids` turned positive (True) or 0 (False); each tier re-enters its cached ids whose
+        flag flipped."""
+        flip = ids[self.counted[ids] != counted]
+        self.counted[flip] = counted
+        for tier in self.tiers:
+            tier.counted_flipped(flip)
+
+    def hold(self, ids: Ids) -> None:
+        self.holders[ids] += 1
+
+    def drop(self, ids: Ids) -> None:
+        """A tier no longer holds `ids`; those no tier holds are freed."""
+        self.holders[ids] -= 1
+        gone = ids[self.holders[ids] == 0]
+        if len(gone):
+            self.gen[gone] += 1
+            for h in self.hashes[gone].tolist():
+                del self._id[PageHash(h)]
+            self._free.extend(gone.tolist())
