@@ -12,7 +12,7 @@ memory, 3i + 2 either), so that fetch plans need no second directory walk.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
 
@@ -47,7 +47,6 @@ class FetchPlan:
         return sum(run.count for run in self.runs)
 
 
-@dataclass(frozen=True, slots=True)
 class PrefixMatch:
     """Longest cached prefixes of a prompt of `pages` pages.
 
@@ -56,24 +55,109 @@ class PrefixMatch:
     gpu / host / either: per node, leading pages it holds in GPU memory / host memory / either tier
     (either: each page in at least one of the two tiers of that node).
     reachable: per node, leading pages it holds itself in either tier or some node holds in host memory.
+
+    The per-node mappings are built from the stretches when first read (a router reads them for the few nodes it
+    views; `columns` prices every node from the stretches directly). Immutable; equal when the public fields are.
     """
 
-    pages: int
-    anywhere: int
-    pooled: int
-    gpu: Mapping[NodeId, int]
-    host: Mapping[NodeId, int]
-    either: Mapping[NodeId, int]
-    reachable: Mapping[NodeId, int]
-    _stretches: list[tuple[int, int]] = field(repr=False, compare=False)
-    """(first page, mask) of consecutive stretches covering the held prefix [0, anywhere), each page of a
-    stretch with that directory mask (adjacent stretches may have equal masks)."""
-    _index: Mapping[NodeId, int] = field(repr=False, compare=False)  # node -> its GPU bit index (3i)
-    _ids: tuple[NodeId | None, ...] = field(repr=False, compare=False)
+    __slots__ = ("pages", "anywhere", "pooled", "_stretches", "_index", "_ids", "_host_bits", "_either_bits",
+                 "_tiers", "_reachable")  # fmt: skip
+
+    def __init__(
+        self,
+        pages: int,
+        anywhere: int,
+        pooled: int,
+        stretches: list[tuple[int, int]],
+        index: Mapping[NodeId, int],
+        ids: tuple[NodeId | None, ...],
+        host_bits: int,
+        either_bits: int,
+    ) -> None:
+        self.pages = pages
+        self.anywhere = anywhere
+        self.pooled = pooled
+        self._stretches = stretches
+        """(first page, mask) of consecutive stretches covering the held prefix [0, anywhere), each page of a
+        stretch with that directory mask (adjacent stretches may have equal masks)."""
+        self._index = index  # node -> its GPU bit index (3i)
+        self._ids = ids
+        self._host_bits = host_bits
+        self._either_bits = either_bits
+        self._tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] | None = None
+        self._reachable: dict[NodeId, int] | None = None
+
+    @property
+    def gpu(self) -> Mapping[NodeId, int]:
+        return self._tier_maps()[0]
+
+    @property
+    def host(self) -> Mapping[NodeId, int]:
+        return self._tier_maps()[1]
+
+    @property
+    def either(self) -> Mapping[NodeId, int]:
+        return self._tier_maps()[2]
+
+    @property
+    def reachable(self) -> Mapping[NodeId, int]:
+        if self._reachable is None:
+            self._reachable = _reachable_map(self.pooled, self.anywhere, self._stretches, self._ids, self._host_bits,
+                                             self._either_bits)  # fmt: skip
+        return self._reachable
+
+    def _tier_maps(self) -> tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]]:
+        if self._tiers is None:
+            self._tiers = _tier_maps(self.anywhere, self._stretches, self._ids)
+        return self._tiers
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.pages, self.anywhere, self.pooled, self.gpu, self.host, self.either, self.reachable)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrefixMatch):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable caches inside: not hashable
+
+    def __repr__(self) -> str:
+        names = ("pages", "anywhere", "pooled", "gpu", "host", "either", "reachable")
+        return "PrefixMatch(" + ", ".join(f"{k}={v!r}" for k, v in zip(names, self._fields(), strict=True)) + ")"
+
+    def gpu_pages(self, node: NodeId) -> int:
+        """`gpu.get(node, 0)`, without building the mapping of every node."""
+        bit = self._index.get(node)
+        return 0 if bit is None else self._held_run(1 << bit)
+
+    def either_pages(self, node: NodeId) -> int:
+        """`either.get(node, 0)`, without building the mapping of every node."""
+        bit = self._index.get(node)
+        return 0 if bit is None else self._held_run(4 << bit)
+
+    def _held_run(self, bit: int) -> int:
+        """Leading pages whose masks all have `bit` (a one-bit mask)."""
+        for lo, mask in self._stretches:
+            if not mask & bit:
+                return lo
+        return self.anywhere
 
     def reachable_for(self, node: NodeId) -> int:
-        """Reachable prefix of `node`; for a node the directory does not know, the pooled prefix."""
-        return self.reachable.get(node, self.pooled if node not in self._index else 0)
+        """Reachable prefix of `node` (`reachable.get(node, 0)`); for a node the directory does not know, the
+        pooled prefix."""
+        bit = self._index.get(node)
+        if bit is None:
+            return self.pooled
+        if self._reachable is not None:
+            return self._reachable.get(node, 0)
+        pooled = self.pooled
+        if pooled >= self.anywhere:
+            return pooled
+        either, host = 4 << bit, self._host_bits
+        for lo, mask in self._stretches:  # the first page past `pooled` no host holds and the node lacks
+            if lo >= pooled and not mask & host and not mask & either:
+                return lo
+        return self.anywhere
 
     def fetch_plan(self, node: NodeId) -> FetchPlan:
         """Which pages of its reachable prefix `node` lacks, grouped in runs of equal host holders."""
@@ -95,32 +179,45 @@ class PrefixMatch:
                 start, current = lo, peers
         if current:
             runs.append(FetchRun(start, reachable, self._nodes(current)))
-        return FetchPlan(node=node, cached=self.either.get(node, 0), reachable=reachable, runs=tuple(runs))
+        return FetchPlan(node=node, cached=self.either_pages(node), reachable=reachable, runs=tuple(runs))
 
     def columns(self, nodes: Sequence[NodeId]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(gpu, either, reachable, fetch pages) of `nodes` as int64 arrays: for every node the same numbers as
-        `gpu`, `either`, `reachable_for` and `fetch_plan(node).fetch_pages`, from one pass over the stretches
-        of equal masks (a page of the reachable prefix is fetched exactly when the node does not hold it)."""
+        `gpu`, `either`, `reachable_for` and `fetch_plan(node).fetch_pages`, from the stretches' holder bits as one
+        0/1 matrix (stretch x bit): a node's prefix in a tier ends at the first stretch lacking its bit, its
+        reachable prefix at the first stretch past `pooled` that no host holds and it lacks, and a page of the
+        reachable prefix is fetched exactly when the node does not hold it."""
         count = len(nodes)
-        index = self._index
-        # C-level maps over the nodes (no Python step per node): this runs for every node at every decision
-        gpu = np.fromiter(map(self.gpu.get, nodes, repeat(0)), np.int64, count)
-        either = np.fromiter(map(self.either.get, nodes, repeat(0)), np.int64, count)
-        if all(map(index.__contains__, nodes)):  # `reachable_for` of known nodes
-            reach = np.fromiter(map(self.reachable.get, nodes, repeat(0)), np.int64, count)
-        else:
-            reach = np.fromiter(map(self.reachable_for, nodes), np.int64, count)
-        stretches = self._stretches
-        if not stretches or not reach.any():
-            return gpu, either, reach, np.zeros(count, np.int64)
-        los = np.fromiter((lo for lo, _ in stretches), np.int64, len(stretches))
-        his = np.append(los[1:], self.anywhere)
+        known, slot, has_slot = _slots(nodes, self._index)  # slot: the either bit 3i + 2 (0 for unknown nodes)
+        stretches, end, pooled = self._stretches, self.anywhere, self.pooled
+        if not stretches:
+            zero = np.zeros(count, np.int64)
+            return zero, zero, zero, zero
+        rows = len(stretches)
+        los = np.fromiter((lo for lo, _ in stretches), np.int64, rows)
         width = (3 * len(self._ids) + 7) // 8
         raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
-        bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(len(stretches), width), axis=1, bitorder="little")
-        slot = np.fromiter(map(index.get, nodes, repeat(-3)), np.int64, count) + 2  # either bit 3i + 2; -1 unknown
-        held = np.where(slot >= 0, bits[:, np.maximum(slot, 0)], 0)
-        overlap = np.maximum(np.minimum(his[:, None], reach[None, :]) - los[:, None], 0)  # np.clip costs 10x
+        bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(rows, width), axis=1, bitorder="little")
+        ends = np.append(los, end)  # ends[k]: where a prefix ends whose first missing stretch is k (k = rows: none)
+        held = bits[:, np.concatenate((slot - 2, slot))]  # GPU bits, then either bits, of every node
+        prefix = ends[np.where(held.all(axis=0), rows, held.argmin(axis=0))]
+        gpu, either = prefix[:count], prefix[count:]
+        held = held[:, count:]
+        if not known:
+            gpu, either, held = gpu * has_slot, either * has_slot, held * has_slot
+        if pooled < end:
+            first = next(k for k, (lo, _) in enumerate(stretches) if lo >= pooled)  # the stretch starting at pooled
+            hosted = np.fromiter((bool(mask & self._host_bits) for _, mask in stretches[first:]), bool, rows - first)
+            lacking = held[first:][~hosted] == 0  # stretches past pooled no host holds: where each node lacks one
+            lows = ends[first:-1][~hosted]
+            reach = np.where(lacking.any(axis=0), lows[lacking.argmax(axis=0)], end)
+            if not known:
+                reach = np.where(has_slot, reach, pooled)
+        else:
+            reach = np.full(count, pooled, np.int64)
+        if not reach.any():
+            return gpu, either, reach, np.zeros(count, np.int64)
+        overlap = np.maximum(np.minimum(ends[1:, None], reach[None, :]) - los[:, None], 0)  # np.clip costs 10x
         fetch = (overlap * (1 - held)).sum(axis=0)
         return gpu, either, reach, fetch
 
@@ -133,6 +230,21 @@ class PrefixMatch:
                 out.append(node)
             mask ^= low
         return frozenset(out)
+
+
+_SLOTS: list[tuple[Sequence[NodeId], Mapping[NodeId, int], tuple[bool, np.ndarray, np.ndarray]]] = []
+
+
+def _slots(nodes: Sequence[NodeId], index: Mapping[NodeId, int]) -> tuple[bool, np.ndarray, np.ndarray]:
+    """(all known, either-bit index of each node (0 for unknown ones), known mask) of `nodes` under `index`, kept
+    for the last pair of objects seen (callers reuse both while the candidates and the nodes stay the same)."""
+    if _SLOTS and _SLOTS[0][0] is nodes and _SLOTS[0][1] is index and type(nodes) is tuple:  # (a list may change)
+        return _SLOTS[0][2]
+    slot = np.fromiter(map(index.get, nodes, repeat(-3)), np.int64, len(nodes)) + 2  # either bit 3i + 2; -1 unknown
+    has = slot >= 0
+    answer = (bool(has.all()), np.maximum(slot, 0), has)
+    _SLOTS[:] = [(nodes, index, answer)]
+    return answer
 
 
 def bits_of(mask: int, ids: Sequence[NodeId | None]) -> list[tuple[int, NodeId]]:
@@ -152,6 +264,19 @@ def bits_of(mask: int, ids: Sequence[NodeId | None]) -> list[tuple[int, NodeId]]
     return [(b, node) for b in indexes if b // 3 < count and (node := ids[b // 3]) is not None]
 
 
+_KNOWN: list[tuple[tuple[NodeId | None, ...], tuple[NodeId, ...]]] = []
+
+
+def _known(ids: tuple[NodeId | None, ...]) -> tuple[NodeId, ...]:
+    """The known nodes of `ids`, kept for the last `ids` tuple seen (a directory shares one until a node joins or
+    leaves, and every lookup needs them)."""
+    if _KNOWN and _KNOWN[0][0] is ids:
+        return _KNOWN[0][1]
+    known = tuple(n for n in ids if n is not None)
+    _KNOWN[:] = [(ids, known)]
+    return known
+
+
 def match_from_stretches(
     pages: int,
     stretches: list[tuple[int, int]],
@@ -167,13 +292,23 @@ def match_from_stretches(
     prefix in a tier ends at the first stretch lacking its bit. `host_bits` / `either_bits`: the host / either
     bit of every node index in use.
     """
-    tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] = ({}, {}, {})
     pooled = end
+    for lo, mask in stretches:
+        if not mask & host_bits:
+            pooled = lo
+            break
+    return PrefixMatch(pages, end, pooled, stretches, index, ids, host_bits, either_bits)
+
+
+def _tier_maps(
+    end: int, stretches: list[tuple[int, int]], ids: tuple[NodeId | None, ...]
+) -> tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]]:
+    """`PrefixMatch.gpu`, `host` and `either`: a bit 3i + t survives the AND of the masks while node i holds every
+    page so far in tier t, so a node's prefix in a tier ends at the first stretch lacking its bit."""
+    tiers: tuple[dict[NodeId, int], dict[NodeId, int], dict[NodeId, int]] = ({}, {}, {})
     if stretches:
         acc = stretches[0][1]
         for lo, mask in stretches:
-            if not mask & host_bits and pooled == end:
-                pooled = lo
             dropped = acc & ~mask
             if dropped:
                 for bit_index, node in bits_of(dropped, ids):
@@ -181,10 +316,22 @@ def match_from_stretches(
                 acc &= mask
         for bit_index, node in bits_of(acc, ids):
             tiers[bit_index % 3][node] = end
-    reachable: dict[NodeId, int] = dict.fromkeys([n for n in ids if n is not None], pooled) if pooled else {}
+    return tiers
+
+
+def _reachable_map(
+    pooled: int,
+    end: int,
+    stretches: list[tuple[int, int]],
+    ids: tuple[NodeId | None, ...],
+    host_bits: int,
+    either_bits: int,
+) -> dict[NodeId, int]:
+    """`PrefixMatch.reachable`: the pooled prefix for every known node, and past it, only pages no node holds in
+    host memory constrain a node: its reachable prefix ends at the first such page it does not hold itself (its
+    either bit is clear there)."""
+    reachable: dict[NodeId, int] = dict.fromkeys(_known(ids), pooled) if pooled else {}
     if pooled < end:
-        # Only pages no node holds in host memory constrain a node: its reachable prefix ends at the first such
-        # page it does not hold itself (its either bit is clear there).
         acc = either_bits
         for lo, mask in stretches:
             if lo < pooled or mask & host_bits:
@@ -199,15 +346,4 @@ def match_from_stretches(
                     break
         for _, node in bits_of(acc, ids):
             reachable[node] = end
-    return PrefixMatch(
-        pages=pages,
-        anywhere=end,
-        pooled=pooled,
-        gpu=tiers[0],
-        host=tiers[1],
-        either=tiers[2],
-        reachable=reachable,
-        _stretches=stretches,
-        _index=index,
-        _ids=ids,
-    )
+    return reachable

@@ -84,8 +84,10 @@ class RoutedRequest:
 
 
 _T = TypeVar("_T")
-_SentViews = tuple[int | None, tuple[QueuedPrefill, ...], frozenset[str] | None, tuple[QueuedPrefill, ...]]
-"""`NodeTrack._sent_views`: (sent version, in flight, report ids, unreported)."""
+_SentViews = tuple[
+    int | None, tuple[QueuedPrefill, ...], frozenset[str] | None, tuple[QueuedPrefill, ...], dict[str, RoutedRequest]
+]
+"""`NodeTrack._sent_views`: (sent version, in flight, report ids, unreported, the `sent` they were built from)."""
 
 
 class SentRequests(dict[str, RoutedRequest]):
@@ -184,6 +186,8 @@ class NodeTrack:
     """Requests bound at routing that wait for their KV reservation here (the SGLang baseline's pre-allocation)."""
     fitter: ModelFitter | None = None
     usage: UsageCounts = field(default_factory=UsageCounts)
+    report_version: int = field(default=0, init=False, repr=False)
+    """Counts the changes of the `report_*` fields (`record_report`, `forget_report`)."""
     _sent_views: _SentViews | None = field(default=None, init=False, repr=False)
     """(sent version, in flight, report ids, unreported) of the last `sent_views`."""
 
@@ -234,14 +238,16 @@ class NodeTrack:
 
     def sent_views(self) -> tuple[tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...]]:
         """(unreported, in flight): the requests of `sent` the last report did not list, and all of them, each as
-        the router records it (`queued_view`). Reused until `sent` changes (its version) or a report comes."""
+        the router records it (`queued_view`). Reused until `sent` changes (its version, or another dict is put
+        there) or a report comes."""
         sent, ids = self.sent, self.report_ids
         version = getattr(sent, "version", None)  # a plain dict put here by hand is never reused
         cache = self._sent_views
-        if version is None or cache is None or cache[0] != version:
-            cache = (version, tuple(r.queued_view() for r in sent.values()), None, ())
+        if version is None or cache is None or cache[0] != version or cache[4] is not sent:  # `sent` may be replaced
+            cache = (version, tuple(r.queued_view() for r in sent.values()), None, (), sent)
         if cache[2] is not ids:
-            cache = (version, cache[1], ids, tuple(q for q, rid in zip(cache[1], sent, strict=True) if rid not in ids))
+            unreported = tuple(q for q, rid in zip(cache[1], sent, strict=True) if rid not in ids)
+            cache = (version, cache[1], ids, unreported, sent)
         self._sent_views = cache
         return cache[3], cache[1]
 
@@ -252,6 +258,7 @@ class NodeTrack:
 
     def record_report(self, now: float, running: tuple[RunningPrefill, ...], queued_ids: tuple[str, ...]) -> None:
         """The node's report at an iteration launch: its running prefills and the ids queued, in order."""
+        self.report_version += 1
         self.report_time = now
         self.report_running = running
         sent = self.sent
@@ -270,6 +277,7 @@ class NodeTrack:
         self.report_ids = frozenset(rid for rid in sent if rid in listed)
 
     def forget_report(self) -> None:
+        self.report_version += 1
         self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), _NO_IDS, None
 
 

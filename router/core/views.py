@@ -15,6 +15,7 @@ Boundary: pure reads of `NodeTrack`s; nothing here changes them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -22,16 +23,27 @@ from evolving_infra.core.types import NodeId
 from evolving_infra.router.planner import NodeLoad
 from evolving_infra.router.prefix_match import PrefixMatch
 from evolving_infra.router.routing import DecodeNodeView, PrefillNodeView, PrefillNodeModel
-from evolving_infra.router.routing.inputs import PrefillNodeState, PrefillStateRow, PrefillViewSet, PrefixColumns
+from evolving_infra.router.routing.inputs import (
+    PrefillNodeState,
+    PrefillStateRow,
+    PrefillViewSet,
+    PrefixColumns,
+    StateStamps,
+)
 from evolving_infra.router.routing.decode import kv_tokens_needed
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
+
+_ID, _SENT, _VERSION = attrgetter("id"), attrgetter("sent"), attrgetter("version")
+_LAST_IDS: list[tuple[NodeId, ...]] = []
+"""The node ids of the last `TrackViews` built (one tuple, reused while the candidates stay the same)."""
+_REPORT_VERSION, _REPORT_TIME = attrgetter("report_version"), attrgetter("report_time")
 
 
 def prefill_view(
     node: NodeTrack, match: PrefixMatch, now: float, *, shared_pool: bool, model: PrefillNodeModel | None
 ) -> PrefillNodeView:
-    gpu = match.gpu.get(node.id, 0)
-    either = match.either.get(node.id, 0)
+    gpu = match.gpu_pages(node.id)
+    either = match.either_pages(node.id)
     plan = match.fetch_plan(node.id)
     cluster = max(plan.reachable, either)
     runs = plan.runs
@@ -76,7 +88,12 @@ class TrackViews(PrefillViewSet):
         self._now = now
         self._shared = shared_pool
         self._models = models
-        self._ids = tuple(t.id for t in tracks)
+        ids = tuple(map(_ID, tracks))
+        if _LAST_IDS and _LAST_IDS[0] == ids:  # the same candidates as last time: the same tuple, so what policies
+            ids = _LAST_IDS[0]  # keep per candidate set is found by identity
+        else:
+            _LAST_IDS[:] = [ids]
+        self._ids = ids
         self._views: list[PrefillNodeView | None] = [None] * len(tracks)
         self._columns: PrefixColumns | None = None
 
@@ -108,8 +125,10 @@ class TrackViews(PrefillViewSet):
         out: list[PrefillStateRow] = []
         for track in self._tracks:
             # `track.sent_views()`, its cache hit inlined (this runs for every node at every decision)
-            cache, version = track._sent_views, getattr(track.sent, "version", None)
-            if cache is not None and version is not None and cache[0] == version and cache[2] is track.report_ids:
+            cache, sent = track._sent_views, track.sent
+            version = getattr(sent, "version", None)
+            if cache is not None and version is not None and cache[0] == version and cache[2] is track.report_ids \
+                    and cache[4] is sent:  # fmt: skip
                 unreported, in_flight = cache[3], cache[1]
             else:
                 unreported, in_flight = track.sent_views()
@@ -118,6 +137,21 @@ class TrackViews(PrefillViewSet):
             out.append((track.report_running, track.report_queue, unreported, in_flight,  # type: ignore[arg-type]  # router models are opaque here
                         age if age is None or age > 0.0 else 0.0, models.get(track.id)))  # fmt: skip
         return out
+
+    def stamps(self) -> StateStamps | None:
+        """Each track and its `sent` as holders, their versions (`sent.version`, `report_version`), report ages and
+        models; None when a track's `sent` keeps no version (a plain dict put there by hand)."""
+        tracks, n = self._tracks, len(self._tracks)
+        sents = list(map(_SENT, tracks))
+        try:
+            sent_versions = np.fromiter(map(_VERSION, sents), np.int64, n)
+        except AttributeError:
+            return None
+        versions = np.empty((n, 2), np.int64)
+        versions[:, 0] = sent_versions
+        versions[:, 1] = np.fromiter(map(_REPORT_VERSION, tracks), np.int64, n)
+        at = np.array(list(map(_REPORT_TIME, tracks)), np.float64)  # None (never reported) becomes NaN
+        return StateStamps((list(tracks), sents), versions, self._now - at, list(map(self._models.get, self._ids)))
 
     def state(self, i: int) -> PrefillNodeState:
         track = self._tracks[i]

@@ -47,6 +47,10 @@ def linear_coefficients(model: PrefillNodeModel) -> PrefillCoefficients | None:
     return get() if get is not None else None
 
 
+ROW_WIDTH = 10
+"""Fields of `_Entry.row`."""
+
+
 @dataclass(slots=True)
 class _Entry:
     model: PrefillNodeModel

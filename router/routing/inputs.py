@@ -213,6 +213,23 @@ class PrefillNodeState(NamedTuple):
     model: PrefillNodeModel | None
 
 
+@dataclass(frozen=True, slots=True)
+class StateStamps:
+    """What tells a policy whether the queue states of a `PrefillViewSet`'s nodes changed since an earlier
+    decision, one entry per node in the set's order.
+
+    `holders` are parallel lists of the objects that keep each node's state, `versions` (int64, one column per
+    holder) count their changes: while every holder of node i is the same object with the same version and
+    `models[i]` is the same object, `state(i)` yields equal running, queue, unreported and in-flight parts.
+    `ages` are the report ages in seconds (NaN: never reported), as `state(i).state_age_s` but not clamped at 0.
+    """
+
+    holders: tuple[list[object], ...]
+    versions: np.ndarray
+    ages: np.ndarray
+    models: list[object]
+
+
 PrefillStateRow = tuple[
     tuple[RunningPrefill, ...], tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...], tuple[QueuedPrefill, ...],
     float | None, PrefillNodeModel | None,
@@ -249,6 +266,11 @@ class PrefillViewSet(Sequence[PrefillNodeView], abc.ABC):
     def states(self) -> Sequence[PrefillStateRow]:
         """`tuple(self.state(i))` for every node, in order (implementations may build them faster)."""
         return [cast(PrefillStateRow, tuple(self.state(i))) for i in range(len(self))]
+
+    def stamps(self) -> StateStamps | None:
+        """Change stamps of every node's queue state (`StateStamps`), or None when the set keeps none (then a
+        policy that reuses per-node results must compare `state(i)` of every node)."""
+        return None
 
     def index_of(self, node: NodeId) -> int:
         return self.nodes.index(node)

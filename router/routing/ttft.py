@@ -25,7 +25,7 @@ Boundary: pure; the views carry the directory's prefix lengths and the nodes' st
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from dataclasses import dataclass
 
@@ -41,7 +41,7 @@ from evolving_infra.router.routing.base import (
     RoutingDecision,
     by_node,
 )
-from evolving_infra.router.routing.backlogs import APPEND_BOUND, BacklogStore, append_columns
+from evolving_infra.router.routing.backlogs import APPEND_BOUND, ROW_WIDTH, BacklogStore, _Entry, append_columns
 from evolving_infra.router.routing.inputs import (
     PrefillNodeState,
     PrefillNodeView,
@@ -51,6 +51,7 @@ from evolving_infra.router.routing.inputs import (
     RunningPrefill,
     unique_nodes,
 )
+from evolving_infra.router.routing.keptrows import KeptRows
 from evolving_infra.router.routing.nodemodel import PrefillNodeModel
 from evolving_infra.router.routing.queue_replay import (
     DEFAULT_CHUNK_TOKENS,
@@ -262,6 +263,7 @@ class TtftRouter(RouterHooks):
         self.settings = settings if settings is not None else TtftSettings()
         self.memoize_backlogs = memoize_backlogs
         self.backlogs = BacklogStore(self.settings.chunk_tokens, _parts_jobs, _queued_job)
+        self._kept = KeptRows()
 
     @property
     def name(self) -> PrefillPolicyName:
@@ -308,7 +310,7 @@ class TtftRouter(RouterHooks):
     def _columns_estimates(self, request: RouteRequest, nodes: PrefillViewSet) -> list[TtftEstimate]:
         """Exact estimates of every node that can win: all nodes priced at once, the close ones re-priced."""
         ids = nodes.nodes
-        if len(set(ids)) != len(ids):
+        if ids is not self._kept.ids and len(set(ids)) != len(ids):  # (the kept set's ids were checked)
             unique_nodes(nodes, "prefill")
         s = self.settings
         cols = nodes.prefix_columns()
@@ -321,13 +323,54 @@ class TtftRouter(RouterHooks):
         fetch = np.where(fetching, fetch, 0)
         uncached = prompt - cached
         restore = cached - np.minimum(cols.gpu * page, cached)
+        exact: list[TtftEstimate] = []
+        linear: list[int] | None  # positions of the nodes priced in closed form (None: all of them)
+        stamps = nodes.stamps()
+        if stamps is None:
+            linear, table = self._rows_by_state(request, nodes, exact)
+        else:
+            kept = self._kept
+            kept.refresh(ids, stamps, stamps.ages <= s.state_max_age_s, self._recompute(nodes))
+            linear_mask = kept.linear
+            if linear_mask.all():
+                linear, table = None, kept.table
+            else:
+                for i in np.flatnonzero(~linear_mask).tolist():
+                    exact.append(estimate_ttft(request, nodes.view(i), s, kept.entries[i].backlog))
+                linear = np.flatnonzero(linear_mask).tolist()
+                table = kept.table[linear]
+        if linear is None or linear:
+            if linear is not None:  # only some nodes have rows: take theirs
+                at = np.asarray(linear)
+                uncached, cached, restore, fetch = uncached[at], cached[at], restore[at], fetch[at]
+            start, finish = append_columns(table, uncached, cached, restore, s.chunk_tokens)
+            x = fetch
+            tau = np.where(x > 0, s.fetch_fixed_s + s.fetch_per_token_s * x, 0.0)
+            total = finish + np.maximum(0.0, tau - start) + s.copy_price_s_per_token * x
+            slack = APPEND_BOUND * (1.0 + np.abs(finish)) + 1e-12 * (1.0 + np.abs(total))
+            low = total - slack
+            best = float(np.min(total + slack))
+            if exact:
+                best = min(best, min(e.total for e in exact))
+            for k in np.flatnonzero(low <= best).tolist():
+                i = k if linear is None else linear[k]
+                view = nodes.view(i)
+                backlog = self._backlog(view) if stamps is None else self._kept.entries[i].backlog
+                exact.append(estimate_ttft(request, view, s, backlog))
+        return exact
+
+    def _rows_by_state(
+        self, request: RouteRequest, nodes: PrefillViewSet, exact: list[TtftEstimate]
+    ) -> tuple[list[int], np.ndarray]:
+        """(positions, rows) of the nodes with closed-form rows, from every node's state read afresh (a set that
+        keeps no stamps); the others' exact estimates go to `exact`."""
+        s = self.settings
         rows: list[tuple[float, ...]] = []
         linear: list[int] = []
-        exact: list[TtftEstimate] = []
         entry, max_age = self.backlogs.entry, s.state_max_age_s
         reported, record = StateSource.REPORTED, StateSource.ROUTER_RECORD
         by_report, by_record = self.backlogs.table(reported), self.backlogs.table(record)
-        for i, (node, state) in enumerate(zip(ids, nodes.states(), strict=True)):
+        for i, (node, state) in enumerate(zip(nodes.nodes, nodes.states(), strict=True)):
             running, queue, unreported, in_flight, age, model = state
             if model is None:
                 _model(nodes.view(i))
@@ -348,21 +391,22 @@ class TtftRouter(RouterHooks):
             else:
                 rows.append(hit.row)
                 linear.append(i)
-        if linear:
-            at = np.asarray(linear)
-            width = len(rows[0])  # np.fromiter over the flat values is faster than np.asarray of the tuples
-            table = np.fromiter(chain.from_iterable(rows), np.float64, len(rows) * width).reshape(len(rows), width)
-            start, finish = append_columns(table, uncached[at], cached[at], restore[at], s.chunk_tokens)
-            x = fetch[at]
-            tau = np.where(x > 0, s.fetch_fixed_s + s.fetch_per_token_s * x, 0.0)
-            total = finish + np.maximum(0.0, tau - start) + s.copy_price_s_per_token * x
-            slack = APPEND_BOUND * (1.0 + np.abs(finish)) + 1e-12 * (1.0 + np.abs(total))
-            low = total - slack
-            best = float(np.min(total + slack))
-            if exact:
-                best = min(best, min(e.total for e in exact))
-            for k in np.flatnonzero(low <= best):
-                i = linear[int(k)]
-                view = nodes.view(i)
-                exact.append(estimate_ttft(request, view, s, self._backlog(view)))
-        return exact
+        width = len(rows[0]) if rows else ROW_WIDTH  # np.fromiter over the flat values beats np.asarray of tuples
+        table = np.fromiter(chain.from_iterable(rows), np.float64, len(rows) * width).reshape(len(rows), width)
+        return linear, table
+
+    def _recompute(self, nodes: PrefillViewSet) -> Callable[[int, bool], _Entry]:
+        """For `KeptRows.refresh`: the store's entry of node i's state now (its report if `fresh`, else the
+        router's record)."""
+        entry = self.backlogs.entry
+
+        def recompute(i: int, fresh: bool) -> _Entry:
+            state = nodes.state(i)
+            model = state.model
+            if model is None:
+                _model(nodes.view(i))
+            if fresh:
+                return entry(nodes.nodes[i], StateSource.REPORTED, model, (state.running, state.queue, state.unreported))  # type: ignore[arg-type]  # checked just above
+            return entry(nodes.nodes[i], StateSource.ROUTER_RECORD, model, (state.router_in_flight,))  # type: ignore[arg-type]  # checked just above
+
+        return recompute

@@ -100,6 +100,16 @@ def test_a_plain_dict_put_in_by_hand_is_read_afresh_every_time() -> None:
     assert node.sent_views() == _fresh(node)
 
 
+def test_another_sent_dict_with_the_same_version_is_read_afresh() -> None:
+    node = NodeTrack(NodeId("p0"), Phase.PREFILL)
+    assert node.sent_views() == ((), ())
+    node.sent = SentRequests({"a": _request("a", 0)})  # built whole: its version is the empty one's
+    assert node.sent.version == 0
+    assert node.sent_views() == _fresh(node) and len(node.sent_views()[1]) == 1
+    node.record_report(1.0, (), ())
+    assert node.sent_views() == _fresh(node)
+
+
 def test_serves_is_the_mode_phase_relation() -> None:
     """`serves` (identity checks) against its definition, for every mode and phase."""
     from evolving_infra.core.types import NodeMode, Phase

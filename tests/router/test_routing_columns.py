@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.core.itermodel import PrefillCoefficients
@@ -167,6 +167,7 @@ def test_routing_over_columns_chooses_what_the_full_replay_chooses(
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([Tier.GPU, Tier.HOST]), st.integers(0, 30),
                           st.integers(1, 30)), max_size=20), st.integers(1, 60))  # fmt: skip
+@example([(0, Tier.HOST, 0, 10), (1, Tier.GPU, 10, 10), (2, Tier.GPU, 0, 14)], 30)  # pooled 10 < held 20
 def test_prefix_columns_equal_the_per_node_lookups(
     stores: list[tuple[int, Tier, int, int]], prompt: int
 ) -> None:
@@ -181,8 +182,11 @@ def test_prefix_columns_equal_the_per_node_lookups(
     for k, node in enumerate(nodes):
         assert gpu[k] == match.gpu.get(node, 0)
         assert either[k] == match.either.get(node, 0)
-        assert reach[k] == match.reachable_for(node)
+        assert match.gpu_pages(node) == gpu[k] and match.either_pages(node) == either[k]
         assert fetch[k] == match.fetch_plan(node).fetch_pages
+    fresh = directory.lookup(pages[:prompt])  # per node, before and after the mappings of all nodes are built
+    assert [fresh.reachable_for(node) for node in nodes] == reach.tolist()
+    assert fresh.reachable == match.reachable and [fresh.reachable_for(node) for node in nodes] == reach.tolist()
 
 
 @given(st.integers(0, 2**330), st.lists(st.booleans(), min_size=1, max_size=110))
