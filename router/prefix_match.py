@@ -188,7 +188,7 @@ class PrefixMatch:
         reachable prefix at the first stretch past `pooled` that no host holds and it lacks, and a page of the
         reachable prefix is fetched exactly when the node does not hold it."""
         count = len(nodes)
-        known, slot, has_slot = _slots(nodes, self._index)  # slot: the either bit 3i + 2 (0 for unknown nodes)
+        known, both, has_slot = _slots(nodes, self._index)
         stretches, end, pooled = self._stretches, self.anywhere, self.pooled
         if not stretches:
             zero = np.zeros(count, np.int64)
@@ -199,7 +199,7 @@ class PrefixMatch:
         raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
         bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(rows, width), axis=1, bitorder="little")
         ends = np.append(los, end)  # ends[k]: where a prefix ends whose first missing stretch is k (k = rows: none)
-        held = bits[:, np.concatenate((slot - 2, slot))]  # GPU bits, then either bits, of every node
+        held = bits[:, both]  # GPU bits, then either bits, of every node
         prefix = ends[np.where(held.all(axis=0), rows, held.argmin(axis=0))]
         gpu, either = prefix[:count], prefix[count:]
         held = held[:, count:]
@@ -236,13 +236,15 @@ _SLOTS: list[tuple[Sequence[NodeId], Mapping[NodeId, int], tuple[bool, np.ndarra
 
 
 def _slots(nodes: Sequence[NodeId], index: Mapping[NodeId, int]) -> tuple[bool, np.ndarray, np.ndarray]:
-    """(all known, either-bit index of each node (0 for unknown ones), known mask) of `nodes` under `index`, kept
-    for the last pair of objects seen (callers reuse both while the candidates and the nodes stay the same)."""
+    """(all known, the GPU bit 3i of each node then its either bit 3i + 2 (0 for unknown nodes), known mask) of
+    `nodes` under `index`, kept for the last pair of objects seen (callers reuse both while the candidates and the
+    nodes stay the same)."""
     if _SLOTS and _SLOTS[0][0] is nodes and _SLOTS[0][1] is index and type(nodes) is tuple:  # (a list may change)
         return _SLOTS[0][2]
-    slot = np.fromiter(map(index.get, nodes, repeat(-3)), np.int64, len(nodes)) + 2  # either bit 3i + 2; -1 unknown
-    has = slot >= 0
-    answer = (bool(has.all()), np.maximum(slot, 0), has)
+    gpu = np.fromiter(map(index.get, nodes, repeat(-1)), np.int64, len(nodes))  # -1: unknown
+    has = gpu >= 0
+    gpu = np.maximum(gpu, 0)
+    answer = (bool(has.all()), np.concatenate((gpu, gpu + 2)), has)
     _SLOTS[:] = [(nodes, index, answer)]
     return answer
 

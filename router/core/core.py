@@ -41,7 +41,7 @@ from evolving_infra.core.types import BranchId, NodeId, NodeMode, Phase, Tier
 from evolving_infra.router.branches import BranchTable
 from evolving_infra.core.fetch import FetchRun
 from evolving_infra.router.core.effects import PushCounts, Routed, SendPrefill, SplitChange, SwitchNode
-from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
+from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest, accept_rule
 from evolving_infra.router.core.views import decode_need, decode_view, node_load, prefill_views
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.fitting import UsageCounts
@@ -124,7 +124,9 @@ class RouterCore:
         self.branches.set_phase(node.id, phase)
 
     def accepting(self, phase: Phase) -> list[NodeTrack]:
-        return [n for n in self.nodes.values() if n.accepts(phase)]
+        """The nodes that take new work of `phase` now (`NodeTrack.accepts`, inlined: every node, every decision)."""
+        modes, targets = accept_rule(phase)
+        return [n for n in self.nodes.values() if n.current_mode() in modes and n.target in targets]
 
     def split_now(self) -> tuple[int, int]:
         """(prefill, decode) nodes serving a phase now (nodes serving nothing and collocated ones excluded)."""

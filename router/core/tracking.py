@@ -42,6 +42,17 @@ def serves(mode: NodeMode, phase: Phase) -> bool:
     return mode is _COLLOCATED or mode is (_PREFILL_MODE if phase is Phase.PREFILL else _DECODE_MODE)
 
 
+_ACCEPT_PREFILL = ((_COLLOCATED, _PREFILL_MODE), (None, _COLLOCATED, _PREFILL_MODE))
+_ACCEPT_DECODE = ((_COLLOCATED, _DECODE_MODE), (None, _COLLOCATED, _DECODE_MODE))
+
+
+def accept_rule(phase: Phase) -> tuple[tuple[NodeMode, ...], tuple[NodeMode | None, ...]]:
+    """(modes, targets): a node takes new work of `phase` when the mode it serves is one of `modes` and its switch
+    target (None: no switch) one of `targets`, i.e. both serve `phase`. Tuples of members, tested with `in`
+    (identity first): callers check every node at every decision."""
+    return _ACCEPT_PREFILL if phase is Phase.PREFILL else _ACCEPT_DECODE
+
+
 @dataclass(eq=False)
 class RoutedRequest:
     """The router's record of one request (see the module docstring)."""
@@ -63,6 +74,8 @@ class RoutedRequest:
     """Decode KV tokens reserved on `decode_node` until the KV is submitted there."""
     fetch_plan: tuple[FetchRun, ...] = ()
     """What its prefill node pulls from peers (the last routing's plan)."""
+    _queued: tuple[int, int, RouteRequest, QueuedPrefill] | None = field(default=None, init=False, repr=False)
+    """(routed_cached, routed_restore, route, its `queued_view`) of the last `queued_view`."""
 
     @property
     def id(self) -> str:
@@ -77,10 +90,15 @@ class RoutedRequest:
         return self.route.branch
 
     def queued_view(self) -> QueuedPrefill:
-        """The request as the router records it: its routed work."""
-        cached = self.routed_cached
-        work = Work(self.route.prompt_tokens - cached, cached, self.route.output_tokens, self.route.t_acc)
-        return QueuedPrefill(self.route.id, work, min(self.routed_restore, cached))
+        """The request as the router records it: its routed work (the same object while that stays the same)."""
+        cached, restore, route = self.routed_cached, self.routed_restore, self.route
+        kept = self._queued
+        if kept is not None and kept[0] == cached and kept[1] == restore and kept[2] is route:
+            return kept[3]
+        work = Work(route.prompt_tokens - cached, cached, route.output_tokens, route.t_acc)
+        view = QueuedPrefill(route.id, work, min(restore, cached))
+        self._queued = (cached, restore, route, view)
+        return view
 
 
 _T = TypeVar("_T")
@@ -213,16 +231,9 @@ class NodeTrack:
         return self.serving and self.target is not None
 
     def accepts(self, phase: Phase) -> bool:
-        """Whether new work of `phase` may be sent now (mirrors the engine's refusal rules)."""
-        mode = self.current_mode()
-        if mode is None:
-            return False
-        # `serves(mode, phase)` and `serves(target, phase)`, inlined: this runs for every node at every decision
-        want = _PREFILL_MODE if phase is Phase.PREFILL else _DECODE_MODE
-        if mode is not _COLLOCATED and mode is not want:
-            return False
-        target = self.target
-        return target is None or target is _COLLOCATED or target is want
+        """Whether new work of `phase` may be sent now (mirrors the engine's refusal rules; see `accept_rule`)."""
+        modes, targets = accept_rule(phase)
+        return self.current_mode() in modes and self.target in targets
 
     def serving_phase(self) -> Phase:
         """The phase the node counts in for the planner: its switch target while switching."""

@@ -135,9 +135,15 @@ class BacklogStore:
 
 
 def append_columns(
-    rows: np.ndarray, uncached: np.ndarray, context: np.ndarray, restore: np.ndarray, chunk: int
+    rows: np.ndarray,
+    uncached: np.ndarray,
+    context: np.ndarray,
+    restore: np.ndarray,
+    chunk: int,
+    ints: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, finish) of one new job per node appended to each node's backlog (rows as `_Entry.row`).
+    """(start, finish) of one new job per node appended to each node's backlog (rows as `_Entry.row`; `ints`, if
+    given, their integer fields (room, last uncached, last query-key pairs, last restored) as int64).
 
     Same schedule as `append_job`: the job first fills the room left in the backlog's last iteration (that
     iteration is re-priced with the job's item added), then runs in chunks of `chunk` tokens; restored tokens
@@ -145,8 +151,9 @@ def append_columns(
     """
     c0, c1, c2, c3 = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
     last_start, end = rows[:, 4], rows[:, 5]
-    room = rows[:, 6].astype(np.int64)
-    last_uc, last_pairs, last_rst = (rows[:, k].astype(np.int64) for k in (7, 8, 9))
+    if ints is None:
+        ints = rows[:, 6:].astype(np.int64)
+    room, last_uc, last_pairs, last_rst = ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3]
     joins = room > 0
     take = np.minimum(uncached, room)
     joined = c0 + c1 * (last_uc + take) + c2 * (last_pairs + take * context + take * (take + 1) // 2) + c3 * (

@@ -224,7 +224,7 @@ class StateStamps:
     `ages` are the report ages in seconds (NaN: never reported), as `state(i).state_age_s` but not clamped at 0.
     """
 
-    holders: tuple[list[object], ...]
+    holders: tuple[Sequence[object], ...]
     versions: np.ndarray
     ages: np.ndarray
     models: list[object]

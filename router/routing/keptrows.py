@@ -12,7 +12,7 @@ Boundary: bookkeeping only; what a row means and how it is priced are `backlogs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import is_not
 
 import numpy as np
@@ -25,17 +25,20 @@ from evolving_infra.router.routing.inputs import StateStamps
 class KeptRows:
     """Entries and rows of the last candidate set, with the stamps they were computed under."""
 
-    __slots__ = ("_ids", "_holders", "_versions", "_models", "_fresh", "entries", "table", "linear", "recomputed")
+    __slots__ = ("_ids", "_holders", "_versions", "_models", "_fresh", "entries", "table", "ints", "linear",
+                 "recomputed")  # fmt: skip
 
     def __init__(self) -> None:
         self._ids: tuple[NodeId, ...] | None = None
-        self._holders: tuple[list[object], ...] = ()
+        self._holders: tuple[Sequence[object], ...] = ()
         self._versions = np.zeros((0, 0), np.int64)
         self._models: list[object] = []
         self._fresh = np.zeros(0, bool)
         self.entries: list[_Entry] = []
         self.table = np.zeros((0, ROW_WIDTH))
         """Row i: `entries[i].row`, or zeros where it is None (see `linear`)."""
+        self.ints = np.zeros((0, ROW_WIDTH - 6), np.int64)
+        """The integer fields of `table` (its last four columns) as int64."""
         self.linear = np.zeros(0, bool)
         """Whether `entries[i]` has a closed-form row."""
         self.recomputed = 0
@@ -59,6 +62,7 @@ class KeptRows:
             changed = np.ones(n, bool)
             self.entries = [None] * n  # type: ignore[list-item]  # all filled below
             self.table = np.zeros((n, ROW_WIDTH))
+            self.ints = np.zeros((n, ROW_WIDTH - 6), np.int64)
             self.linear = np.zeros(n, bool)
         else:
             changed = (stamps.versions != self._versions).any(axis=1) | (fresh != self._fresh)
@@ -66,7 +70,7 @@ class KeptRows:
                 changed |= np.fromiter(map(is_not, new, old), bool, n)
             changed |= np.fromiter(map(is_not, stamps.models, self._models), bool, n)
         self._ids = None  # until every changed node is recomputed (a recompute may raise)
-        entries, table, linear = self.entries, self.table, self.linear
+        entries, table, ints, linear = self.entries, self.table, self.ints, self.linear
         for i in np.flatnonzero(changed).tolist():
             entry = recompute(i, bool(fresh[i]))
             entries[i] = entry
@@ -74,9 +78,11 @@ class KeptRows:
             if row is None:
                 linear[i] = False
                 table[i] = 0.0
+                ints[i] = 0
             else:
                 linear[i] = True
                 table[i] = row
+                ints[i] = row[6:]
             self.recomputed += 1
         self._ids, self._holders, self._versions = ids, stamps.holders, stamps.versions
         self._models, self._fresh = stamps.models, fresh

@@ -318,7 +318,7 @@ class TtftRouter(RouterHooks):
             nodes.view(int(cols.cluster.argmax())).check_pages(request)
         page, prompt = request.page_tokens, request.prompt_tokens
         fetch = cols.fetch * page
-        fetching = (fetch > 0) & (fetch >= s.min_fetch_tokens)
+        fetching = fetch >= max(1, s.min_fetch_tokens)  # `s.fetches` (integer tokens)
         cached = np.minimum(np.where(fetching, cols.cluster, cols.own) * page, prompt - 1)
         fetch = np.where(fetching, fetch, 0)
         uncached = prompt - cached
@@ -326,6 +326,7 @@ class TtftRouter(RouterHooks):
         exact: list[TtftEstimate] = []
         linear: list[int] | None  # positions of the nodes priced in closed form (None: all of them)
         stamps = nodes.stamps()
+        ints: np.ndarray | None = None
         if stamps is None:
             linear, table = self._rows_by_state(request, nodes, exact)
         else:
@@ -333,26 +334,28 @@ class TtftRouter(RouterHooks):
             kept.refresh(ids, stamps, stamps.ages <= s.state_max_age_s, self._recompute(nodes))
             linear_mask = kept.linear
             if linear_mask.all():
-                linear, table = None, kept.table
+                linear, table, ints = None, kept.table, kept.ints
             else:
                 for i in np.flatnonzero(~linear_mask).tolist():
                     exact.append(estimate_ttft(request, nodes.view(i), s, kept.entries[i].backlog))
                 linear = np.flatnonzero(linear_mask).tolist()
-                table = kept.table[linear]
+                table, ints = kept.table[linear], kept.ints[linear]
         if linear is None or linear:
             if linear is not None:  # only some nodes have rows: take theirs
                 at = np.asarray(linear)
                 uncached, cached, restore, fetch = uncached[at], cached[at], restore[at], fetch[at]
-            start, finish = append_columns(table, uncached, cached, restore, s.chunk_tokens)
+            start, finish = append_columns(table, uncached, cached, restore, s.chunk_tokens, ints)
             x = fetch
             tau = np.where(x > 0, s.fetch_fixed_s + s.fetch_per_token_s * x, 0.0)
             total = finish + np.maximum(0.0, tau - start) + s.copy_price_s_per_token * x
-            slack = APPEND_BOUND * (1.0 + np.abs(finish)) + 1e-12 * (1.0 + np.abs(total))
-            low = total - slack
-            best = float(np.min(total + slack))
+            # Each closed-form total is within APPEND_BOUND * (1 + |finish|) of the replay's (plus 1e-12 relative for
+            # the sums above); with the largest such slack for every node, a node can win (or tie) only if its
+            # total is at most the best upper bound plus that slack: re-price exactly those.
+            slack = APPEND_BOUND * (1.0 + float(np.abs(finish).max())) + 1e-12 * (1.0 + float(np.abs(total).max()))
+            best = float(total.min()) + slack
             if exact:
                 best = min(best, min(e.total for e in exact))
-            for k in np.flatnonzero(low <= best).tolist():
+            for k in np.flatnonzero(total <= best + slack).tolist():
                 i = k if linear is None else linear[k]
                 view = nodes.view(i)
                 backlog = self._backlog(view) if stamps is None else self._kept.entries[i].backlog

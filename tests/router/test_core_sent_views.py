@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import random
 import pickle
 
 from hypothesis import given
@@ -118,3 +119,24 @@ def test_serves_is_the_mode_phase_relation() -> None:
     for mode in NodeMode:
         for phase in Phase:
             assert serves(mode, phase) == (mode is NodeMode.COLLOCATED or mode.value == phase.value)
+
+
+def test_accepts_is_serving_the_phase_in_mode_and_switch_target() -> None:
+    """`accepts` (and the core's inlined `accepting`) against its definition, for every mode, target and phase."""
+    from evolving_infra.core.types import NodeMode, Phase
+    from evolving_infra.router.core import RouterCore
+    from evolving_infra.router.core.tracking import serves
+    from evolving_infra.router.routing import make_decode_binder, make_prefill_router
+
+    tracks = {}
+    for mode in (None, *NodeMode):
+        for target in (None, *NodeMode):
+            node = NodeTrack(NodeId(f"{mode}-{target}"), Phase.PREFILL, target=target, mode=mode)
+            tracks[node.id] = node
+            for phase in Phase:
+                want = mode is not None and serves(mode, phase) and (target is None or serves(target, phase))
+                assert node.accepts(phase) == want
+    core = RouterCore(tracks, router=make_prefill_router("round-robin"), binder=make_decode_binder("fewest-requests", random.Random(0)))
+    for phase in Phase:
+        assert core.accepting(phase) == [n for n in tracks.values() if n.accepts(phase)]
+        assert core.accepting(phase)  # some do

@@ -78,6 +78,9 @@ def test_closed_form_append_is_within_the_bound_of_the_replay(
     context = np.array([c for _, c in new], np.int64)
     restore = context // 3
     start, finish = append_columns(np.array([row] * len(new)), uncached, context, restore, chunk)
+    ints = np.array([row[6:]] * len(new), np.int64)  # the integer fields given apart (as the kept rows do)
+    assert all(map(np.array_equal, (start, finish), append_columns(np.array([row] * len(new)), uncached, context,
+                                                                   restore, chunk, ints)))  # fmt: skip
     for k, (uc, c) in enumerate(new):
         exact = append_job(model, backlog, ReplayJob(RequestId("n"), uc, c, c // 3))
         assert start[k] == exact.start
