@@ -50,6 +50,8 @@ class IdOrder:
         self._ids, self._tier = ids, tier
         self._buckets: dict[Key, _Bucket] = {}
         self._keys: list[Key] = []
+        self._entries = 0  # ids over all chunks, stale ones included
+        self.rebuilds = 0
 
     def key_of(self, counted: bool, when: float) -> Key:
         return (1.0 if counted else 0.0, when) if self.by_count else (when,)
@@ -61,9 +63,34 @@ class IdOrder:
             heapq.heappush(self._keys, key)
         bucket.chunks.append((ids, self._ids.gen[ids]))
         bucket.ordered = False
+        self._entries += len(ids)
+
+    REBUILD_FACTOR = 8
+    REBUILD_FLOOR = 4096
+    """Entries are rebuilt from the tier's cached ids once they exceed REBUILD_FACTOR x the cached ids plus
+    REBUILD_FLOOR (ids re-entered under a newer key leave their old entries behind until a victim search reaches
+    them): memory stays within a constant factor of the live order, and the rebuild's cost is amortized over the
+    entries added since the last one."""
 
     def enter(self, ids: Ids) -> None:
         """(Re)enter cached `ids` under their current keys (grouped by key: one chunk per key)."""
+        if not len(ids):
+            return
+        if self._entries + len(ids) > self.REBUILD_FACTOR * self._tier.cached + self.REBUILD_FLOOR:
+            self._rebuild()
+            return
+        self._enter(ids)
+
+    def _rebuild(self) -> None:
+        """Every cached id entered afresh under its current key, stale entries and empty buckets dropped; the
+        order is the same (a bucket's live ids are sorted when victims reach it, whatever its chunks)."""
+        self._buckets.clear()
+        self._keys.clear()
+        self._entries = 0
+        self.rebuilds += 1
+        self._enter(np.flatnonzero(self._tier.state == CACHED))
+
+    def _enter(self, ids: Ids) -> None:
         if not len(ids):
             return
         access = self._tier.access[ids]
@@ -97,9 +124,13 @@ class IdOrder:
         else:
             ids = np.concatenate([c[0] for c in bucket.chunks])
             gens = np.concatenate([c[1] for c in bucket.chunks])
+        before = len(ids)
         ids = ids[self._live(key, ids, gens)]
+        self._entries -= before - len(ids)
         if not bucket.ordered:
-            ids = distinct(ids)
+            unique = distinct(ids)
+            self._entries -= len(ids) - len(unique)
+            ids = unique
             pages = self._ids
             ids = ids[np.lexsort((pages.hashes[ids], -pages.depth[ids]))]
         bucket.chunks = [(ids, self._ids.gen[ids])]
@@ -124,6 +155,7 @@ class IdOrder:
                 chosen, rest = order[:need], order[need:]
             out.append(chosen)
             need -= len(chosen)
+            self._entries -= len(chosen)
             if len(rest):
                 bucket.chunks = [(rest, self._ids.gen[rest])]
                 keep.append(key)

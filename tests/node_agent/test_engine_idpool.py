@@ -18,6 +18,7 @@ from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.idorder import IdOrder
 from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import TierPool
 
@@ -110,6 +111,40 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
 @settings(max_examples=300, deadline=None)
 @given(ops=OPS, lru=st.booleans(), l1=st.integers(4, 16), l2=st.integers(3, 12))
 def test_id_tables_match_the_set_tables(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
+    _same_pools(ops, lru, l1, l2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, lru=st.booleans(), l1=st.integers(4, 16), l2=st.integers(3, 12))
+def test_id_tables_match_the_set_tables_when_the_order_rebuilds_at_every_entry(
+    ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int
+) -> None:
+    saved = IdOrder.REBUILD_FACTOR, IdOrder.REBUILD_FLOOR
+    IdOrder.REBUILD_FACTOR, IdOrder.REBUILD_FLOOR = 0, 0  # every entry rebuilds the order from the cached ids
+    try:
+        _same_pools(ops, lru, l1, l2)
+    finally:
+        IdOrder.REBUILD_FACTOR, IdOrder.REBUILD_FLOOR = saved
+
+
+def test_the_order_keeps_its_stale_entries_bounded() -> None:
+    """Pages touched again and again leave entries under old keys behind; the order rebuilds from the cached
+    ids before they outgrow REBUILD_FACTOR x the cached pages plus REBUILD_FLOOR."""
+    pool = KvPool(NodeId("n"), 64, 64, BranchCountEviction(), tables=PageTables.IDS)
+    tier = pool.l1
+    assert isinstance(tier, IdTierPool)
+    chain = CHAINS[0][:12]
+    for i, page in enumerate(chain):
+        tier.insert(page, chain[i - 1] if i else None, 0.0)
+    for step in range(1, 3000):
+        tier.touch_all(set(chain), float(step))
+        order = tier.t.order
+        assert order._entries <= order.REBUILD_FACTOR * tier.t.cached + order.REBUILD_FLOOR
+    assert order.rebuilds > 0
+    assert tier.victims(3) == [chain[11], chain[10], chain[9]]  # the order is still the policy's: deepest first
+
+
+def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
     pools = [
         KvPool(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True, tables=tables)
         for tables in (PageTables.SETS, PageTables.IDS)
