@@ -196,13 +196,13 @@ class PrefixMatch:
         rows = len(stretches)
         los = np.fromiter((lo for lo, _ in stretches), np.int64, rows)
         width = (3 * len(self._ids) + 7) // 8
-        raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches)
-        bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(rows, width), axis=1, bitorder="little")
+        raw = b"".join(mask.to_bytes(width, "little") for _, mask in stretches) + bytes(width)  # + an empty row
+        bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(rows + 1, width), axis=1, bitorder="little")
         ends = np.append(los, end)  # ends[k]: where a prefix ends whose first missing stretch is k (k = rows: none)
-        held = bits[:, both]  # GPU bits, then either bits, of every node
-        prefix = ends[np.where(held.all(axis=0), rows, held.argmin(axis=0))]
+        held = bits[:, both]  # GPU bits, then either bits, of every node; the empty row ends every prefix
+        prefix = ends[held.argmin(axis=0)]
         gpu, either = prefix[:count], prefix[count:]
-        held = held[:, count:]
+        held = held[:rows, count:]
         if not known:
             gpu, either, held = gpu * has_slot, either * has_slot, held * has_slot
         if pooled < end:
