@@ -239,8 +239,9 @@ def _slots(nodes: Sequence[NodeId], index: Mapping[NodeId, int]) -> tuple[bool, 
     """(all known, the GPU bit 3i of each node then its either bit 3i + 2 (0 for unknown nodes), known mask) of
     `nodes` under `index`, kept for the last pair of objects seen (callers reuse both while the candidates and the
     nodes stay the same)."""
-    if _SLOTS and _SLOTS[0][0] is nodes and _SLOTS[0][1] is index and type(nodes) is tuple:  # (a list may change)
-        return _SLOTS[0][2]
+    last = _SLOTS[0] if _SLOTS else None  # read once: another thread may replace it
+    if last is not None and last[0] is nodes and last[1] is index and type(nodes) is tuple:  # (a list may change)
+        return last[2]
     gpu = np.fromiter(map(index.get, nodes, repeat(-1)), np.int64, len(nodes))  # -1: unknown
     has = gpu >= 0
     gpu = np.maximum(gpu, 0)
@@ -272,8 +273,9 @@ _KNOWN: list[tuple[tuple[NodeId | None, ...], tuple[NodeId, ...]]] = []
 def _known(ids: tuple[NodeId | None, ...]) -> tuple[NodeId, ...]:
     """The known nodes of `ids`, kept for the last `ids` tuple seen (a directory shares one until a node joins or
     leaves, and every lookup needs them)."""
-    if _KNOWN and _KNOWN[0][0] is ids:
-        return _KNOWN[0][1]
+    last = _KNOWN[0] if _KNOWN else None  # read once: another thread may replace it
+    if last is not None and last[0] is ids:
+        return last[1]
     known = tuple(n for n in ids if n is not None)
     _KNOWN[:] = [(ids, known)]
     return known

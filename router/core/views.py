@@ -89,8 +89,9 @@ class TrackViews(PrefillViewSet):
         self._shared = shared_pool
         self._models = models
         ids = tuple(map(_ID, tracks))
-        if _LAST_IDS and _LAST_IDS[0] == ids:  # the same candidates as last time: the same tuple, so what policies
-            ids = _LAST_IDS[0]  # keep per candidate set is found by identity
+        last = _LAST_IDS[0] if _LAST_IDS else None  # read once: another thread may replace it
+        if last is not None and last == ids:  # the same candidates as last time: the same tuple, so what
+            ids = last  # policies keep per candidate set is found by identity
         else:
             _LAST_IDS[:] = [ids]
         self._ids = ids
