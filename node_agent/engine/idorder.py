@@ -91,6 +91,11 @@ class IdOrder:
         self._enter(np.flatnonzero(self._tier.state == CACHED))
 
     def _enter(self, ids: Ids) -> None:
+        if len(ids) == 1:  # one page (a decode's store): its key from scalars, no grouping passes
+            i = int(ids[0])
+            counted = bool(self._ids.counted[i]) if self.by_count else False
+            self._add(self.key_of(counted, float(self._tier.access[i])), ids)
+            return
         if not len(ids):
             return
         access = self._tier.access[ids]

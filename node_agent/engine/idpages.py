@@ -169,23 +169,38 @@ class IdTier:
         """`insert` without its checks, which the caller made (no page resident here or written by another
         owner; the slots exist)."""
         k = len(items)
-        ids = self.pages.intern_run(items)
+        if k == 1:  # one page (a decode's store): scalar element writes, no index arrays
+            ((page, parent),) = items.items()
+            i = self.pages.intern(page, parent)
+            ids = np.array((i,), dtype=np.int64)
+        else:
+            ids = self.pages.intern_run(items)
         self._fit()
         if slots == "writing":
             for page in items:
                 del self._writing[page]
         elif slots == "reserved":
             self.unreserve(owner, k)  # type: ignore[arg-type]  # the slots become the pages'
-        self.pages.hold(ids)
+        if k == 1:
+            self.pages.holders[i] += 1
+            self.access[i] = now
+        else:
+            self.pages.hold(ids)
+            self.access[ids] = now
         self.resident += k
-        self.access[ids] = now
         if owner is None or not pin:
-            self.state[ids] = CACHED
+            if k == 1:
+                self.state[i] = CACHED
+            else:
+                self.state[ids] = CACHED
             self.cached += k
             self.order.enter(ids)
         else:
-            self.state[ids] = PINNED
-            self.pins[ids] = 1
+            if k == 1:
+                self.state[i], self.pins[i] = PINNED, 1
+            else:
+                self.state[ids] = PINNED
+                self.pins[ids] = 1
             self._owner.setdefault(owner, []).append(ids)  # (new pages: none pinned by `owner` yet)
         return ids
 
