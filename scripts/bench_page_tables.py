@@ -13,7 +13,8 @@ hashes as the content hashes are), the cost per page of a run of pages (default 
 - eviction in policy order (500 pages at a time) from both tiers filled alike, checking that they choose the
   same pages;
 - the admission walk (how many pages from a prompt's start a tier holds): page by page over the resident set
-  as today, and from the id masks (`IdTier.holds`, `held_prefix`).
+  as today, and from the id masks (`IdTier.holds`, `held_prefix`);
+- a decode's stores, one page at a time into L1 and through to L2, by `KvPool` over each kind of tables.
 
 Prints one JSON object (nanoseconds per page). Not a test: figures depend on the machine's caches; compare
 within one run.
@@ -32,8 +33,11 @@ from collections.abc import Callable
 import numpy as np
 
 from evolving_infra.core.eviction import BranchCountEviction
-from evolving_infra.core.types import Tier
+from evolving_infra.core.pages import PageHash
+from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.node_agent.engine import KvPool
 from evolving_infra.node_agent.engine.idpages import IdTier, PageIds, held_prefix
+from evolving_infra.node_agent.engine.idpool import PageTables
 from evolving_infra.node_agent.engine.tier import TierPool
 
 
@@ -181,7 +185,22 @@ def main() -> None:
     out["idtier_pin_and_release_resolved_ns"] = _per_page(lambda i: id_pin_release(i, True), args.repeat, args.run)
     out["idtier_pin_and_release_kept_ids_ns"] = _per_page(lambda i: id_pin_release(i, False), args.repeat, args.run)
     out.update(_eviction(pages, args.run, rng))
+    out.update(_single_stores(pages[: args.run * 5]))
     print(json.dumps(out, indent=2))
+
+
+def _single_stores(pages: list[int]) -> dict[str, float]:
+    """A decode's stores: one page at a time (a chain) into L1, written through to L2, by `KvPool` over each kind
+    of tables; nanoseconds per page."""
+    out: dict[str, float] = {}
+    for tables in (PageTables.SETS, PageTables.IDS):
+        pool = KvPool(NodeId("n"), len(pages), 2 * len(pages), BranchCountEviction(), tables=tables)
+        started = time.perf_counter()
+        for i, page in enumerate(pages):
+            pool.store(Tier.GPU, PageHash(page), PageHash(pages[i - 1]) if i else None, float(i), owner="r",
+                       from_reservation=False)  # fmt: skip
+        out[f"kvpool_single_store_{tables.value}_ns"] = 1e9 * (time.perf_counter() - started) / len(pages)
+    return out
 
 
 if __name__ == "__main__":
