@@ -408,8 +408,7 @@ class TtftRouter(RouterHooks):
             model = state.model
             if model is None:
                 _model(nodes.view(i))
-            if fresh:
-                return entry(nodes.nodes[i], StateSource.REPORTED, model, (state.running, state.queue, state.unreported))  # type: ignore[arg-type]  # checked just above
-            return entry(nodes.nodes[i], StateSource.ROUTER_RECORD, model, (state.router_in_flight,))  # type: ignore[arg-type]  # checked just above
+            source = StateSource.REPORTED if fresh else StateSource.ROUTER_RECORD
+            return entry(nodes.nodes[i], source, model, _state_parts(state, source))  # type: ignore[arg-type]  # checked just above
 
         return recompute
