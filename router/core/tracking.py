@@ -20,6 +20,7 @@ Boundary: plain state and small queries; decisions are `RouterCore`'s.
 from __future__ import annotations
 
 from collections import deque
+from itertools import count
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
@@ -108,26 +109,54 @@ _SentViews = tuple[
 """`NodeTrack._sent_views`: (sent version, in flight, report ids, unreported, the `sent` they were built from)."""
 
 
-class SentRequests(dict[str, RoutedRequest]):
-    """`NodeTrack.sent`: a dict that counts its changes in `version` (every call that may change it counts),
-    so what is built from it can be reused until it changes (`NodeTrack.sent_views`)."""
+_VERSIONS = count(1)
+"""Where every `SentRequests.version` and `NodeTrack.report_version` is drawn from (one source per process)."""
 
-    version = 0  # per instance once it changed (a class default survives copying and unpickling)
+
+def next_version() -> int:
+    """A version no holder of node state in this process has had: each change of a `SentRequests` or of a
+    track's report draws one, so equal versions mean the same state even across replaced or copied holders.
+    (`next` on a count is one C call: atomic under the GIL.)"""
+    return next(_VERSIONS)
+
+
+def _seen_version(version: int) -> None:
+    """A holder was restored with `version` (unpickled or copied): later versions are drawn above it."""
+    global _VERSIONS
+    current = next(_VERSIONS)
+    _VERSIONS = count(max(current, version + 1))
+
+
+class SentRequests(dict[str, RoutedRequest]):
+    """`NodeTrack.sent`: a dict whose `version` changes with every call that may change it, drawn from
+    `next_version` (so two `SentRequests` with the same version hold the same requests: a copy keeps its
+    original's version until either changes), so what is built from it can be reused until it changes
+    (`NodeTrack.sent_views`, the TTFT policy's kept rows)."""
+
+    version: int
+
+    def __init__(self, *args: Any, **kwargs: RoutedRequest) -> None:
+        super().__init__(*args, **kwargs)
+        self.version = next_version()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _seen_version(self.version)
 
     def touch(self) -> None:
         """A request in it changed its routed work (what `RoutedRequest.queued_view` reads)."""
-        self.version += 1
+        self.version = next_version()
 
     def __setitem__(self, key: str, value: RoutedRequest) -> None:
-        self.version += 1
+        self.version = next_version()
         super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
-        self.version += 1
+        self.version = next_version()
         super().__delitem__(key)
 
     def __ior__(self, other: SupportsKeysAndGetItem[str, RoutedRequest]) -> Self:  # type: ignore[override,misc]  # mapping form only
-        self.version += 1
+        self.version = next_version()
         return super().__ior__(other)
 
     @overload
@@ -135,23 +164,23 @@ class SentRequests(dict[str, RoutedRequest]):
     @overload
     def pop(self, key: str, default: RoutedRequest | _T, /) -> RoutedRequest | _T: ...
     def pop(self, key: str, /, *default: Any) -> Any:
-        self.version += 1
+        self.version = next_version()
         return super().pop(key, *default)
 
     def popitem(self) -> tuple[str, RoutedRequest]:
-        self.version += 1
+        self.version = next_version()
         return super().popitem()
 
     def clear(self) -> None:
-        self.version += 1
+        self.version = next_version()
         super().clear()
 
     def update(self, *args: Any, **kwargs: RoutedRequest) -> None:
-        self.version += 1
+        self.version = next_version()
         super().update(*args, **kwargs)
 
     def setdefault(self, key: str, default: RoutedRequest) -> RoutedRequest:
-        self.version += 1
+        self.version = next_version()
         return super().setdefault(key, default)
 
 
@@ -205,13 +234,19 @@ class NodeTrack:
     fitter: ModelFitter | None = None
     usage: UsageCounts = field(default_factory=UsageCounts)
     report_version: int = field(default=0, init=False, repr=False)
-    """Counts the changes of the `report_*` fields (`record_report`, `forget_report`)."""
+    """Changes (from `next_version`) with the `report_*` fields (`record_report`, `forget_report`) and is drawn
+    afresh for every new track, so equal versions mean the same report."""
     _sent_views: _SentViews | None = field(default=None, init=False, repr=False)
     """(sent version, in flight, report ids, unreported) of the last `sent_views`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sent, SentRequests):
             self.sent = SentRequests(self.sent)
+        self.report_version = next_version()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _seen_version(self.report_version)
 
     # -- what the driver supplies --------------------------------------------------------------------
     def current_mode(self) -> NodeMode | None:
@@ -269,7 +304,7 @@ class NodeTrack:
 
     def record_report(self, now: float, running: tuple[RunningPrefill, ...], queued_ids: tuple[str, ...]) -> None:
         """The node's report at an iteration launch: its running prefills and the ids queued, in order."""
-        self.report_version += 1
+        self.report_version = next_version()
         self.report_time = now
         self.report_running = running
         sent = self.sent
@@ -288,7 +323,7 @@ class NodeTrack:
         self.report_ids = frozenset(rid for rid in sent if rid in listed)
 
     def forget_report(self) -> None:
-        self.report_version += 1
+        self.report_version = next_version()
         self.report_running, self.report_queue, self.report_ids, self.report_time = (), (), _NO_IDS, None
 
 

@@ -33,10 +33,11 @@ from evolving_infra.router.routing.inputs import (
 from evolving_infra.router.routing.decode import kv_tokens_needed
 from evolving_infra.router.core.tracking import NodeTrack, RoutedRequest
 
-_ID, _VERSION = attrgetter("id"), attrgetter("version")
+_ID = attrgetter("id")
 _LAST_IDS: list[tuple[NodeId, ...]] = []
 """The node ids of the last `TrackViews` built (one tuple, reused while the candidates stay the same)."""
-_STAMP_FIELDS = attrgetter("sent", "report_version", "report_time")
+_SENT_VERSION, _REPORT_VERSION, _REPORT_TIME = (
+    attrgetter("sent.version"), attrgetter("report_version"), attrgetter("report_time"))
 
 
 def prefill_view(
@@ -140,21 +141,17 @@ class TrackViews(PrefillViewSet):
         return out
 
     def stamps(self) -> StateStamps | None:
-        """Each track and its `sent` as holders, their versions (`sent.version`, `report_version`), report ages and
-        models; None when a track's `sent` keeps no version (a plain dict put there by hand)."""
+        """Each track's `sent.version` and `report_version` (drawn from one source, so no holders to compare), report
+        ages and models; None when a track's `sent` keeps no version (a plain dict put there by hand)."""
         tracks, n = self._tracks, len(self._tracks)
-        if not n:
-            return StateStamps(((), ()), np.zeros((0, 2), np.int64), np.zeros(0), [])
-        sents, reports, times = zip(*map(_STAMP_FIELDS, tracks))  # one pass over the tracks, transposed
+        versions = np.empty((n, 2), np.int64)
         try:
-            sent_versions = np.fromiter(map(_VERSION, sents), np.int64, n)
+            versions[:, 0] = np.fromiter(map(_SENT_VERSION, tracks), np.int64, n)
         except AttributeError:
             return None
-        versions = np.empty((n, 2), np.int64)
-        versions[:, 0] = sent_versions
-        versions[:, 1] = reports
-        at = np.array(times, np.float64)  # None (never reported) becomes NaN
-        return StateStamps((tuple(tracks), sents), versions, self._now - at, list(map(self._models.get, self._ids)))
+        versions[:, 1] = np.fromiter(map(_REPORT_VERSION, tracks), np.int64, n)
+        at = np.array(list(map(_REPORT_TIME, tracks)), np.float64)  # None (never reported) becomes NaN
+        return StateStamps((), versions, self._now - at, list(map(self._models.get, self._ids)))
 
     def state(self, i: int) -> PrefillNodeState:
         track = self._tracks[i]

@@ -218,9 +218,11 @@ class StateStamps:
     """What tells a policy whether the queue states of a `PrefillViewSet`'s nodes changed since an earlier
     decision, one entry per node in the set's order.
 
-    `holders` are parallel lists of the objects that keep each node's state, `versions` (int64, one column per
-    holder) count their changes: while every holder of node i is the same object with the same version and
+    `versions` (int64, one column per holder of a node's state) change with that state, and `holders` are
+    parallel lists of those holders: while every holder of node i is the same object with the same version and
     `models[i]` is the same object, `state(i)` yields equal running, queue, unreported and in-flight parts.
+    `holders` may be empty (`()`) where versions are unique across objects (the router's tracks draw them from
+    one source): then equal versions and the same model alone mean equal parts.
     `ages` are the report ages in seconds (NaN: never reported), as `state(i).state_age_s` but not clamped at 0.
     """
 

@@ -104,8 +104,9 @@ def test_a_plain_dict_put_in_by_hand_is_read_afresh_every_time() -> None:
 def test_another_sent_dict_with_the_same_version_is_read_afresh() -> None:
     node = NodeTrack(NodeId("p0"), Phase.PREFILL)
     assert node.sent_views() == ((), ())
-    node.sent = SentRequests({"a": _request("a", 0)})  # built whole: its version is the empty one's
-    assert node.sent.version == 0
+    replaced = SentRequests({"a": _request("a", 0)})
+    replaced.version = node.sent.version  # versions are unique (see below); the cache also checks the dict itself
+    node.sent = replaced
     assert node.sent_views() == _fresh(node) and len(node.sent_views()[1]) == 1
     node.record_report(1.0, (), ())
     assert node.sent_views() == _fresh(node)
@@ -140,3 +141,39 @@ def test_accepts_is_serving_the_phase_in_mode_and_switch_target() -> None:
     for phase in Phase:
         assert core.accepting(phase) == [n for n in tracks.values() if n.accepts(phase)]
         assert core.accepting(phase)  # some do
+
+
+def test_versions_are_unique_across_holders_copies_and_unpickled_ones() -> None:
+    """Every `SentRequests` change and every track's report draws a version no holder had: a new dict or track
+    never repeats one, and a copy keeps its original's version (same state) until either changes, after which
+    neither repeats the other's; an unpickled holder moves the source past its version."""
+    import copy
+    import pickle
+
+    from evolving_infra.router.core import tracking
+
+    a = NodeTrack(NodeId("p0"), Phase.PREFILL)
+    b = NodeTrack(NodeId("p1"), Phase.PREFILL)
+    seen = {a.sent.version, b.sent.version, a.report_version, b.report_version}
+    assert len(seen) == 4
+    a.sent["x"] = _request("x", 0)
+    a.record_report(1.0, (), ("x",))
+    assert a.sent.version not in seen and a.report_version not in seen
+    for clone in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a), copy.copy(a)):
+        assert clone.report_version == a.report_version
+        assert list(clone.sent) == list(a.sent)
+    restored = pickle.loads(pickle.dumps(a))
+    assert restored.sent.version == a.sent.version  # same requests, same version
+    restored.sent.pop("x")
+    a.sent["y"] = _request("y", 0)
+    assert restored.sent.version != a.sent.version and min(restored.sent.version, a.sent.version) > max(seen)
+    # a holder from elsewhere with a version far ahead: versions drawn later are above it
+    ahead = SentRequests()
+    ahead.version = tracking.next_version() + 10_000
+    back = pickle.loads(pickle.dumps(ahead))
+    assert back.version == ahead.version
+    assert tracking.next_version() > ahead.version
+    track = pickle.loads(pickle.dumps(NodeTrack(NodeId("p2"), Phase.PREFILL)))
+    track.report_version += 5_000  # as if restored from a process that drew more
+    again = pickle.loads(pickle.dumps(track))
+    assert NodeTrack(NodeId("p3"), Phase.PREFILL).report_version > again.report_version
