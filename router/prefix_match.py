@@ -215,10 +215,12 @@ class PrefixMatch:
                 reach = np.where(has_slot, reach, pooled)
         else:
             reach = np.full(count, pooled, np.int64)
+            if pooled >= end:  # every node reaches the whole prefix: it fetches every page of a stretch it lacks
+                return gpu, either, reach, (ends[1:] - los) @ (held ^ 1)
         if not reach.any():
             return gpu, either, reach, np.zeros(count, np.int64)
         overlap = np.maximum(np.minimum(ends[1:, None], reach[None, :]) - los[:, None], 0)  # np.clip costs 10x
-        fetch = (overlap * (1 - held)).sum(axis=0)
+        fetch = (overlap * (held ^ 1)).sum(axis=0)
         return gpu, either, reach, fetch
 
     def _nodes(self, mask: int) -> frozenset[NodeId]:

@@ -171,6 +171,7 @@ def test_routing_over_columns_chooses_what_the_full_replay_chooses(
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([Tier.GPU, Tier.HOST]), st.integers(0, 30),
                           st.integers(1, 30)), max_size=20), st.integers(1, 60))  # fmt: skip
 @example([(0, Tier.HOST, 0, 10), (1, Tier.GPU, 10, 10), (2, Tier.GPU, 0, 14)], 30)  # pooled 10 < held 20
+@example([(0, Tier.HOST, 0, 20), (1, Tier.GPU, 0, 5), (2, Tier.GPU, 3, 9)], 20)  # all pooled: fetch by one product
 def test_prefix_columns_equal_the_per_node_lookups(
     stores: list[tuple[int, Tier, int, int]], prompt: int
 ) -> None:
