@@ -1,6 +1,6 @@
-"""Work in progress (used by the engine only through `idpool` with EVOLVING_INFRA_PAGE_TABLES=ids; next steps
-in docs/benchmarks.md): one tier's page accounting over dense page ids and numpy arrays, with the eviction
-order of `evictindex` kept as arrays of ids per key.
+"""One tier's page accounting over dense page ids and numpy arrays, with the eviction order of `evictindex` kept
+as arrays of ids per key; the engine uses it through `idpool` (the default tables; next steps in
+docs/benchmarks.md).
 
 Why (docs/benchmarks.md, "Where the per-page cost comes from"): every table operation of `tier.TierPool` on a
 page is a hash-table probe at cache-miss cost (~100-250 ns), several per page per request; an assignment into
@@ -339,8 +339,10 @@ class IdTier:
         """Raise `PoolInvariantError` unless every cached id has a live entry under its current key and the
         counters agree with the state array."""
         cached = np.flatnonzero(self.state == CACHED)
-        if len(cached) != self.cached or int((self.state != ABSENT).sum()) != self.resident:
-            raise PoolInvariantError(f"{self.name}: page counters disagree with the state array")
+        resident = int((self.state != ABSENT).sum())
+        if len(cached) != self.cached or resident != self.resident:
+            raise PoolInvariantError(f"{self.name}: counters (cached {self.cached}, resident {self.resident}) disagree "
+                                     f"with the state array (cached {len(cached)}, resident {resident})")  # fmt: skip
         entered: set[int] = set()
         for key, bucket in self.order._buckets.items():
             for ids, gens in bucket.chunks:

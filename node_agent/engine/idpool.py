@@ -1,5 +1,6 @@
-"""`TierPool`'s interface over the id tier of `idpages`: the step that lets today's `KvPool`, prefill and decode
-schedulers run on `IdTier`, so the simulator's reference runs judge the id tier before any caller keeps ids.
+"""`TierPool`'s interface over the id tier of `idpages`: what `KvPool` runs on by default (`PageTables.IDS`), so
+today's prefill and decode schedulers use `IdTier` before any caller keeps ids; `TierPool` (`PageTables.SETS`,
+or `EVOLVING_INFRA_PAGE_TABLES=sets`) stays as its oracle and for policies without coarse keys.
 
 What each table becomes: the resident pages and their parents stay a dict keyed by hash (`_parent`, as in
 `TierPool`: the admission walks test membership in it, and KV events need parents); last access, pinned or
@@ -11,7 +12,7 @@ Exactness: every operation leaves the state `TierPool`'s would (resident pages, 
 free and in-use slots, depths) and chooses the same victims in the same order; pin touches are applied at once
 rather than kept per owner (`TierPool` keeps them lazily; its `last_access` is the same value). Checked by a
 hypothesis state machine against `TierPool` (tests/node_agent/test_engine_idpool.py) and by the simulator's
-reference runs with `EVOLVING_INFRA_PAGE_TABLES=ids` (docs/benchmarks.md).
+reference runs, identical with either tables (docs/benchmarks.md).
 
 Scope: the built-in eviction policies (coarse keys); `KvPool` keeps `TierPool` for any other policy.
 
@@ -21,6 +22,7 @@ Boundary: page accounting of one tier, as `tier`; the KV events and write-throug
 from __future__ import annotations
 
 import os
+from itertools import repeat
 from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
 from enum import Enum
 
@@ -49,9 +51,9 @@ class PageTables(Enum):
 
 
 def page_tables(policies: Iterable[HostEvictionPolicy]) -> PageTables:
-    """The tables a new pool uses: `EVOLVING_INFRA_PAGE_TABLES` (sets, the default, or ids); ids only where
+    """The tables a new pool uses: `EVOLVING_INFRA_PAGE_TABLES` (ids, the default, or sets); ids only where
     every policy has coarse keys (else sets)."""
-    raw = os.environ.get(ENV, PageTables.SETS.value).strip().lower()
+    raw = os.environ.get(ENV, PageTables.IDS.value).strip().lower()
     try:
         chosen = PageTables(raw)
     except ValueError:
@@ -116,10 +118,12 @@ class IdTierPool:
         return self.ids.hash_of(ids)
 
     def _resident_ids(self, pages: Collection[PageHash]) -> Ids:
-        if not self._parent.keys() >= set(pages):
+        """Ids of `pages` (repeats kept), every one resident here."""
+        ids = np.fromiter(map(self.ids._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+        if len(ids) and not self.t.holds(ids).all():
             missing = min(set(pages) - self._parent.keys())
             raise PoolInvariantError(f"{self.tier.value}: cannot pin page {missing:#x}: not resident")
-        return self._ids(pages)
+        return ids
 
     # --- queries -------------------------------------------------------------------------------------
     def contains(self, page: PageHash) -> bool:
@@ -247,8 +251,9 @@ class IdTierPool:
         self.t.pin(owner, self._resident_ids([page]), now)
 
     def pin_all(self, owner: Owner, pages: Iterable[PageHash], now: float) -> None:
-        pages = set(pages)
-        if pages:
+        if not isinstance(pages, Collection):
+            pages = list(pages)
+        if pages:  # (repeats are fine: `IdTier.pin` pins distinct ids)
             self.t.pin(owner, self._resident_ids(pages), now)
 
     def unpin(self, owner: Owner, page: PageHash) -> None:

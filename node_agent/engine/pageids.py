@@ -7,7 +7,7 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from enum import IntEnum
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -165,12 +165,16 @@ class PageIds:
     def recount(self, pages: Iterable[PageHash]) -> None:
         """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
         some tier holds follow, and each tier re-enters its cached ids whose flag flipped."""
-        get = self._id.get
-        held = [(i, page) for page in pages if (i := get(page)) is not None]
-        if not held:
+        if not isinstance(pages, Collection):
+            pages = list(pages)
+        n = len(pages)
+        if not n:
             return
-        ids = np.fromiter((i for i, _ in held), dtype=np.int64, count=len(held))
-        now = np.fromiter((page in self.counts for _, page in held), dtype=np.bool_, count=len(held))
+        ids = np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=n)  # -1: no tier holds it
+        now = np.fromiter(map(self.counts.__contains__, pages), dtype=np.bool_, count=n)
+        held = ids >= 0
+        if not held.all():
+            ids, now = ids[held], now[held]
         flip = now != self.counted[ids]
         if flip.any():
             ids = ids[flip]

@@ -190,4 +190,5 @@ def test_the_tables_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ValueError, match="EVOLVING_INFRA_PAGE_TABLES must be one of"):
         page_tables([LruEviction()])
     monkeypatch.delenv(ENV)
-    assert page_tables([LruEviction()]) is PageTables.SETS
+    assert page_tables([LruEviction()]) is PageTables.IDS  # the default
+    assert type(KvPool(NodeId("n"), 4, 4, BranchCountEviction()).l1) is IdTierPool

@@ -127,8 +127,8 @@ def test_runs_told_their_depths_keep_the_page_by_page_depths(
 ) -> None:
     """Stores and GPU loads (begin_writes, land_all) as runs, whose plan tells L1's insert that none or all of
     the pages have a depth, against page by page: the same depth table and tables of both tiers."""
-    pools = [cls(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True)
-             for cls in (KvPool, PageByPage)]  # fmt: skip
+    pools = [cls(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True,
+                 tables=PageTables.SETS) for cls in (KvPool, PageByPage)]  # fmt: skip (the set tiers' tables)
     now = 0.0
     for op, c, start, n, k in ops:
         now += float(k % 2)
@@ -159,7 +159,7 @@ def test_runs_told_their_depths_keep_the_page_by_page_depths(
 def test_a_load_keeps_the_depths_its_pages_got_when_first_stored() -> None:
     """Pages first stored without their parent (depths from 0), then their prefix, all written back to L2 and
     loaded again into L1: L2 holds them all, so the load keeps their depths (page by page would too)."""
-    pools = [cls(NodeId("n"), 12, 12, LruEviction(), check=True) for cls in (KvPool, PageByPage)]
+    pools = [cls(NodeId("n"), 12, 12, LruEviction(), check=True, tables=PageTables.SETS) for cls in (KvPool, PageByPage)]
     chain = CHAINS[0]
     for p in pools:
         for lo, hi, owner in ((5, 8, "a"), (0, 5, "b")):

@@ -14,6 +14,7 @@ from evolving_infra.core.kv_events import KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, PoolInvariantError
+from evolving_infra.node_agent.engine.idpool import PageTables
 
 PAGES = chain_hashes(f"p{i}".encode() for i in range(32))
 
@@ -191,10 +192,19 @@ def test_a_fetch_completed_by_another_owners_store_is_not_double_counted() -> No
 
 
 def test_check_invariants_names_the_broken_rule() -> None:
-    p = pool()
+    p = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True, tables=PageTables.SETS)
     put(p, "r", [0])
     p.l1._free += 1  # corrupt the free counter
     with pytest.raises(PoolInvariantError, match=r"gpu: free 4 \+ cached 0 \+ pinned 1 \+ in_use 0 != capacity 4"):
+        p.check_invariants()
+
+
+def test_check_invariants_of_the_id_tables_names_the_broken_rule() -> None:
+    p = KvPool(NodeId("n"), 4, 8, BranchCountEviction(), check=True, tables=PageTables.IDS)
+    put(p, "r", [0])
+    p.l1.t.resident += 1  # corrupt the resident counter
+    with pytest.raises(PoolInvariantError, match=r"gpu: counters \(cached 0, resident 2\) disagree with the state array "
+                                                 r"\(cached 0, resident 1\)"):
         p.check_invariants()
 
 

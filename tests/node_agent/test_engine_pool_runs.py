@@ -15,6 +15,7 @@ from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool
+from evolving_infra.node_agent.engine.idpool import PageTables
 from evolving_infra.node_agent.engine.tier import TierPool
 
 CHAINS = [chain_hashes(f"c{c}:{i}".encode() for i in range(12)) for c in range(3)]
@@ -66,8 +67,8 @@ def test_runs_leave_the_page_by_page_state_and_equivalent_events(
     ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int
 ) -> None:
     pools = [
-        cls(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True)
-        for cls in (KvPool, PageByPage)
+        cls(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True, tables=PageTables.SETS)
+        for cls in (KvPool, PageByPage)  # (the set tiers' own run operations against their page-by-page ones)
     ]
     replays: list[dict[Tier, set[PageHash]]] = [{t: set() for t in Tier} for _ in pools]
     now = 0.0
