@@ -38,7 +38,8 @@ from operator import ne, or_
 from evolving_infra.core.kv_events import KvCleared, KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
-from evolving_infra.router.directory import DirectoryStats, _NodeSlots
+from evolving_infra.router.directory import DirectoryStats
+from evolving_infra.router.directory_reads import NodeSlots
 from evolving_infra.router.prefix_match import PrefixMatch, match_from_stretches
 
 __all__ = ["PageKvDirectory"]
@@ -55,7 +56,7 @@ class PageKvDirectory:
     __slots__ = ("_slots", "_parent", "_mask", "_held", "_tier_bits", "stats")
 
     def __init__(self) -> None:
-        self._slots = _NodeSlots()
+        self._slots = NodeSlots()
         self._parent: dict[PageHash, PageHash | None] = {}
         self._mask: dict[PageHash, int] = {}
         # _held[tier][node index]: page -> last use time on that node in that tier.
