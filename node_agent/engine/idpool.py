@@ -22,6 +22,7 @@ Boundary: page accounting of one tier, as `tier`; the KV events and write-throug
 from __future__ import annotations
 
 import os
+from collections import deque
 from itertools import repeat
 from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
 from enum import Enum
@@ -235,8 +236,12 @@ class IdTierPool:
         return self.t.order.by_count
 
     def victims(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> list[PageHash]:
+        return self.victims_and_ids(n, exclude)[0]
+
+    def victims_and_ids(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> tuple[list[PageHash], Ids]:
+        """`victims`, with their ids in the same order."""
         ids = self.t.order.victims(n, self._known(exclude) if exclude else None)
-        return self._hashes(ids)
+        return self._hashes(ids), ids
 
     # --- access and pins -----------------------------------------------------------------------------
     def touch(self, page: PageHash, now: float) -> None:
@@ -377,9 +382,12 @@ class IdTierPool:
         return self._parent
 
     def room_for_run(
-        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None
-    ) -> tuple[set[PageHash], list[PageHash]] | None:
-        missing = pages.difference(self._parent)
+        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None,
+        missing: set[PageHash] | None = None,
+    ) -> tuple[set[PageHash], list[PageHash]] | None:  # fmt: skip
+        """`TierRuns.room_for_run`; `missing`: the pages of `pages` this tier lacks, where the caller knows them."""
+        if missing is None:
+            missing = pages.difference(self._parent)
         plan = self.t.room_for_run(pages, now, parents, missing)  # type: ignore[arg-type]  # read only
         if plan is None:
             return None
@@ -402,12 +410,12 @@ class IdTierPool:
             raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
         self.remove_victims(list(gone))
 
-    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False) -> None:
-        """Remove cached `victims` (distinct; taken from the order, or checked by the caller)."""
-        ids = self._ids(victims)
-        parent = self._parent
-        for page in victims:
-            del parent[page]
+    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False, ids: Ids | None = None) -> None:
+        """Remove cached `victims` (distinct; taken from the order, or checked by the caller); `ids`: theirs, in
+        the same order, where the caller has them."""
+        if ids is None:
+            ids = self._ids(victims)
+        deque(map(self._parent.__delitem__, victims), maxlen=0)
         self.t.remove(ids)
 
     # --- invariants ----------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
-from evolving_infra.node_agent.engine.idpages import PageIds
+from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
@@ -263,7 +263,11 @@ class KvPool:
     def _evict(self, tier: Tier, n: int, now: float, excluded: frozenset[PageHash]) -> list[PageHash]:
         pool = self.tier(tier)
         expected = self.expected_victims(tier, n, excluded) if self.check else None
-        victims = pool.victims(n, excluded)
+        ids = None
+        if self._ids is not None:  # id tables: the victims' ids serve the write-through and the removal
+            victims, ids = pool.victims_and_ids(n, excluded)  # type: ignore[attr-defined]  # an IdTierPool
+        else:
+            victims = pool.victims(n, excluded)
         if expected is not None and victims != expected:
             raise PoolInvariantError(f"{tier.value}: eviction order {victims} differs from the policy's {expected}")
         if len(victims) != n:
@@ -275,17 +279,25 @@ class KvPool:
             self._removed_all(tier, victims, now)
             return victims
         chosen = set(victims)
-        plan = self._l2_plan(chosen, now)
+        in_l2 = None
+        if ids is None:
+            plan = self._l2_plan(chosen, now)
+        else:  # which of them L2 lacks, from the ids (no hash probes)
+            in_l2 = self.l2.t.holds(ids)  # type: ignore[attr-defined]  # an IdTierPool
+            plan = self._l2_plan(chosen, now, set(compress(victims, (~in_l2).tolist())))
         if plan is None:  # the write-backs meet a fetch or need L2 evictions page by page
             for page in victims:
                 self._evict_one(tier, page, now)
             return victims
         # The run at once, with the same state as page by page.
         parent_of = pool.parents()
-        self._write_through(victims, chosen, parent_of, plan, now)
+        self._write_through(victims, chosen, parent_of, plan, now, None if in_l2 is None else ids[in_l2])  # type: ignore[index]  # ids with in_l2
         if plan[0]:
             self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)
-        pool.remove_victims(victims, peer_holds=True)  # (written through: L2 holds every one)
+        if ids is None:
+            pool.remove_victims(victims, peer_holds=True)  # (written through: L2 holds every one)
+        else:
+            pool.remove_victims(victims, peer_holds=True, ids=ids)  # type: ignore[call-arg]  # an IdTierPool
         self._removed_all(tier, victims, now)
         return victims
 
@@ -296,12 +308,16 @@ class KvPool:
         pages = self.tier(tier).candidates(self._counts, excluded)
         return self._policies[tier].victims((replace(p, depth=depth[p.page]) for p in pages), n)
 
-    def _l2_plan(self, pages: set[PageHash] | dict[PageHash, PageHash | None], now: float) -> Plan | None:
+    def _l2_plan(self, pages: set[PageHash] | dict[PageHash, PageHash | None], now: float,
+                 missing: set[PageHash] | None = None) -> Plan | None:  # fmt: skip
         """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2
         victims their room takes (out of the eviction order already); None, changing nothing, if the run must
         go page by page (see `TierRuns.room_for_run`). `pages`: a set, or a dict page -> parent in chain order
-        where the run may hold pages neither tier holds yet."""
-        if isinstance(pages, set):
+        where the run may hold pages neither tier holds yet. `missing` (id tables, `pages` a set): the pages
+        L2 lacks, where the caller knows them."""
+        if missing is not None:
+            plan = self.l2.room_for_run(pages, now, None, missing)  # type: ignore[call-arg, arg-type]  # an IdTierPool
+        elif isinstance(pages, set):
             plan = self.l2.room_for_run(pages, now)
         else:
             plan = self.l2.room_for_run(set(pages), now, pages)
@@ -312,13 +328,15 @@ class KvPool:
         return plan
 
     def _write_through(self, pages: Iterable[PageHash], chosen: set[PageHash] | None,
-                       parent_of: Mapping[PageHash, PageHash | None], plan: Plan, now: float) -> None:  # fmt: skip
+                       parent_of: Mapping[PageHash, PageHash | None], plan: Plan, now: float,
+                       held_ids: Ids | None = None) -> None:  # fmt: skip
         """The L2 side of writing the run `pages` (distinct, in order; `chosen`: the same as a set, or None to
         make one where needed; parents in `parent_of`, which is the run itself where `pages` is a dict
         page -> parent) through, by its plan from `_l2_plan`: evict the victims (one removal event), touch the
         pages L2 holds, insert the missing ones (their store events are the caller's). Every page has its
         depth already (L1 holds it), and the plan checked what `insert_all` would: the missing pages are
-        neither resident in L2 nor being written."""
+        neither resident in L2 nor being written. `held_ids` (id tables): the ids of the pages L2 holds, where
+        the caller has them (touched without resolving hashes)."""
         missing, victims = plan
         l2 = self.l2
         if victims:
@@ -327,6 +345,8 @@ class KvPool:
         every = len(missing) == (len(pages) if chosen is None else len(chosen))  # type: ignore[arg-type]  # sized
         if every:
             l2.touch_all(set(), now)  # (the same as touching nothing, kept for its bound of the last accesses)
+        elif held_ids is not None:
+            l2.t.touch(held_ids, now)  # type: ignore[attr-defined]  # an IdTierPool: `touch_all` of those pages
         else:
             chosen = set(pages) if chosen is None else chosen
             l2.touch_all(chosen - missing if missing else chosen, now)
