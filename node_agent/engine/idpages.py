@@ -265,7 +265,7 @@ class IdTier:
         floor = self.order.floor(pages, now, self._prospective_depths(pages, parents))
         victims = self.order.victims(need)
         late = len(victims) < need or self.order.place(int(victims[-1])) >= floor
-        if late or not {PageHash(h) for h in self.pages.hashes[victims].tolist()}.isdisjoint(pages):
+        if late or not pages.isdisjoint(self.pages.hashes[victims].tolist()):
             self.order.enter(victims)  # they stay cached: put them back
             return None
         return missing, victims

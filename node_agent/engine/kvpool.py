@@ -125,9 +125,11 @@ class KvPool:
             zero = 0 in values
         counts = self._counts
         flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
+        counted: bool | None = None  # whether every flipped page is counted now (None: some are, some not)
         if zero and max(values) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
             flipped = list(filter(counts.__contains__, updates))
             deque(map(counts.__delitem__, flipped), maxlen=0)
+            counted = False
         elif zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
             pages, given = list(updates), list(values)
             flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
@@ -139,8 +141,9 @@ class KvPool:
             # first new page, so it costs little when there are new ones)
             flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
             counts.update(updates)
+            counted = True
         if self._ids is not None:
-            self._ids.recount(flipped)  # both tiers at once
+            self._ids.recount(flipped, counted)  # both tiers at once
             return
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)

@@ -7,10 +7,11 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Iterable
 from enum import IntEnum
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -112,7 +113,7 @@ class PageIds:
         return gens
 
     def hash_of(self, ids: Ids) -> list[PageHash]:
-        return [PageHash(h) for h in self.hashes[ids].tolist()]
+        return cast("list[PageHash]", self.hashes[ids].tolist())  # (PageHash is int at run time: no per-item call)
 
     def intern(self, page: PageHash, parent: PageHash | None) -> int:
         """The id of `page`, made (with its depth: one more than its parent's if held, else 0) if new."""
@@ -162,16 +163,20 @@ class PageIds:
         known.update(zip(pages, ids.tolist()))
         return ids
 
-    def recount(self, pages: Iterable[PageHash]) -> None:
+    def recount(self, pages: Iterable[PageHash], counted: bool | None = None) -> None:
         """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
-        some tier holds follow, and each tier re-enters its cached ids whose flag flipped."""
+        some tier holds follow, and each tier re-enters its cached ids whose flag flipped. `counted`: whether
+        every one of `pages` is counted now (True) or none is (False), where the caller knows (else looked up)."""
         if not isinstance(pages, Collection):
             pages = list(pages)
         n = len(pages)
         if not n:
             return
         ids = np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=n)  # -1: no tier holds it
-        now = np.fromiter(map(self.counts.__contains__, pages), dtype=np.bool_, count=n)
+        if counted is None:
+            now = np.fromiter(map(self.counts.__contains__, pages), dtype=np.bool_, count=n)
+        else:
+            now = np.full(n, counted, dtype=np.bool_)
         held = ids >= 0
         if not held.all():
             ids, now = ids[held], now[held]
@@ -199,6 +204,5 @@ class PageIds:
         gone = ids[self.holders[ids] == 0]
         if len(gone):
             self.gen[gone] += 1
-            for h in self.hashes[gone].tolist():
-                del self._id[PageHash(h)]
+            deque(map(self._id.__delitem__, self.hashes[gone].tolist()), maxlen=0)
             self._free.extend(gone.tolist())
