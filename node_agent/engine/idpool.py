@@ -336,16 +336,18 @@ class IdTierPool:
         self._place({page: parent}, now, source, slots, pin_owner)
 
     def _place(self, items: dict[PageHash, PageHash | None], now: float, source: Owner | None, slots: str,
-               pin_owner: Owner | None) -> None:  # fmt: skip
-        """Make `items` resident (checks made by the caller): slots taken from `source` per `slots`."""
+               pin_owner: Owner | None) -> Ids:  # fmt: skip
+        """Make `items` resident (checks made by the caller): slots taken from `source` per `slots`; their ids,
+        in order."""
         t = self.t
         if pin_owner is None or pin_owner == source or slots == "free":
             owner = pin_owner if slots == "free" else source
-            t.insert_unchecked(items, now, owner, slots=slots, pin=pin_owner is not None)
+            ids = t.insert_unchecked(items, now, owner, slots=slots, pin=pin_owner is not None)
         else:  # slots of one owner, pinned by another: take the slots as the source's, then move the pins
             ids = t.insert_unchecked(items, now, source, slots=slots, pin=False)
             t.pin(pin_owner, ids, now)
         self._parent.update(items)
+        return ids
 
     def insert_all(
         self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free"
@@ -364,19 +366,19 @@ class IdTierPool:
     def insert_run(
         self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
         depths: RunDepths = RunDepths.LOOKUP,
-    ) -> None:  # fmt: skip
+    ) -> Ids:  # fmt: skip
         """`insert_all` without the page checks (`TierRuns.insert_run`); `depths` is not needed here (the
-        depths are the ids')."""
+        depths are the ids'). The pages' ids, in order."""
         k = len(items)
         if not k:
-            return
+            return _NO_IDS
         t = self.t
         if slots == "reserved" and t._reserved.get(owner, 0) < k:  # type: ignore[arg-type]
             held = t._reserved.get(owner, 0)  # type: ignore[arg-type]
             raise PoolInvariantError(f"{self.tier.value}: {owner} stores {k} page(s) with {held} reserved slot(s)")
         if slots == "free" and k > t.free:
             raise PoolInvariantError(f"{self.tier.value}: storing {k} page(s) needs {k} free page(s), {t.free} free")
-        self._place(items, now, owner, slots, owner)
+        return self._place(items, now, owner, slots, owner)
 
     def parents(self) -> Mapping[PageHash, PageHash | None]:
         return self._parent

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from itertools import compress, filterfalse
 from operator import ne, not_
 from dataclasses import dataclass, replace
+from typing import cast
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
@@ -266,9 +267,9 @@ class KvPool:
     def _evict(self, tier: Tier, n: int, now: float, excluded: frozenset[PageHash]) -> list[PageHash]:
         pool = self.tier(tier)
         expected = self.expected_victims(tier, n, excluded) if self.check else None
-        ids = None
+        ids: Ids | None = None
         if self._ids is not None:  # id tables: the victims' ids serve the write-through and the removal
-            victims, ids = pool.victims_and_ids(n, excluded)  # type: ignore[attr-defined]  # an IdTierPool
+            victims, ids = cast(IdTierPool, pool).victims_and_ids(n, excluded)
         else:
             victims = pool.victims(n, excluded)
         if expected is not None and victims != expected:
@@ -278,15 +279,17 @@ class KvPool:
         if not victims:
             return victims
         if tier is Tier.HOST:
-            pool.remove_victims(victims)
+            if ids is None:
+                pool.remove_victims(victims)
+            else:
+                cast(IdTierPool, pool).remove_victims(victims, ids=ids)
             self._removed_all(tier, victims, now)
             return victims
         chosen = set(victims)
-        in_l2 = None
         if ids is None:
             plan = self._l2_plan(chosen, now)
         else:  # which of them L2 lacks, from the ids (no hash probes)
-            in_l2 = self.l2.t.holds(ids)  # type: ignore[attr-defined]  # an IdTierPool
+            in_l2 = cast(IdTierPool, self.l2).t.holds(ids)
             plan = self._l2_plan(chosen, now, set(compress(victims, (~in_l2).tolist())))
         if plan is None:  # the write-backs meet a fetch or need L2 evictions page by page
             for page in victims:
@@ -294,13 +297,13 @@ class KvPool:
             return victims
         # The run at once, with the same state as page by page.
         parent_of = pool.parents()
-        self._write_through(victims, chosen, parent_of, plan, now, None if in_l2 is None else ids[in_l2])  # type: ignore[index]  # ids with in_l2
+        self._write_through(victims, chosen, parent_of, plan, now, ids)
         if plan[0]:
             self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)
         if ids is None:
             pool.remove_victims(victims, peer_holds=True)  # (written through: L2 holds every one)
         else:
-            pool.remove_victims(victims, peer_holds=True, ids=ids)  # type: ignore[call-arg]  # an IdTierPool
+            cast(IdTierPool, pool).remove_victims(victims, peer_holds=True, ids=ids)
         self._removed_all(tier, victims, now)
         return victims
 
@@ -319,7 +322,7 @@ class KvPool:
         where the run may hold pages neither tier holds yet. `missing` (id tables, `pages` a set): the pages
         L2 lacks, where the caller knows them."""
         if missing is not None:
-            plan = self.l2.room_for_run(pages, now, None, missing)  # type: ignore[call-arg, arg-type]  # an IdTierPool
+            plan = cast(IdTierPool, self.l2).room_for_run(cast(set[PageHash], pages), now, None, missing)
         elif isinstance(pages, set):
             plan = self.l2.room_for_run(pages, now)
         else:
@@ -332,14 +335,14 @@ class KvPool:
 
     def _write_through(self, pages: Iterable[PageHash], chosen: set[PageHash] | None,
                        parent_of: Mapping[PageHash, PageHash | None], plan: Plan, now: float,
-                       held_ids: Ids | None = None) -> None:  # fmt: skip
+                       ids: Ids | None = None) -> None:  # fmt: skip
         """The L2 side of writing the run `pages` (distinct, in order; `chosen`: the same as a set, or None to
         make one where needed; parents in `parent_of`, which is the run itself where `pages` is a dict
         page -> parent) through, by its plan from `_l2_plan`: evict the victims (one removal event), touch the
         pages L2 holds, insert the missing ones (their store events are the caller's). Every page has its
         depth already (L1 holds it), and the plan checked what `insert_all` would: the missing pages are
-        neither resident in L2 nor being written. `held_ids` (id tables): the ids of the pages L2 holds, where
-        the caller has them (touched without resolving hashes)."""
+        neither resident in L2 nor being written. `ids` (id tables): the ids of `pages`, in order, where the
+        caller has them (the pages L2 holds are touched by id, without resolving hashes)."""
         missing, victims = plan
         l2 = self.l2
         if victims:
@@ -348,8 +351,9 @@ class KvPool:
         every = len(missing) == (len(pages) if chosen is None else len(chosen))  # type: ignore[arg-type]  # sized
         if every:
             l2.touch_all(set(), now)  # (the same as touching nothing, kept for its bound of the last accesses)
-        elif held_ids is not None:
-            l2.t.touch(held_ids, now)  # type: ignore[attr-defined]  # an IdTierPool: `touch_all` of those pages
+        elif ids is not None:  # `touch_all` of the pages L2 holds (the victims just removed are none of them)
+            l2t = cast(IdTierPool, l2).t
+            l2t.touch(ids[l2t.holds(ids)], now)
         else:
             chosen = set(pages) if chosen is None else chosen
             l2.touch_all(chosen - missing if missing else chosen, now)
@@ -440,8 +444,8 @@ class KvPool:
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (the checks of `insert_all` are made above)
                 slots = "reserved" if from_reservation else "free"
-                pool.insert_run(run, now, owner=owner, slots=slots, depths=self._run_depths(tier, run, plan))
-                self._after_run(tier, items, run, plan, now)
+                ids = self._insert_run(pool, run, now, owner, slots, self._run_depths(tier, run, plan))
+                self._after_run(tier, items, run, plan, now, ids)
                 return
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
@@ -456,11 +460,19 @@ class KvPool:
         if len(run) == len(items) and pool.writes_all(owner, run):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (`owner` writes them all: none is resident, as `insert_all` checks)
-                pool.insert_run(run, now, owner=owner, slots="writing", depths=self._run_depths(tier, run, plan))
-                self._after_run(tier, items, run, plan, now)
+                ids = self._insert_run(pool, run, now, owner, "writing", self._run_depths(tier, run, plan))
+                self._after_run(tier, items, run, plan, now, ids)
                 return
         for page, parent in items:
             self.land(tier, owner, page, parent, now)
+
+    def _insert_run(self, pool: TierPool, run: dict[PageHash, PageHash | None], now: float, owner: Owner, slots: str,
+                    depths: RunDepths) -> Ids | None:  # fmt: skip
+        """`pool.insert_run`; the pages' ids with the id tables (None with the sets)."""
+        if self._ids is not None:
+            return cast(IdTierPool, pool).insert_run(run, now, owner=owner, slots=slots, depths=depths)
+        pool.insert_run(run, now, owner=owner, slots=slots, depths=depths)
+        return None
 
     @staticmethod
     def _run_depths(tier: Tier, run: dict[PageHash, PageHash | None], plan: Plan) -> RunDepths:
@@ -473,10 +485,12 @@ class KvPool:
             return RunDepths.NONE_KNOWN
         return RunDepths.LOOKUP if missing else RunDepths.ALL_KNOWN
 
-    def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float) -> None:
-        """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier`."""
+    def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float,
+                   ids: Ids | None = None) -> None:  # fmt: skip
+        """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier` (`ids`:
+        its pages' ids, in order, from the id tables' insert; None from the set tables)."""
         if tier is Tier.GPU:
-            self._write_through(run, None, run, plan, now)
+            self._write_through(run, None, run, plan, now, ids)
         self._stored_items(tier, items, run, plan[0], now)
         self._after()
 
