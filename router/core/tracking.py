@@ -19,6 +19,7 @@ Boundary: plain state and small queries; decisions are `RouterCore`'s.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from itertools import count
 from dataclasses import dataclass, field
@@ -111,20 +112,26 @@ _SentViews = tuple[
 
 _VERSIONS = count(1)
 """Where every `SentRequests.version` and `NodeTrack.report_version` is drawn from (one source per process)."""
+_VERSIONS_LOCK = threading.Lock()
 
 
 def next_version() -> int:
     """A version no holder of node state in this process has had: each change of a `SentRequests` or of a
     track's report draws one, so equal versions mean the same state even across replaced or copied holders.
-    (`next` on a count is one C call: atomic under the GIL.)"""
-    return next(_VERSIONS)
+    (Locked with `_seen_version`, which replaces the source, so no thread draws from a source being replaced.)"""
+    with _VERSIONS_LOCK:
+        return next(_VERSIONS)
 
 
 def _seen_version(version: int) -> None:
     """A holder was restored with `version` (unpickled or copied): later versions are drawn above it."""
     global _VERSIONS
-    current = next(_VERSIONS)
-    _VERSIONS = count(max(current, version + 1))
+    with _VERSIONS_LOCK:
+        current = next(_VERSIONS)
+        if version >= current:
+            _VERSIONS = count(version + 1)
+        else:
+            _VERSIONS = count(current + 1)  # (`current` was drawn here and is given to nobody)
 
 
 class SentRequests(dict[str, RoutedRequest]):

@@ -177,3 +177,37 @@ def test_versions_are_unique_across_holders_copies_and_unpickled_ones() -> None:
     track.report_version += 5_000  # as if restored from a process that drew more
     again = pickle.loads(pickle.dumps(track))
     assert NodeTrack(NodeId("p3"), Phase.PREFILL).report_version > again.report_version
+
+
+def test_versions_stay_unique_while_threads_draw_and_holders_are_restored() -> None:
+    """Threads drawing versions (changes of `sent` dicts and reports) while another restores holders (unpickles
+    them, which moves the source past their versions): every version drawn is drawn once."""
+    import pickle
+    import sys
+    import threading
+
+    from evolving_infra.router.core import tracking
+
+    drawn: list[list[int]] = [[] for _ in range(3)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to meet the restore in its window
+    try:
+        def draw(out: list[int]) -> None:
+            for _ in range(20_000):
+                out.append(tracking.next_version())
+
+        def restore() -> None:
+            for _ in range(2_000):
+                holder = SentRequests()
+                holder.version = tracking.next_version() + 1  # just ahead of the source
+                pickle.loads(pickle.dumps(holder))
+
+        threads = [threading.Thread(target=draw, args=(out,)) for out in drawn] + [threading.Thread(target=restore)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(switch)
+    everything = [v for out in drawn for v in out]
+    assert len(everything) == 60_000 and len(set(everything)) == len(everything)
