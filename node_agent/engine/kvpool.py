@@ -267,11 +267,7 @@ class KvPool:
     def _evict(self, tier: Tier, n: int, now: float, excluded: frozenset[PageHash]) -> list[PageHash]:
         pool = self.tier(tier)
         expected = self.expected_victims(tier, n, excluded) if self.check else None
-        ids: Ids | None = None
-        if self._ids is not None:  # id tables: the victims' ids serve the write-through and the removal
-            victims, ids = cast(IdTierPool, pool).victims_and_ids(n, excluded)
-        else:
-            victims = pool.victims(n, excluded)
+        victims, ids = pool.victims_and_ids(n, excluded)  # ids (id tables) serve the write-through and the removal
         if expected is not None and victims != expected:
             raise PoolInvariantError(f"{tier.value}: eviction order {victims} differs from the policy's {expected}")
         if len(victims) != n:
@@ -279,10 +275,7 @@ class KvPool:
         if not victims:
             return victims
         if tier is Tier.HOST:
-            if ids is None:
-                pool.remove_victims(victims)
-            else:
-                cast(IdTierPool, pool).remove_victims(victims, ids=ids)
+            pool.remove_victims(victims, ids=ids)
             self._removed_all(tier, victims, now)
             return victims
         chosen = set(victims)
@@ -300,10 +293,7 @@ class KvPool:
         self._write_through(victims, chosen, parent_of, plan, now, ids)
         if plan[0]:
             self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)
-        if ids is None:
-            pool.remove_victims(victims, peer_holds=True)  # (written through: L2 holds every one)
-        else:
-            cast(IdTierPool, pool).remove_victims(victims, peer_holds=True, ids=ids)
+        pool.remove_victims(victims, peer_holds=True, ids=ids)  # (written through: L2 holds every one)
         self._removed_all(tier, victims, now)
         return victims
 
@@ -319,14 +309,12 @@ class KvPool:
         """For writing the run `pages` through to L2 (`_into_l2` page by page): the pages L2 lacks and the L2
         victims their room takes (out of the eviction order already); None, changing nothing, if the run must
         go page by page (see `TierRuns.room_for_run`). `pages`: a set, or a dict page -> parent in chain order
-        where the run may hold pages neither tier holds yet. `missing` (id tables, `pages` a set): the pages
-        L2 lacks, where the caller knows them."""
-        if missing is not None:
-            plan = cast(IdTierPool, self.l2).room_for_run(cast(set[PageHash], pages), now, None, missing)
-        elif isinstance(pages, set):
-            plan = self.l2.room_for_run(pages, now)
+        where the run may hold pages neither tier holds yet. `missing`: the pages L2 lacks, where the caller
+        knows them."""
+        if isinstance(pages, set):
+            plan = self.l2.room_for_run(pages, now, None, missing)
         else:
-            plan = self.l2.room_for_run(set(pages), now, pages)
+            plan = self.l2.room_for_run(set(pages), now, pages, missing)
         if plan is not None and plan[1] and self.check:
             expected = self.expected_victims(Tier.HOST, len(plan[1]))
             if plan[1] != expected:
@@ -444,7 +432,7 @@ class KvPool:
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (the checks of `insert_all` are made above)
                 slots = "reserved" if from_reservation else "free"
-                ids = self._insert_run(pool, run, now, owner, slots, self._run_depths(tier, run, plan))
+                ids = pool.insert_run(run, now, owner=owner, slots=slots, depths=self._run_depths(tier, run, plan))
                 self._after_run(tier, items, run, plan, now, ids)
                 return
         for page, parent in items:
@@ -460,19 +448,11 @@ class KvPool:
         if len(run) == len(items) and pool.writes_all(owner, run):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (`owner` writes them all: none is resident, as `insert_all` checks)
-                ids = self._insert_run(pool, run, now, owner, "writing", self._run_depths(tier, run, plan))
+                ids = pool.insert_run(run, now, owner=owner, slots="writing", depths=self._run_depths(tier, run, plan))
                 self._after_run(tier, items, run, plan, now, ids)
                 return
         for page, parent in items:
             self.land(tier, owner, page, parent, now)
-
-    def _insert_run(self, pool: TierPool, run: dict[PageHash, PageHash | None], now: float, owner: Owner, slots: str,
-                    depths: RunDepths) -> Ids | None:  # fmt: skip
-        """`pool.insert_run`; the pages' ids with the id tables (None with the sets)."""
-        if self._ids is not None:
-            return cast(IdTierPool, pool).insert_run(run, now, owner=owner, slots=slots, depths=depths)
-        pool.insert_run(run, now, owner=owner, slots=slots, depths=depths)
-        return None
 
     @staticmethod
     def _run_depths(tier: Tier, run: dict[PageHash, PageHash | None], plan: Plan) -> RunDepths:

@@ -210,6 +210,10 @@ class TierPool(TierRuns):
         order (`evictindex`), from the eviction order. The caller evicts every page returned."""
         return self._order.victims(n, exclude)
 
+    def victims_and_ids(self, n: int, exclude: frozenset[PageHash] = frozenset()) -> tuple[list[PageHash], None]:
+        """`victims`, and no ids (the id tables give theirs: `IdTierPool.victims_and_ids`)."""
+        return self.victims(n, exclude), None
+
     # --- access and pins -----------------------------------------------------------------------------
     def touch(self, page: PageHash, now: float) -> None:
         access = self._access.get(page)

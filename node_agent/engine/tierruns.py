@@ -25,6 +25,7 @@ from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.evictindex import EvictionOrder
+from evolving_infra.node_agent.engine.pageids import Ids
 
 Owner = str
 """Who holds pins and in-use slots: a request id."""
@@ -204,13 +205,14 @@ class TierRuns:
     def insert_run(
         self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
         depths: RunDepths = RunDepths.LOOKUP,
-    ) -> None:  # fmt: skip
+    ) -> Ids | None:  # fmt: skip
         """`insert_all` without the page checks, which the caller made: no page of `items` is resident, none
         is being written by another owner, and with slots "writing" `owner` writes every one of them.
-        `depths`: what the caller knows of the pages' depths (`RunDepths`)."""
+        `depths`: what the caller knows of the pages' depths (`RunDepths`). None (the id tables answer the
+        pages' ids: `IdTierPool.insert_run`)."""
         k = len(items)
         if not k:
-            return
+            return None
         if slots == "reserved":
             held = self._reserved.get(owner, 0)  # type: ignore[arg-type]  # owner is set whenever slots are reserved
             if held < k:
@@ -248,14 +250,16 @@ class TierRuns:
             pages = set(items)
             self._cached |= pages
             self._order.enter_all(pages, now)
+        return None
 
     def parents(self) -> Mapping[PageHash, PageHash | None]:
         """A live, read-only view of the resident pages' parents (do not keep)."""
         return self._parent
 
     def room_for_run(
-        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None
-    ) -> tuple[set[PageHash], list[PageHash]] | None:
+        self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None,
+        missing: set[PageHash] | None = None,
+    ) -> tuple[set[PageHash], list[PageHash]] | None:  # fmt: skip
         """Plan writing `pages` into this tier at `now` one page at a time, each page the tier lacks taking a
         free slot or else evicting the first cached page in eviction order (as `KvPool._into_l2` does): the
         pages it lacks, and the victims in order, taken out of the eviction order (the caller removes them and
@@ -263,8 +267,10 @@ class TierRuns:
         page is being written, the cached pages run out, or a victim is a page of `pages` or does not come
         before every page of `pages` once accessed at `now` (then evicting the first victims up front chooses
         the later ones differently from page by page, which can evict a page the run inserted or touched).
-        `parents` (page -> parent, in chain order) gives the depths of pages neither tier holds yet."""
-        missing = pages.difference(self._parent)
+        `parents` (page -> parent, in chain order) gives the depths of pages neither tier holds yet; `missing`:
+        the pages of `pages` this tier lacks, where the caller knows them."""
+        if missing is None:
+            missing = pages.difference(self._parent)
         if self._writing and not self._writing.keys().isdisjoint(missing):
             return None
         need = len(missing) - self._free
@@ -298,9 +304,10 @@ class TierRuns:
             raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
         self.remove_victims(list(gone))
 
-    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False) -> None:
+    def remove_victims(self, victims: list[PageHash], *, peer_holds: bool = False, ids: Ids | None = None) -> None:
         """`remove_all` of `victims` just taken from this tier's eviction order (`victims`: distinct, cached),
-        without checking that. `peer_holds`: the peer tier holds every one of them (their depths stay)."""
+        without checking that. `peer_holds`: the peer tier holds every one of them (their depths stay). `ids`:
+        the id tables' (`IdTierPool.remove_victims`); these tables have none."""
         parent, access, depth = self._parent, self._access, self._depth
         if peer_holds:
             for page in victims:

@@ -127,11 +127,7 @@ def _seen_version(version: int) -> None:
     """A holder was restored with `version` (unpickled or copied): later versions are drawn above it."""
     global _VERSIONS
     with _VERSIONS_LOCK:
-        current = next(_VERSIONS)
-        if version >= current:
-            _VERSIONS = count(version + 1)
-        else:
-            _VERSIONS = count(current + 1)  # (`current` was drawn here and is given to nobody)
+        _VERSIONS = count(max(next(_VERSIONS), version) + 1)  # (the version drawn here is given to nobody)
 
 
 class SentRequests(dict[str, RoutedRequest]):
