@@ -19,7 +19,7 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Priority(enum.IntEnum):
@@ -37,21 +37,30 @@ class Priority(enum.IntEnum):
     OBSERVE = 50
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Event:
-    """Something that happens at `time`: the kernel calls `action(self)` and applies the commands it returns.
-
-    `token` (any hashable value, optional) names the event for cancellation; several pending events may
-    share a token and are then cancelled together. `payload` is free for the handler's use; `label` names
-    the event in traces and diagnostics.
-    """
-
+class _EventFields(NamedTuple):
     time: float
     priority: Priority
     action: Callable[[Event], Iterable[Command] | None]
     label: str = ""
     token: Hashable | None = None
     payload: Any = None
+
+
+class Event(_EventFields):
+    """Something that happens at `time`: the kernel calls `action(self)` and applies the commands it returns.
+
+    `token` (any hashable value, optional) names the event for cancellation; several pending events may
+    share a token and are then cancelled together. `payload` is free for the handler's use; `label` names
+    the event in traces and diagnostics.
+
+    An immutable named tuple compared by identity (two events with equal fields are still two events); a
+    simulation makes one or more per engine iteration, and a frozen dataclass is slower to make.
+    """
+
+    __slots__ = ()
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +278,8 @@ class Kernel:
         budget = -1 if max_events is None else max_events
         queue, dead, pop, process = self._queue, self._dead, heapq.heappop, self._process
         progress, every = self._progress, self._progress_every
+        plain = self._observer is None  # `_process` inlined below for the usual case (no observer)
+        by_token, push, apply = self._by_token, self._push, self.apply
         done = 0
         reason = StopReason.EMPTY
         detail = ""
@@ -287,7 +298,24 @@ class Kernel:
             if queue[0][0] > limit:
                 reason = StopReason.UNTIL
                 break
-            process(pop(queue))
+            if plain:  # (the same steps as `_process`, without two calls per event)
+                time, _, counter, event = pop(queue)
+                token = event.token
+                if token is not None and (live := by_token.get(token)) is not None:
+                    live.discard(counter)
+                    if not live:
+                        del by_token[token]
+                self._now = time
+                self._processed += 1
+                commands = event.action(event)
+                if commands:
+                    for command in commands:
+                        if type(command) is Event:
+                            push(command)
+                        else:
+                            apply((command,))
+            else:
+                process(pop(queue))
             done += 1
             if progress is not None and self._processed % every == 0:
                 progress(self._report())

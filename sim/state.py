@@ -224,7 +224,7 @@ def kick(state: ClusterState, node: SimNode, now: float) -> list[Command]:
         return []
     node.step_at = now
     token = node.step_token
-    step = Event(now, Priority.SCHEDULE, state.on_step, label=node.step_label, token=token, payload=node.id)
+    step = Event(now, Priority.SCHEDULE, state.on_step, node.step_label, token, node.id)  # (positional: the hot path)
     return [step] if pending is None else [Cancel(token), step]  # no step pending: nothing to cancel
 
 
@@ -252,4 +252,4 @@ def apply_counts(state: ClusterState, pushes: Iterable[PushCounts]) -> None:
     for push in pushes:
         engine = state.nodes[push.node].engine
         if engine is not None:
-            engine.set_counts(dict(push.counts))
+            engine.set_counts(push.counts)

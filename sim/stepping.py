@@ -49,7 +49,8 @@ def on_step(state: ClusterState, event: Event) -> list[Command]:
     handler = state.on_iteration_end
     if handler is None:
         handler = state.on_iteration_end = partial(on_iteration_end, state)
-    commands.append(Event(out.end, Priority.COMPLETION, handler, label=node.end_label, payload=(node.id, engine, out)))
+    # (positional: once per iteration) label, no token, payload
+    commands.append(Event(out.end, Priority.COMPLETION, handler, node.end_label, None, (node.id, engine, out)))
     return commands
 
 
@@ -61,7 +62,8 @@ def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:
     assert isinstance(out, StepOutput)
     now = event.time
     node.iterating = False
-    absorb(state, node.id, out.events)
+    if out.events:
+        absorb(state, node.id, out.events)
     if out.record is not None:
         state.core.iteration(node.id, out.record)
     commands: list[Command] = []

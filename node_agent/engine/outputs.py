@@ -12,7 +12,8 @@ Boundary: immutable values only.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from evolving_infra.core.itermodel import IterationRecord
 from evolving_infra.core.kv_events import KvEvent
@@ -142,9 +143,11 @@ class EngineGauges:
     decode_running: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """One iteration (or idle) starting at `now` and lasting `duration` seconds."""
+class StepOutput(NamedTuple):
+    """One iteration (or idle) starting at `now` and lasting `duration` seconds.
+
+    An immutable named tuple (one per iteration; a frozen dataclass of this many fields is several times
+    slower to make). Every field is given: the engine's `step` is the only maker."""
 
     now: float
     kind: IterationKind
@@ -154,15 +157,15 @@ class StepOutput:
     fetches_started: tuple[FetchStarted, ...]
     prefills_started: tuple[PrefillStarted, ...]
     prefills_finished: tuple[PrefillFinished, ...]
-    decode_tokens: dict[RequestId, int] = field(default_factory=dict)
+    decode_tokens: dict[RequestId, int]
     """New tokens per running decode request; empty when the engine was made with `report_detail=False`."""
-    decodes_finished: tuple[DecodeFinished, ...] = ()
-    load_stall: float = 0.0
+    decodes_finished: tuple[DecodeFinished, ...]
+    load_stall: float
     """Seconds of the duration spent waiting for KV to reach GPU memory (HiCache load-back only)."""
-    switch_completed: SwitchReport | None = None
-    wake_at: float | None = None
+    switch_completed: SwitchReport | None
+    wake_at: float | None
     """When idle: the earliest time queued work becomes runnable without new input (a load finishing)."""
-    gauges: EngineGauges | None = None
+    gauges: EngineGauges | None
     """The engine's gauges after the step; None when the engine was made with `report_detail=False`."""
 
     @property

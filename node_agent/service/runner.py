@@ -254,14 +254,16 @@ class EngineRunner:
         if isinstance(output, _Switched):
             sink.switch_completed(output.report)
             return
-        if isinstance(output, tuple):
+        if isinstance(output, Effects):
+            if output.events:
+                sink.kv_events(output.events)
+            return
+        if not isinstance(output, StepOutput):  # KV events alone (a step output is a named tuple too)
             if output:
                 sink.kv_events(output)
             return
         if output.events:
             sink.kv_events(output.events)
-        if isinstance(output, Effects):
-            return
         if starts:
             for started in output.prefills_started:
                 sink.prefill_started(started)

@@ -37,6 +37,7 @@ records = st.builds(
     duration=times,
     prefill=st.lists(st.builds(PrefillItem, u32, u32, u32), max_size=8).map(tuple),
     decode_batch=u32,
+    context_tokens=st.just(0.0),  # not on the wire: the engine's own diagnostic (eq. 2 does not use it)
 )
 
 
