@@ -286,11 +286,11 @@ class EngineCore:
         self._tick(now)
         if now + _TIME_EPS < self._busy_until:
             raise EngineBusy(f"node {self.node}: step at {now} before the iteration ending at {self._busy_until}")
-        decode, prefill = self._decode, self._prefill
-        switched = self._maybe_complete_switch(now) if self._switch.draining else None
+        decode, prefill, switch = self._decode, self._prefill, self._switch
+        switched = self._maybe_complete_switch(now) if switch.draining else None
         decode.admit(now)
-        fetches = prefill.admit(now, self._switch.local_decode_ok()) if prefill.jobs else ()
-        kind = self._choose() if self._switch.ready_at is None else IterationKind.IDLE
+        fetches = prefill.admit(now, switch.local_decode_ok()) if prefill.jobs else ()
+        kind = self._choose() if switch.ready_at is None else IterationKind.IDLE
         started: tuple[PrefillStarted, ...] = ()
         finished: list[PrefillFinished] = []
         decodes_done: list[DecodeFinished] = []
@@ -323,25 +323,25 @@ class EngineCore:
         if kind is not IterationKind.IDLE:
             self._busy_until = end
             self._last_kind = kind
-        if switched is None and self._switch.draining:
+        if switched is None and switch.draining:
             switched = self._maybe_complete_switch(end)
         if self.check:
             self.check_invariants()
-        return StepOutput(
-            now=now,
-            kind=kind,
-            duration=duration,
-            record=record,
-            events=self.pool.drain_events(),
-            fetches_started=tuple(fetches),
-            prefills_started=started,
-            prefills_finished=tuple(finished),
-            decode_tokens=tokens,
-            decodes_finished=tuple(decodes_done),
-            load_stall=stall,
-            switch_completed=switched,
-            wake_at=self._wake_at() if kind is IterationKind.IDLE else None,
-            gauges=self.gauges() if self.report_detail else None,
+        return StepOutput(  # (positional, in the field order: made once per iteration)
+            now,
+            kind,
+            duration,
+            record,
+            self.pool.drain_events(),  # events
+            tuple(fetches) if fetches else (),  # fetches_started
+            started,  # prefills_started
+            tuple(finished) if finished else (),  # prefills_finished
+            tokens,  # decode_tokens
+            tuple(decodes_done) if decodes_done else (),  # decodes_finished
+            stall,  # load_stall
+            switched,  # switch_completed
+            self._wake_at() if kind is IterationKind.IDLE else None,  # wake_at
+            self.gauges() if self.report_detail else None,  # gauges
         )
 
     def _choose(self) -> IterationKind:
