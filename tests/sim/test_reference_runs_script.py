@@ -1,11 +1,18 @@
 """`scripts/sim_reference_runs.py`: a run of a copy of the tree imports every component from that copy (not from
-the checkout the editable install points at), and `compare` tells identical outputs from different ones."""
+the checkout the editable install points at), and `compare` tells identical outputs from different ones;
+`scripts/mooncake_ours.py` replays what it is asked to, deterministically."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from evolving_infra.cli.bench_sim import MOONCAKE
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sim_reference_runs.py"
 MAIN = """import evolving_infra, evolving_infra.router, evolving_infra.node_agent.engine, evolving_infra.sim
@@ -58,3 +65,25 @@ def test_compare_says_which_metrics_and_how_many_records_moved(tmp_path: Path) -
     assert "1 of 3 overall metrics differ" in done.stdout
     assert "ttft_s.mean: 0.5 -> 0.4 (-20.0000%)" in done.stdout
     assert "1 of 3 records differ" in done.stdout
+
+
+MOONCAKE_OURS = SCRIPT.parent / "mooncake_ours.py"
+
+
+def test_mooncake_ours_replays_the_rows_asked_for_and_its_digest_is_stable(tmp_path: Path) -> None:
+    """`scripts/mooncake_ours.py` (our side of `bench sim --against-dynamo` alone) finishes the rows it was given,
+    and two runs of the same tree give the same digest of the request records (what an A/B of trees compares)."""
+    if not MOONCAKE.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{MOONCAKE} is missing (CI always has shared/ beside the clone)")
+        pytest.skip(f"{MOONCAKE} is not available")
+    outs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(MOONCAKE_OURS), "--rows", "25"], capture_output=True, text=True,
+                              cwd=tmp_path, check=True, timeout=300)  # fmt: skip
+        outs.append(json.loads(done.stdout))
+    assert outs[0]["rows"] == outs[0]["requests"] == 25
+    assert outs[0]["events"] > 25 and outs[0]["records_sha256"] == outs[1]["records_sha256"]
+    bad = subprocess.run([sys.executable, str(MOONCAKE_OURS), "--rows", "0"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--rows must be >= 1" in bad.stderr
