@@ -3,8 +3,8 @@ each other without Dynamo's replay in the measurement.
 
     python scripts/mooncake_ours.py [--tree TREE] [--rows N] [--trace FILE]
 
-Replays the first N rows of the Mooncake trace (default: all) through our simulator with the configuration of
-`bench sim --against-dynamo` (system evolving, 4P5D, the peer profile, exact engine models, no warmup) and
+Replays the first N rows of the Mooncake trace (default: all) through our simulator as `bench sim
+--against-dynamo` does (`peers.judge.run_ours`: system evolving, 4P5D, the peer profile, exact engine models) and
 prints one JSON line: wall and CPU seconds of the replay, kernel events, requests finished, peak resident
 memory, and a digest of the request records (equal digests: the same results). `--tree` imports every
 component from a copy of the repository (as `scripts/sim_reference_runs.py as-tree` does).
@@ -40,10 +40,8 @@ def main() -> None:
         sim_reference_runs._TreeFinder.tree = tree
         sys.meta_path.insert(0, sim_reference_runs._TreeFinder)
 
-    from evolving_infra.cli.bench_sim import MOONCAKE, PEER_PROFILE
-    from evolving_infra.peers.judge import OurSide
-    from evolving_infra.sim.run import simulate
-    from evolving_infra.sim.systems import build_config
+    from evolving_infra.cli.bench_sim import MOONCAKE, PEER_PROFILE, default_split
+    from evolving_infra.peers.judge import OurSide, run_ours
     from evolving_infra.traces.loader import trace_from_records
     from evolving_infra.traces.mooncake import convert_mooncake, read_mooncake
 
@@ -55,15 +53,12 @@ def main() -> None:
     rows = read_mooncake(path)[: args.rows]
     records, _ = convert_mooncake(rows, name=f"mooncake-{path.stem}", source=str(path))
     trace = trace_from_records(records)
-    preset, overrides = OurSide.EVOLVING.config()
-    cfg = build_config(preset, profile=PEER_PROFILE, nodes=9, split="4P5D", seed=0, warmup_s=0.0, models="profile",
-                       collocated_warmup=False, agents=None, exact_models=True, **overrides)  # fmt: skip
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = simulate(cfg, trace)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    digest = hashlib.sha256(repr(result.records).encode()).hexdigest()[:16]
-    print(json.dumps({"rows": len(rows), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": result.events,
-                      "requests": len(result.records), "records_sha256": digest,
+    cpu = time.process_time()
+    run = run_ours(OurSide.EVOLVING, trace, profile=PEER_PROFILE, split=default_split(9))  # as `bench sim` does
+    cpu = time.process_time() - cpu
+    digest = hashlib.sha256(repr(run.requests).encode()).hexdigest()[:16]
+    print(json.dumps({"rows": len(rows), "wall_s": round(run.wall_s, 2), "cpu_s": round(cpu, 2),
+                      "events": run.detail["events"], "requests": len(run.requests), "records_sha256": digest,
                       "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))  # fmt: skip
 
 

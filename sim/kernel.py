@@ -278,8 +278,6 @@ class Kernel:
         budget = -1 if max_events is None else max_events
         queue, dead, pop, process = self._queue, self._dead, heapq.heappop, self._process
         progress, every = self._progress, self._progress_every
-        plain = self._observer is None  # `_process` inlined below for the usual case (no observer)
-        by_token, push, apply = self._by_token, self._push, self.apply
         done = 0
         reason = StopReason.EMPTY
         detail = ""
@@ -298,24 +296,7 @@ class Kernel:
             if queue[0][0] > limit:
                 reason = StopReason.UNTIL
                 break
-            if plain:  # (the same steps as `_process`, without two calls per event)
-                time, _, counter, event = pop(queue)
-                token = event.token
-                if token is not None and (live := by_token.get(token)) is not None:
-                    live.discard(counter)
-                    if not live:
-                        del by_token[token]
-                self._now = time
-                self._processed += 1
-                commands = event.action(event)
-                if commands:
-                    for command in commands:
-                        if type(command) is Event:
-                            push(command)
-                        else:
-                            apply((command,))
-            else:
-                process(pop(queue))
+            process(pop(queue))
             done += 1
             if progress is not None and self._processed % every == 0:
                 progress(self._report())

@@ -62,8 +62,7 @@ def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:
     assert isinstance(out, StepOutput)
     now = event.time
     node.iterating = False
-    if out.events:
-        absorb(state, node.id, out.events)
+    absorb(state, node.id, out.events)
     if out.record is not None:
         state.core.iteration(node.id, out.record)
     commands: list[Command] = []

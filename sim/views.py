@@ -27,10 +27,11 @@ def engine_report(node: SimNode, now: float) -> None:
     if engine is None:
         return
     queue = engine.prefill_queue()
-    if not queue.running:  # (a decode node's every iteration)
-        node.record_report(now, (), queue.queued)
-        return
-    running = tuple(RunningPrefill(RequestId(r.request), r.remaining_tokens, r.context_tokens) for r in queue.running)
+    running = (
+        tuple(RunningPrefill(RequestId(r.request), r.remaining_tokens, r.context_tokens) for r in queue.running)
+        if queue.running
+        else ()  # (a decode node's every iteration)
+    )
     node.record_report(now, running, queue.queued)
 
 
