@@ -81,21 +81,6 @@ class DecodeJob:
         return self.pages[i - 1] if i > 0 else None
 
 
-def received_pages(prompt: tuple[PageHash, ...], resident: set[PageHash]) -> list[tuple[PageHash, PageHash | None]]:
-    """(page, parent) of each page of `prompt` (distinct pages) not in `resident` (a subset of `prompt`), in prompt
-    order. When `resident` is the prompt's first len(resident) pages (the usual case: an earlier turn's prefix), the
-    pairs are sliced out of the prompt, which needs only the membership tests of the shorter of the two parts."""
-    r, n = len(resident), len(prompt)
-    if r == 0:
-        return list(zip(prompt, (None, *prompt[: n - 1])))
-    # resident (r distinct pages of the prompt) is its first r pages iff all of those are in it, iff none of the
-    # other n - r pages is
-    leading = resident.issuperset(prompt[:r]) if r <= n - r else resident.isdisjoint(prompt[r:])
-    if leading:
-        return list(zip(prompt[r:], prompt[r - 1 : n - 1]))
-    return [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]
-
-
 class DecodeScheduler:
     """Decode jobs of one node (rules in the module docstring)."""
 
@@ -177,17 +162,9 @@ class DecodeScheduler:
             prompt = job.pages[: job.prompt_pages]
             if l1.writing and not l1.writing_set().isdisjoint(prompt):
                 continue  # a load into L1 is bringing some of these pages: reuse them once it lands
-            resident = l1.resident_set() & prompt
-            need = pages_needed(job.prompt_tokens + job.output_tokens, self.pt) - len(resident)
-            if l1.lacks_room(need, resident):
+            footprint = pages_needed(job.prompt_tokens + job.output_tokens, self.pt)
+            if not self.pool.admit_prompt(job.rid, prompt, footprint, now):
                 break  # first come, first served: later requests do not overtake it
-            # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
-            l1.pin_all(job.rid, resident, now)
-            if not self.pool.make_room(Tier.GPU, need, now):
-                raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
-            l1.reserve(job.rid, need)
-            received = received_pages(prompt, resident)
-            self.pool.store_all(Tier.GPU, received, now, owner=job.rid)
             del self._queue[job.rid]
             self._start(job)
 

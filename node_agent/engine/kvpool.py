@@ -41,7 +41,7 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from itertools import compress, filterfalse
 from operator import ne, not_
 from dataclasses import dataclass, replace
@@ -52,7 +52,7 @@ from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
-from evolving_infra.node_agent.engine.idpages import Ids, PageIds
+from evolving_infra.node_agent.engine.idpages import CACHED, Ids, PageIds
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
@@ -61,6 +61,26 @@ from evolving_infra.node_agent.engine.tierruns import RunDepths
 Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
 Plan = tuple[set[PageHash], list[PageHash]]  # a run's write-through: pages L2 lacks, L2 victims (`_l2_plan`)
 _NO_WRITES: Plan = (set(), [])  # the plan of a run that is not written through
+
+
+def received_pages(prompt: tuple[PageHash, ...], resident: Collection[PageHash] | int) -> Run:
+    """(page, parent) of each page of `prompt` (distinct pages) not in `resident` (a subset of `prompt`, or the
+    number of its leading pages that are), in prompt order. When `resident` is the prompt's first len(resident)
+    pages (the usual case: an earlier turn's prefix), the pairs are sliced out of the prompt, which needs only the
+    membership tests of the shorter of the two parts."""
+    n = len(prompt)
+    if isinstance(resident, int):
+        r, leading = resident, True
+    else:
+        r = len(resident)
+        # resident (r distinct pages of the prompt) is its first r pages iff all of those are in it, iff none of
+        # the other n - r pages is
+        leading = r == 0 or (resident.issuperset(prompt[:r]) if r <= n - r else resident.isdisjoint(prompt[r:]))  # type: ignore[attr-defined]  # a set view
+    if r == 0:
+        return list(zip(prompt, (None, *prompt[: n - 1])))
+    if leading:
+        return list(zip(prompt[r:], prompt[r - 1 : n - 1]))
+    return [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]  # type: ignore[operator]
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,11 +444,20 @@ class KvPool:
             return
         pool = self.tier(tier)
         run = dict(items)
-        if (
-            len(run) == len(items)
-            and pool.resident_set().isdisjoint(run)
-            and (not pool.writing or pool.writing_set().isdisjoint(run))
-        ):
+        resident = pool.resident_set()
+        distinct = len(run) == len(items)
+        fresh = distinct and resident.isdisjoint(run)
+        if distinct and not fresh:
+            # pages another request made resident meanwhile (a sibling's prefill of the same prefix) usually
+            # lead the run: pinned at once, then the rest as a run
+            lead = self._stored_lead(tier, items, resident, now, owner, from_reservation)
+            if lead:
+                items = items[lead:]
+                if not items:
+                    return
+                run = dict(items)
+                fresh = resident.isdisjoint(run)
+        if fresh and (not pool.writing or pool.writing_set().isdisjoint(run)):
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (the checks of `insert_all` are made above)
                 slots = "reserved" if from_reservation else "free"
@@ -437,6 +466,66 @@ class KvPool:
                 return
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
+
+    def admit_prompt(self, owner: Owner, prompt: tuple[PageHash, ...], footprint: int, now: float) -> bool:
+        """A decode's admission of a received prompt (distinct pages, in chain order) into L1: the pages L1
+        holds are pinned by `owner`, room is made for the rest of its `footprint` (pages: the prompt's and
+        every one its output will fill), reserved, and the received pages are stored (`store_all`). False,
+        changing nothing, when L1 lacks the room even after evicting every page it may. With the id tables
+        the prompt is resolved to ids once (which pages L1 holds, their pins and the room check read them)."""
+        l1 = self.l1
+        if self._ids is None:
+            resident = l1.resident_set() & prompt
+            need = footprint - len(resident)
+            if l1.lacks_room(need, resident):
+                return False
+            # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
+            l1.pin_all(owner, resident, now)
+            received = received_pages(prompt, resident)
+        else:
+            ids = self._ids.lookup(list(prompt))
+            t = cast(IdTierPool, l1).t
+            held = t.holds(ids)
+            r = int(held.sum())
+            need = footprint - r
+            free = t.free
+            if need > free:  # `lacks_room(need, resident)`
+                room = free + t.cached
+                if room < need or (room - r < need and room - int((t.state[ids[held]] == CACHED).sum()) < need):
+                    return False
+            if r:
+                t.pin(owner, ids[held], now)
+            if held[:r].all():
+                received = received_pages(prompt, r)  # (the leading r pages are the ones L1 holds)
+            else:
+                received = list(compress(zip(prompt, (None, *prompt)), (~held).tolist()))
+        if not self.make_room(Tier.GPU, need, now):
+            raise PoolInvariantError(f"gpu: room for {owner} vanished while making it")
+        l1.reserve(owner, need)
+        self.store_all(Tier.GPU, received, now, owner=owner)
+        return True
+
+    def _stored_lead(self, tier: Tier, items: Run, resident: Collection[PageHash], now: float, owner: Owner,
+                     from_reservation: bool) -> int:  # fmt: skip
+        """`store` the leading pages of `items` that `tier` holds already (and L2 too, when `tier` is L1) at
+        once: pinned by `owner` (and touched), a reserved slot back per page, touched in L2; none has an event.
+        How many that was."""
+        l2 = self.l2.resident_set() if tier is Tier.GPU else resident
+        lead = 0
+        for page, _ in items:
+            if page not in resident or page not in l2:
+                break
+            lead += 1
+        if lead:
+            pages = [page for page, _ in items[:lead]]
+            pool = self.tier(tier)
+            pool.pin_all(owner, pages, now)
+            if from_reservation:
+                pool.unreserve(owner, lead)
+            if tier is Tier.GPU:
+                self.l2.touch_all(set(pages), now)
+            self._after()
+        return lead
 
     def land_all(self, tier: Tier, owner: Owner, items: Run, now: float) -> None:
         """`land` each (page, parent) of `items`, in order (as one run when `owner` is writing them all and

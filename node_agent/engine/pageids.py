@@ -136,32 +136,66 @@ class PageIds:
 
     def intern_run(self, items: dict[PageHash, PageHash | None]) -> Ids:
         """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
-        (each the parent of the next) that no tier holds yet: one id block, consecutive depths."""
+        (each the parent of the next): the new pages take one id block (in the order `intern` would take them),
+        and each stretch of new pages gets consecutive depths from the page before it (or its parent)."""
         pages = list(items)
         k = len(pages)
         parents = list(items.values())
         known = self._id
-        if k < 2 or parents[1:] != pages[:-1] or not known.keys().isdisjoint(pages):
+        if k < 2 or parents[1:] != pages[:-1]:
             return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
+        if known.keys().isdisjoint(pages):  # (the usual case: a chain no tier holds yet)
+            ids = self._block(k)
+            first = parents[0]
+            pid = known.get(first) if first is not None else None
+            base = 0 if pid is None else int(self.depth[pid]) + 1
+            self.depth[ids] = np.arange(base, base + k)
+            self._fill(ids, pages)
+            return ids
+        if k < 32:  # (below this, numpy's per-call costs exceed the per-page path's)
+            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
+        ids = self.lookup(pages)
+        new = np.flatnonzero(ids < 0)
+        if not len(new):
+            return ids
+        fresh = self._block(len(new))
+        ids[new] = fresh
+        # stretches of consecutive new positions: [starts[j], ends[j])
+        cut = np.flatnonzero(np.diff(new) != 1) + 1
+        starts = new[np.concatenate(([0], cut))].tolist()
+        ends = (new[np.concatenate((cut - 1, [len(new) - 1]))] + 1).tolist()
+        depth = self.depth
+        for lo, hi in zip(starts, ends):
+            if lo:
+                base = int(depth[ids[lo - 1]]) + 1  # (a known page: the stretch is maximal)
+            else:
+                pid = known.get(parents[0]) if parents[0] is not None else None
+                base = 0 if pid is None else int(depth[pid]) + 1
+            depth[ids[lo:hi]] = np.arange(base, base + hi - lo)
+        self._fill(fresh, [pages[j] for j in new.tolist()])
+        return ids
+
+    def _block(self, k: int) -> Ids:
+        """`k` ids for new pages, in the order `intern` takes them (freed ids first, last freed first)."""
         take = min(k, len(self._free))
         ids = np.empty(k, dtype=np.int64)
         if take:
-            ids[:take] = self._free[len(self._free) - take :][::-1]  # (the order `intern` pops them in)
+            ids[:take] = self._free[len(self._free) - take :][::-1]
             del self._free[len(self._free) - take :]
         if k > take:
             ids[take:] = np.arange(self._next, self._next + k - take)
             self._next += k - take
             self._grow(self._next)
-        first = parents[0]
-        pid = known.get(first) if first is not None else None
-        base = 0 if pid is None else int(self.depth[pid]) + 1
-        self.depth[ids] = np.arange(base, base + k)
+        return ids
+
+    def _fill(self, ids: Ids, pages: list[PageHash]) -> None:
+        """New `ids` (depths set) become those of `pages`."""
+        k = len(pages)
         self.hashes[ids] = np.fromiter(pages, dtype=np.uint64, count=k)
         self.holders[ids] = 0
         counts = self.counts
         self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False
-        known.update(zip(pages, ids.tolist()))
-        return ids
+        self._id.update(zip(pages, ids.tolist()))
 
     def recount(self, pages: Iterable[PageHash], counted: bool | None = None) -> None:
         """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those

@@ -5,8 +5,9 @@ the same last accesses, and every eviction choosing the same pages in the same o
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -315,3 +316,40 @@ def test_depths_follow_chains(n: int) -> None:
     assert ids.depth[got].tolist() == [0, 1, 2]
     # the deepest page goes first among pages of one key
     assert ids.hash_of(tier.evict(n)) == [12]
+
+
+def _table(ids: PageIds) -> tuple[object, ...]:
+    live = sorted(ids._id.items())
+    at = [i for _, i in live]
+    return (
+        live, ids.depth[at].tolist(), ids.hashes[at].tolist(), ids.holders[at].tolist(), ids.counted[at].tolist(),
+        list(ids._free), ids._next,
+    )  # fmt: skip
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 79), st.integers(1, 60), st.booleans()), max_size=25),
+    st.sets(st.integers(0, 159), max_size=40),
+)
+@example([(0, 10, 10, False), (0, 40, 5, False), (0, 20, 40, False)], set())  # parent known, new, known, new
+@example([(0, 0, 30, True), (0, 20, 20, False), (0, 0, 50, False)], {10})  # freed ids reused around known pages
+@example([(0, 0, 5, False), (0, 0, 40, False)], set())  # a run below the size the block path takes
+def test_a_run_interned_at_once_equals_page_by_page(ops: list[tuple[int, int, int, bool]], counted: set[int]) -> None:
+    """`intern_run` of a chain where some pages have ids already (a stretch at the start, in the middle, at the
+    end, several), with freed ids waiting to be reused: the same ids, depths, hashes, counted flags and free list
+    as interning page by page. `drop` frees the ids of a run again when the flag says so."""
+    chains = [[PageHash(1000 * c + i + 1) for i in range(80)] for c in range(2)]
+    tables = [PageIds({chains[j // 80][j % 80]: 1 for j in counted}) for _ in range(2)]
+    for c, start, n, free in ops:
+        pages = chains[c][start : start + n]
+        items = {p: (chains[c][start + j - 1] if start + j else None) for j, p in enumerate(pages)}
+        got = [
+            tables[0].intern_run(items),
+            np.array([tables[1].intern(p, q) for p, q in items.items()], dtype=np.int64),
+        ]
+        assert got[0].tolist() == got[1].tolist()
+        for table, ids in zip(tables, got):
+            table.hold(ids)
+            if free:
+                table.drop(ids)
+        assert _table(tables[0]) == _table(tables[1])

@@ -43,7 +43,7 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "single", "release", "release", "count", "count", "evict", "fetch",
+        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "single", "release", "release", "count", "count", "evict", "fetch",
                          "land", "cancel", "room", "release_l1", "pin", "pin", "touch", "unpin"]),
         st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
     ),  # fmt: skip
@@ -61,6 +61,17 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
             p.store_all(Tier.GPU, todo, now, owner=owner)
             return True
         return False
+    if op == "restore":  # pages computed again where some (often the leading ones) are resident already
+        if p.make_room(Tier.GPU, len(pages), now):
+            p.l1.reserve(owner, len(pages))
+            p.store_all(Tier.GPU, pages, now, owner=owner)
+            return True
+        return False
+    if op == "admit":  # a decode's admission of a received prompt: pins what L1 holds, stores the rest
+        prompt = tuple(page for page, _ in pages)
+        if p.l1.writing and not p.l1.writing_set().isdisjoint(prompt):
+            return None  # (the decode waits for the load)
+        return p.admit_prompt(owner, prompt, len(prompt) + n % 3, now)
     if op == "single":  # one page into L2 from a free slot, pinned or not (a peer's transfer, a write-back)
         page, par = pages[0]
         if p.l2.contains(page) or p.l2.is_writing(page) or not p.make_room(Tier.HOST, 1, now):
@@ -114,6 +125,12 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
     [("store", 0, 0, 4, 0), ("release", 0, 0, 1, 0), ("store", 1, 0, 4, 1), ("release", 0, 0, 1, 1),
      ("count", 0, 0, 4, 2), ("evict", 0, 0, 4, 2)], False, 8, 8,
 )  # fmt: skip
+@example(  # an admission whose room check must count the cached pages among those it reuses (it lacks room)
+    [("store", 0, 0, 2, 0), ("release", 0, 0, 1, 0), ("admit", 0, 0, 4, 1)], True, 4, 8,
+)
+@example(  # an admission reusing pages L1 holds in the middle of its prompt
+    [("store", 0, 1, 2, 0), ("admit", 0, 0, 4, 1), ("release", 0, 0, 1, 1), ("evict", 0, 0, 6, 1)], False, 16, 8,
+)
 def test_id_tables_match_the_set_tables(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
     _same_pools(ops, lru, l1, l2)
 
@@ -157,7 +174,8 @@ def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l
     now = 0.0
     for op, c, start, n, k in ops:
         now += float(k % 2)  # several operations at one time, too
-        pages = [(CHAINS[c][i], parent(c, i)) for i in range(start, min(12, start + n))]
+        lo = 0 if op == "admit" else start  # (a decode admits a whole prompt, from the chain's first page)
+        pages = [(CHAINS[c][i], parent(c, i)) for i in range(lo, min(12, start + n))]
         results = [_apply(p, op, pages, n, k, now) for p in pools]
         assert results[0] == results[1], op
         assert pools[0].drain_events() == pools[1].drain_events(), op

@@ -31,6 +31,10 @@ class PageByPage(KvPool):
     def _l2_plan(self, pages, now):  # type: ignore[no-untyped-def]
         return None
 
+    def store_all(self, tier, items, now, *, owner, from_reservation=True):  # type: ignore[no-untyped-def]
+        for page, par in items:
+            self.store(tier, page, par, now, owner=owner, from_reservation=from_reservation)
+
 
 def _state(t: TierPool) -> tuple[object, ...]:
     return (
@@ -55,7 +59,7 @@ def _replay(
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "release", "release", "count", "count", "evict", "fetch", "land"]),
+        st.sampled_from(["store", "store", "store", "restore", "restore", "release", "release", "count", "count", "evict", "fetch", "land"]),
         st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
     ),  # fmt: skip
     max_size=80,
@@ -83,6 +87,10 @@ def test_runs_leave_the_page_by_page_state_and_equivalent_events(
                 if todo and p.make_room(Tier.GPU, len(todo), now):
                     p.l1.reserve(owner, len(todo))
                     p.store_all(Tier.GPU, todo, now, owner=owner)
+            elif op == "restore":  # pages computed again where some (often the leading ones) are resident already
+                if p.make_room(Tier.GPU, len(pages), now):
+                    p.l1.reserve(owner, len(pages))
+                    p.store_all(Tier.GPU, pages, now, owner=owner)
             elif op == "release":
                 p.release(owner, now)
             elif op == "count":
