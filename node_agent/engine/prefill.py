@@ -195,32 +195,13 @@ class PrefillScheduler:
         return fetches
 
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
-        req, l1, l2 = job.req, self.pool.l1, self.pool.l2
-        table: dict[PageHash, tuple[NodeId, PageHash | None]] | None = None  # built when the walk first needs it
-        pins: list[PageHash] = []
-        fetch: list[PageHash] = []
-        in_l1, in_l2, arriving = l1.resident_set(), l2.resident_set(), l2.writing_set()
-        capacity = l2.capacity
-        prefix = req.prompt_pages[: self._max_prefix(req)]
-        capped = len(prefix) > capacity  # else the walk takes at most len(prefix) <= capacity pages: no check needed
-        for page in prefix:
-            if capped and len(pins) + len(fetch) >= capacity:
-                break
-            if page in in_l2:
-                pins.append(page)
-            elif page in in_l1 or page in arriving:
-                continue  # reused from L1, or arriving with another request's fetch
-            else:
-                if table is None:
-                    table = job.fetch_table()
-                if page in table:
-                    fetch.append(page)
-                else:
-                    break
+        req, l2 = job.req, self.pool.l2
+        # the table of the fetch plan is built when the walk first needs it
+        pins, pin_ids, fetch = self.pool.host_walk(req.prompt_pages[: self._max_prefix(req)], job.fetch_table)
         if fetch and l2.lacks_room(len(fetch), pins):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
-        l2.pin_all(job.rid, pins, now)
+        self.pool.pin_walked(Tier.HOST, job.rid, pins, pin_ids, now)
         if not self.pool.make_room(Tier.HOST, len(fetch), now):
             raise PoolInvariantError(f"host: room for {job.rid} vanished while making it")
         self.pool.begin_writes(Tier.HOST, job.rid, fetch)
@@ -274,18 +255,8 @@ class PrefillScheduler:
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
-        in_l1: list[PageHash] = []
-        loads: list[tuple[PageHash, PageHash | None]] = []  # (page, parent) of the prefix pages to load from L2
-        l1_has, l2_has = l1.resident_set(), l2.resident_set()
-        parent: PageHash | None = None  # the page before `page` in the prompt
-        for page in req.prompt_pages[: self._max_prefix(req)]:
-            if page in l1_has:
-                in_l1.append(page)
-            elif page in l2_has:
-                loads.append((page, parent))
-            else:
-                break
-            parent = page
+        walk = self.pool.gpu_walk(req.prompt_pages[: self._max_prefix(req)])
+        in_l1, loads = walk.in_l1, walk.loads  # reused from L1; (page, parent) of the prefix pages to load from L2
         k = len(in_l1) + len(loads)
         local = local_ok
         total = pages_needed(req.prompt_tokens + (req.output_tokens if local else 0), self.pt)
@@ -294,9 +265,12 @@ class PrefillScheduler:
             return Admission.NO_ROOM
         if loads:  # keep the sources in L2 while L1 makes room (write-backs may evict)
             held = l2.pinned_by(job.rid)
-            l2.pin_all(job.rid, [page for page, _ in loads if page not in held], now)
+            if not held:
+                self.pool.pin_walked(Tier.HOST, job.rid, [page for page, _ in loads], walk.load_ids, now)
+            else:
+                l2.pin_all(job.rid, [page for page, _ in loads if page not in held], now)
         # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
-        l1.pin_all(job.rid, in_l1, now)
+        self.pool.pin_walked(Tier.GPU, job.rid, in_l1, walk.l1_ids, now)
         if not self.pool.make_room(Tier.GPU, writes + len(loads), now):
             raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
         l1.reserve(job.rid, writes)

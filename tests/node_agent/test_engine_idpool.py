@@ -43,7 +43,7 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "single", "release", "release", "count", "count", "evict", "fetch",
+        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "walk", "walk", "hostwalk", "hostwalk", "single", "release", "release", "count", "count", "evict", "fetch",
                          "land", "cancel", "room", "release_l1", "pin", "pin", "touch", "unpin"]),
         st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
     ),  # fmt: skip
@@ -72,6 +72,18 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
         if p.l1.writing and not p.l1.writing_set().isdisjoint(prompt):
             return None  # (the decode waits for the load)
         return p.admit_prompt(owner, prompt, len(prompt) + n % 3, now)
+    if op == "walk":  # a prefill's walk over its prefix, and its pins (by the ids kept, with the id tables)
+        walk = p.gpu_walk(tuple(page for page, _ in pages))
+        if not p.l2.pinned_by(owner):
+            p.pin_walked(Tier.HOST, owner, [page for page, _ in walk.loads], walk.load_ids, now)
+        p.pin_walked(Tier.GPU, owner, walk.in_l1, walk.l1_ids, now)
+        return walk.in_l1, walk.loads
+    if op == "hostwalk":  # a prefill's host walk (a fetch plan naming the prompt's pages from the n-th on)
+        plan = {page: None for page, _ in pages[n % (len(pages) + 1) :]}
+        walk = p.host_walk(tuple(page for page, _ in pages), lambda: plan)
+        if not p.l2.pinned_by(owner):
+            p.pin_walked(Tier.HOST, owner, walk.pins, walk.pin_ids, now)
+        return walk.pins, walk.fetch
     if op == "single":  # one page into L2 from a free slot, pinned or not (a peer's transfer, a write-back)
         page, par = pages[0]
         if p.l2.contains(page) or p.l2.is_writing(page) or not p.make_room(Tier.HOST, 1, now):
@@ -174,7 +186,7 @@ def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l
     now = 0.0
     for op, c, start, n, k in ops:
         now += float(k % 2)  # several operations at one time, too
-        lo = 0 if op == "admit" else start  # (a decode admits a whole prompt, from the chain's first page)
+        lo = 0 if op in ("admit", "walk", "hostwalk") else start  # (admissions take whole prompts, from the chain's first page)
         pages = [(CHAINS[c][i], parent(c, i)) for i in range(lo, min(12, start + n))]
         results = [_apply(p, op, pages, n, k, now) for p in pools]
         assert results[0] == results[1], op
