@@ -147,6 +147,8 @@ class Kernel:
         self._progress = progress
         self._progress_every = progress_every
         self._observer = observer
+        self._inline = False  # whether `run_inline` may say yes (inside `run` without an event budget)
+        self._inlined = 0
 
     # -- state -------------------------------------------------------------------------------------------
     @property
@@ -157,6 +159,11 @@ class Kernel:
     def processed(self) -> int:
         """Events processed since the kernel was made (cancelled ones are not counted)."""
         return self._processed
+
+    @property
+    def inlined(self) -> int:
+        """Events carried out by their scheduling handler at once (`run_inline`), counted in `processed`."""
+        return self._inlined
 
     @property
     def cancelled(self) -> int:
@@ -239,9 +246,34 @@ class Kernel:
                     f"a handler returned {command!r}; allowed are Event, Cancel and StopRun"
                 )
 
+    def run_inline(self, time: float, priority: Priority) -> bool:
+        """Whether an event that the running handler would schedule at (`time`, `priority`) as its only command
+        is the very next one `run` would process: it lies at the current time, no pending event comes before
+        it, and nothing watches or limits the run event by event (an observer, an event budget, a progress
+        report due, a stop). If so it counts as scheduled and processed (the counters move as if it had been),
+        and the handler carries it out at once instead of returning it: the same order of actions, without
+        the event's round trip through the queue."""
+        if not self._inline or time != self._now or self._stop is not None:
+            return False
+        if self._dead:
+            self._drop_dead_head()
+        queue = self._queue
+        if queue:
+            head_time, head_priority = queue[0][0], queue[0][1]
+            if head_time < time or (head_time == time and head_priority <= priority):
+                return False  # (an equal key with a smaller counter goes first)
+        processed = self._processed + 1
+        if self._progress is not None and processed % self._progress_every == 0:
+            return False
+        self._counter += 1
+        self._processed = processed
+        self._inlined += 1
+        return True
+
     # -- running -----------------------------------------------------------------------------------------
     def step(self) -> Event | None:
         """Process the next pending event and return it (None when the queue is empty)."""
+        self._inline = False  # (one event: its handler carries out nothing more)
         self._drop_dead_head()
         if not self._queue:
             return None
@@ -276,6 +308,8 @@ class Kernel:
             raise ValueError(f"max_events must be >= 1, got {max_events}")
         limit = math.inf if until is None else until
         budget = -1 if max_events is None else max_events
+        self._inline = self._observer is None and max_events is None
+        first = self._processed
         queue, dead, pop, process = self._queue, self._dead, heapq.heappop, self._process
         progress, every = self._progress, self._progress_every
         done = 0
@@ -301,11 +335,12 @@ class Kernel:
             if progress is not None and self._processed % every == 0:
                 progress(self._report())
         self._stop = None
+        self._inline = False
         if until is not None and reason in (StopReason.EMPTY, StopReason.UNTIL):
             self._now = float(until)
         if progress is not None:
             progress(self._report())
-        return RunResult(reason=reason, now=self._now, processed=done, detail=detail)
+        return RunResult(reason=reason, now=self._now, processed=self._processed - first, detail=detail)
 
     def _report(self) -> Progress:
         return Progress(

@@ -89,6 +89,8 @@ def simulate(
     if prepare is not None:
         prepare(state)
     kernel = Kernel(progress=progress, progress_every=progress_every)
+    if state.inline_steps:
+        state.kernel = kernel
     kernel.apply(initial_commands(state))
     end = cfg.scored_end
     if end is None:

@@ -29,7 +29,7 @@ from evolving_infra.router.branches import BranchTable
 from evolving_infra.router.core import NodeTrack, PoolSnapshot, PushCounts, RoutedRequest, RouterCore
 from evolving_infra.router.directory import KvDirectory
 from evolving_infra.router.planner import SliceRecorder
-from evolving_infra.sim.kernel import Cancel, Command, Event, Priority
+from evolving_infra.sim.kernel import Cancel, Command, Event, Kernel, Priority
 from evolving_infra.sim.records import NodeSpan, RequestRecord, SplitRecord, SwitchRecord
 from evolving_infra.sim.replay import RequestSpec
 
@@ -166,6 +166,12 @@ class ClusterState:
     on_step: Callable[[Event], list[Command]] | None = None
     on_iteration_end: Callable[[Event], list[Command]] | None = None
     """The handler of iteration-end events (made once by `stepping`)."""
+    inline_steps: bool = True
+    """Whether `sim.run` lets a node's next step run at once where the kernel allows (off: the reference
+    behaviour, every step through the queue; the same results, checked by a test)."""
+    kernel: Kernel | None = None
+    """The kernel running this cluster (`sim.run`), asked by `stepping` whether a node's next step may run at
+    once (`Kernel.run_inline`); None: every step goes through the queue."""
     scored_end: float | None = None
     links: Any = None
     """The fetches and KV transfers in flight (`sim.links.LinkModel`), made by `sim.flow` on first use."""

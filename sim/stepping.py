@@ -4,7 +4,10 @@ the iteration; an idle node sleeps until new work arrives (`state.kick`) or a lo
 An iteration is two events: the step at its start (the node reports its queue, fetches start, prefills start
 and their decode nodes are bound) and its end (KV events reach the directory, the iteration record reaches
 the model fitter, finished prefills transfer their KV, finished decodes complete their requests, a phase
-switch may complete), because the engine stamps an iteration's results with its end time.
+switch may complete), because the engine stamps an iteration's results with its end time. When an end
+event leaves nothing else to do and no other event is due before the next step would run (`Kernel.run_inline`),
+that step runs within the end event: the same actions in the same order, without a round trip through the
+queue (counted as the event it stands for).
 
 Invariant: at most one iteration per node is in flight; the end event of an engine that was relaunched in
 the meantime changes nothing.
@@ -20,17 +23,20 @@ from evolving_infra.node_agent.engine import IterationKind, StepOutput
 from evolving_infra.sim import flow, phases
 from evolving_infra.sim.kernel import Command, Event, Priority
 from evolving_infra.sim.spans import account_busy
-from evolving_infra.sim.state import ClusterState, absorb, kick, wake_at
+from evolving_infra.sim.state import ClusterState, SimNode, absorb, kick, wake_at
 from evolving_infra.sim.views import engine_report
 
 
 def on_step(state: ClusterState, event: Event) -> list[Command]:
     node = state.nodes[event.payload]
     node.step_at = None
+    return _step(state, node, event.time)
+
+
+def _step(state: ClusterState, node: SimNode, now: float) -> list[Command]:
     engine = node.engine
     if engine is None or node.iterating:
         return []
-    now = event.time
     state.stats.events += 1
     engine_report(node, now)
     out = engine.step(now)
@@ -72,4 +78,9 @@ def on_iteration_end(state: ClusterState, event: Event) -> list[Command]:
         commands += flow.on_decode_finished(state, node, done, now)
     if out.switch_completed is not None:
         commands += phases.on_switch_completed(state, node, now)
-    return commands + kick(state, node, now)
+    if commands or node.step_at is not None or node.engine is None or state.on_step is None:
+        return commands + kick(state, node, now)
+    kernel = state.kernel
+    if kernel is not None and kernel.run_inline(now, Priority.SCHEDULE):
+        return _step(state, node, now)  # the step `kick` would schedule, and the kernel would process next
+    return kick(state, node, now)

@@ -231,3 +231,82 @@ def test_rejects_events_in_the_past_and_bad_values() -> None:
     kernel.schedule(Event(11.0, Priority.ARRIVAL, lambda ev: ["oops"]))
     with pytest.raises(TypeError, match="allowed are Event, Cancel and StopRun"):
         kernel.run()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(list(Priority))), min_size=1, max_size=12),
+    st.lists(st.tuples(st.integers(0, 2), st.sampled_from(list(Priority)), st.booleans()), max_size=40),
+)
+def test_events_run_inline_in_the_order_the_queue_would_give(
+    starts: list[tuple[int, Priority]], spawns: list[tuple[int, Priority, bool]]
+) -> None:
+    """A handler that would return one event may ask `run_inline` and carry it out at once: the actions run in
+    the same order as with every event through the queue, and the counters end the same (a spawn is a later
+    time offset, a priority, and whether the handler asks)."""
+
+    def play(inline: bool) -> tuple[list[str], int, int, int]:
+        log: list[str] = []
+        todo = list(spawns)
+        kernel = Kernel()
+
+        def act(event: Event) -> list[Event]:
+            event_now = event
+            while True:
+                log.append(event_now.label)
+                if not todo:
+                    return []
+                dt, prio, ask = todo.pop(0)
+                child = Event(event_now.time + dt, prio, act, f"{event_now.label}>{len(todo)}")
+                if inline and ask and kernel.run_inline(child.time, child.priority):
+                    event_now = child  # carried out here, as the queue would have done next
+                    continue
+                return [child]
+
+        kernel.schedule_all(Event(float(t), p, act, f"s{i}") for i, (t, p) in enumerate(starts))
+        kernel.run()
+        return log, kernel.processed, kernel._counter, kernel.inlined
+
+    queued, inlined = play(False), play(True)
+    assert inlined[:3] == queued[:3]
+    assert queued[3] == 0
+
+
+def test_run_inline_says_no_outside_a_plain_run() -> None:
+    """Not between runs, not with an observer or an event budget, not for a time other than now, and not
+    while an earlier event is due."""
+    kernel = Kernel()
+    assert not kernel.run_inline(0.0, Priority.SCHEDULE)
+    answers: list[bool] = []
+
+    def ask(event: Event) -> None:
+        answers.append(kernel.run_inline(event.time, Priority.SCHEDULE))
+        answers.append(kernel.run_inline(event.time + 1.0, Priority.SCHEDULE))
+
+    kernel.schedule(Event(1.0, Priority.ARRIVAL, ask, "alone"))
+    kernel.run()
+    kernel.schedule_all([Event(2.0, Priority.ARRIVAL, ask, "first"), Event(2.0, Priority.COMPLETION, lambda e: None, "x")])
+    kernel.run()
+    kernel.schedule_all([Event(3.0, Priority.ARRIVAL, ask, "a"), Event(3.0, Priority.SCHEDULE, lambda e: None, "b")])
+    kernel.run()
+    kernel.schedule(Event(4.0, Priority.ARRIVAL, ask, "budget"))
+    kernel.run(max_events=5)
+    assert answers == [True, False, True, False, False, False, False, False]
+    assert kernel.inlined == 2
+
+
+def test_a_handler_carries_out_the_next_event_itself() -> None:
+    log: list[str] = []
+    kernel = Kernel()
+
+    def first(event: Event) -> list[Event]:
+        log.append(event.label)
+        if kernel.run_inline(event.time, Priority.SCHEDULE):
+            log.append("next, inline")
+            return []
+        return [Event(event.time, Priority.SCHEDULE, lambda e: log.append("next, queued"), "next")]
+
+    kernel.schedule_all([Event(1.0, Priority.ARRIVAL, first, "a"), Event(1.0, Priority.CONTROL, first, "b")])
+    result = kernel.run()
+    # a's next step is due before b (SCHEDULE < CONTROL): inline; b's would be the last event: inline too
+    assert log == ["a", "next, inline", "b", "next, inline"]
+    assert result.processed == kernel.processed == 4 and kernel.inlined == 2
