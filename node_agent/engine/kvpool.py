@@ -32,6 +32,13 @@ branch counts fed a whole drain of events end in the same state). A run is check
 `insert_all` and `remove_all` (`TierRuns.insert_run`, `remove_victims`), and the plan tells L1's insert which
 of the run's pages have a depth (the depth table holds exactly the pages either tier holds).
 
+Admissions: `admit_prompt` (a decode's received prompt), `gpu_walk` and `host_walk` (a prefill's walks over its
+reusable prefix) find what the tiers hold of a prompt; with the id tables they resolve its pages to ids once and
+walk tier masks, and the pins take those ids (`pin_walked`), with the same outcome as the walks over hashes
+(`tests/node_agent/test_engine_idpool.py` drives both table kinds through them). A run stored with `store_all`
+whose leading pages the tier holds already (a sibling computed them meanwhile) pins those at once and stores the
+rest as a run.
+
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
 
@@ -64,6 +71,10 @@ Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
 Plan = tuple[set[PageHash], list[PageHash]]  # a run's write-through: pages L2 lacks, L2 victims (`_l2_plan`)
 _NO_WRITES: Plan = (set(), [])  # the plan of a run that is not written through
 _NO_IDS: Ids = np.zeros(0, dtype=np.int64)
+IDS_WALK_MIN = 128
+"""Prompts of at least this many pages take the id path of the admission walks (`gpu_walk`, `host_walk`); below
+it numpy's per-call costs exceed what the ids save (walk and pins, measured: equal at ~128 pages, the ids path
+1.5x faster at 1,024 and beyond)."""
 
 
 def received_pages(prompt: tuple[PageHash, ...], resident: Collection[PageHash] | int) -> Run:
@@ -532,7 +543,7 @@ class KvPool:
         the start, every page L1 holds is reused and every page only L2 holds is loaded, up to the first page
         neither holds. With the id tables the pages are resolved once, the walk is two masks, and the ids are
         kept for the pins (`pin_walked`)."""
-        if self._ids is None:
+        if self._ids is None or len(prefix) < IDS_WALK_MIN:
             in_l1: list[PageHash] = []
             loads: Run = []
             l1_has, l2_has = self.l1.resident_set(), self.l2.resident_set()
@@ -569,7 +580,7 @@ class KvPool:
         arriving = l2.writing_set()
         table: Mapping[PageHash, object] | None = None
         fetch: list[PageHash] = []
-        if self._ids is None or len(prefix) > capacity:
+        if self._ids is None or len(prefix) > capacity or len(prefix) < IDS_WALK_MIN:
             pins: list[PageHash] = []
             in_l1, in_l2 = l1.resident_set(), l2.resident_set()
             capped = len(prefix) > capacity  # else the walk takes at most len(prefix) <= capacity pages

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from evolving_infra.core.eviction import BranchCountEviction, LruEviction
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
-from evolving_infra.node_agent.engine import KvPool
+from evolving_infra.node_agent.engine import KvPool, kvpool
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder
 from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
@@ -40,6 +40,13 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
         {o: sorted(t.writes_of(o)) for o in OWNERS}, t.free, t.evictable(), t.gauges(), sorted(t.owners()),
     )  # fmt: skip
 
+
+
+@pytest.fixture(autouse=True)
+def _id_walks_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompts here are short: the admission walks take their id path for any length (the hash path they take
+    below `IDS_WALK_MIN` is the one the set tables take)."""
+    monkeypatch.setattr(kvpool, "IDS_WALK_MIN", 0)
 
 OPS = st.lists(
     st.tuples(
