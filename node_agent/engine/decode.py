@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier
-from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DecodeFinished
 from evolving_infra.node_agent.engine.requests import (
