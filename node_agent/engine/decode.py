@@ -36,6 +36,7 @@ from evolving_infra.node_agent.engine.requests import (
     generated_pages,
     pages_needed,
 )
+from evolving_infra.node_agent.engine.walks import admit_prompt
 from evolving_infra.node_agent.profile import HardwareProfile
 
 _EPS = 1e-9
@@ -162,7 +163,7 @@ class DecodeScheduler:
             if l1.writing and not l1.writing_set().isdisjoint(prompt):
                 continue  # a load into L1 is bringing some of these pages: reuse them once it lands
             footprint = pages_needed(job.prompt_tokens + job.output_tokens, self.pt)
-            if not self.pool.admit_prompt(job.rid, prompt, footprint, now):
+            if not admit_prompt(self.pool, job.rid, prompt, footprint, now):
                 break  # first come, first served: later requests do not overtake it
             del self._queue[job.rid]
             self._start(job)

@@ -30,14 +30,9 @@ events still replay in order to its resident set and name the same removed pages
 branch counts fed a whole drain of events end in the same state). A run is checked once: the pool's checks
 (no page resident or written by another owner) and its L2 plan (which pages L2 lacks) stand for those of
 `insert_all` and `remove_all` (`TierRuns.insert_run`, `remove_victims`), and the plan tells L1's insert which
-of the run's pages have a depth (the depth table holds exactly the pages either tier holds).
-
-Admissions: `admit_prompt` (a decode's received prompt), `gpu_walk` and `host_walk` (a prefill's walks over its
-reusable prefix) find what the tiers hold of a prompt; with the id tables they resolve its pages to ids once and
-walk tier masks, and the pins take those ids (`pin_walked`), with the same outcome as the walks over hashes
-(`tests/node_agent/test_engine_idpool.py` drives both table kinds through them). A run stored with `store_all`
-whose leading pages the tier holds already (a sibling computed them meanwhile) pins those at once and stores the
-rest as a run.
+of the run's pages have a depth (the depth table holds exactly the pages either tier holds). A run stored with
+`store_all` whose leading pages the tier holds already (a sibling computed them meanwhile) pins those at once and
+stores the rest as a run. The admissions' reads of the tiers (what they hold of a prompt) are `walks`'.
 
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
@@ -48,20 +43,18 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from itertools import compress, filterfalse
 from operator import ne, not_
 from dataclasses import dataclass, replace
-from typing import NamedTuple, cast
-
-import numpy as np
+from typing import cast
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
-from evolving_infra.node_agent.engine.idpages import CACHED, Ids, PageIds, held_prefix
+from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
@@ -70,50 +63,6 @@ from evolving_infra.node_agent.engine.tierruns import RunDepths
 Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
 Plan = tuple[set[PageHash], list[PageHash]]  # a run's write-through: pages L2 lacks, L2 victims (`_l2_plan`)
 _NO_WRITES: Plan = (set(), [])  # the plan of a run that is not written through
-_NO_IDS: Ids = np.zeros(0, dtype=np.int64)
-IDS_WALK_MIN = 128
-"""Prompts of at least this many pages take the id path of the admission walks (`gpu_walk`, `host_walk`); below
-it numpy's per-call costs exceed what the ids save (walk and pins, measured: equal at ~128 pages, the ids path
-1.5x faster at 1,024 and beyond)."""
-
-
-def received_pages(prompt: tuple[PageHash, ...], resident: Collection[PageHash] | int) -> Run:
-    """(page, parent) of each page of `prompt` (distinct pages) not in `resident` (a subset of `prompt`, or the
-    number of its leading pages that are), in prompt order. When `resident` is the prompt's first len(resident)
-    pages (the usual case: an earlier turn's prefix), the pairs are sliced out of the prompt, which needs only the
-    membership tests of the shorter of the two parts."""
-    n = len(prompt)
-    if isinstance(resident, int):
-        r, leading = resident, True
-    else:
-        r = len(resident)
-        # resident (r distinct pages of the prompt) is its first r pages iff all of those are in it, iff none of
-        # the other n - r pages is
-        leading = r == 0 or (resident.issuperset(prompt[:r]) if r <= n - r else resident.isdisjoint(prompt[r:]))  # type: ignore[attr-defined]  # a set view
-    if r == 0:
-        return list(zip(prompt, (None, *prompt[: n - 1])))
-    if leading:
-        return list(zip(prompt[r:], prompt[r - 1 : n - 1]))
-    return [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]  # type: ignore[operator]
-
-
-class GpuWalk(NamedTuple):
-    """What `KvPool.gpu_walk` found: the prefix pages L1 holds (reused), the (page, parent) pairs of those only L2
-    holds (loaded), in prompt order, and with the id tables the ids of each (None with the set tables)."""
-
-    in_l1: list[PageHash]
-    loads: Run
-    l1_ids: Ids | None
-    load_ids: Ids | None
-
-
-class HostWalk(NamedTuple):
-    """What `KvPool.host_walk` found: the prefix pages L2 holds (to pin; with the id tables their ids, else None)
-    and the pages to fetch, in prompt order."""
-
-    pins: list[PageHash]
-    pin_ids: Ids | None
-    fetch: list[PageHash]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +111,11 @@ class KvPool:
         self._skipped = 0
         self._gauges: PoolGauges | None = None
         self.check = check
+
+    @property
+    def page_ids(self) -> PageIds | None:
+        """The node's page ids (with the id tables; None with the set tables)."""
+        return self._ids
 
     def tier(self, tier: Tier) -> TierPool:
         return self.l1 if tier is Tier.GPU else self.l2
@@ -499,131 +453,6 @@ class KvPool:
                 return
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
-
-    def admit_prompt(self, owner: Owner, prompt: tuple[PageHash, ...], footprint: int, now: float) -> bool:
-        """A decode's admission of a received prompt (distinct pages, in chain order) into L1: the pages L1
-        holds are pinned by `owner`, room is made for the rest of its `footprint` (pages: the prompt's and
-        every one its output will fill), reserved, and the received pages are stored (`store_all`). False,
-        changing nothing, when L1 lacks the room even after evicting every page it may. With the id tables
-        the prompt is resolved to ids once (which pages L1 holds, their pins and the room check read them)."""
-        l1 = self.l1
-        if self._ids is None:
-            resident = l1.resident_set() & prompt
-            need = footprint - len(resident)
-            if l1.lacks_room(need, resident):
-                return False
-            # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
-            l1.pin_all(owner, resident, now)
-            received = received_pages(prompt, resident)
-        else:
-            ids = self._ids.lookup(list(prompt))
-            t = cast(IdTierPool, l1).t
-            held = t.holds(ids)
-            r = int(held.sum())
-            need = footprint - r
-            free = t.free
-            if need > free:  # `lacks_room(need, resident)`
-                room = free + t.cached
-                if room < need or (room - r < need and room - int((t.state[ids[held]] == CACHED).sum()) < need):
-                    return False
-            if r:
-                t.pin(owner, ids[held], now)
-            if held[:r].all():
-                received = received_pages(prompt, r)  # (the leading r pages are the ones L1 holds)
-            else:
-                received = list(compress(zip(prompt, (None, *prompt)), (~held).tolist()))
-        if not self.make_room(Tier.GPU, need, now):
-            raise PoolInvariantError(f"gpu: room for {owner} vanished while making it")
-        l1.reserve(owner, need)
-        self.store_all(Tier.GPU, received, now, owner=owner)
-        return True
-
-    def gpu_walk(self, prefix: tuple[PageHash, ...]) -> GpuWalk:
-        """A prefill's walk over its reusable prefix (`prefix`: the prompt's pages it may reuse, in order): from
-        the start, every page L1 holds is reused and every page only L2 holds is loaded, up to the first page
-        neither holds. With the id tables the pages are resolved once, the walk is two masks, and the ids are
-        kept for the pins (`pin_walked`)."""
-        if self._ids is None or len(prefix) < IDS_WALK_MIN:
-            in_l1: list[PageHash] = []
-            loads: Run = []
-            l1_has, l2_has = self.l1.resident_set(), self.l2.resident_set()
-            parent: PageHash | None = None  # the page before `page` in the prompt
-            for page in prefix:
-                if page in l1_has:
-                    in_l1.append(page)
-                elif page in l2_has:
-                    loads.append((page, parent))
-                else:
-                    break
-                parent = page
-            return GpuWalk(in_l1, loads, None, None)
-        ids = self._ids.lookup(list(prefix))
-        h1 = cast(IdTierPool, self.l1).t.holds(ids)
-        h2 = cast(IdTierPool, self.l2).t.holds(ids)
-        k = held_prefix(h1, h2)
-        ids, h1 = ids[:k], h1[:k]
-        reused = h1.tolist()
-        if all(reused):
-            return GpuWalk(list(prefix[:k]), [], ids, _NO_IDS)
-        load = ~h1
-        loads = list(compress(zip(prefix, (None, *prefix)), load.tolist()))
-        return GpuWalk(list(compress(prefix, reused)), loads, ids[h1], ids[load])
-
-    def host_walk(self, prefix: tuple[PageHash, ...], fetchable: Callable[[], Mapping[PageHash, object]]) -> HostWalk:
-        """A prefill's host admission walk over its reusable prefix: from the start, pages L2 holds are pinned,
-        pages L1 holds or that are arriving in L2 (another request's fetch) are passed over, pages its fetch plan
-        names (`fetchable()`, read only when the walk meets such a page) are fetched, and the walk stops at the
-        first other page, or once it has taken as many pages as L2 has slots. With the id tables (and a prefix
-        shorter than L2), the pages are resolved once and only those neither tier holds are looked at one by one."""
-        l1, l2 = self.l1, self.l2
-        capacity = l2.capacity
-        arriving = l2.writing_set()
-        table: Mapping[PageHash, object] | None = None
-        fetch: list[PageHash] = []
-        if self._ids is None or len(prefix) > capacity or len(prefix) < IDS_WALK_MIN:
-            pins: list[PageHash] = []
-            in_l1, in_l2 = l1.resident_set(), l2.resident_set()
-            capped = len(prefix) > capacity  # else the walk takes at most len(prefix) <= capacity pages
-            for page in prefix:
-                if capped and len(pins) + len(fetch) >= capacity:
-                    break
-                if page in in_l2:
-                    pins.append(page)
-                elif page in in_l1 or page in arriving:
-                    continue  # reused from L1, or arriving with another request's fetch
-                else:
-                    if table is None:
-                        table = fetchable()
-                    if page in table:
-                        fetch.append(page)
-                    else:
-                        break
-            return HostWalk(pins, None, fetch)
-        ids = self._ids.lookup(list(prefix))
-        h2 = cast(IdTierPool, l2).t.holds(ids)
-        stop = len(prefix)
-        for j in np.flatnonzero(~(h2 | cast(IdTierPool, l1).t.holds(ids))).tolist():
-            page = prefix[j]
-            if page in arriving:
-                continue
-            if table is None:
-                table = fetchable()
-            if page in table:
-                fetch.append(page)
-            else:
-                stop = j
-                break
-        held = h2[:stop]
-        return HostWalk(list(compress(prefix[:stop], held.tolist())), ids[:stop][held], fetch)
-
-    def pin_walked(self, tier: Tier, owner: Owner, pages: Collection[PageHash], ids: Ids | None, now: float) -> None:
-        """`pin_all(owner, pages, now)` in `tier`, by the ids a walk kept for them (`ids`: theirs, in the same
-        order, or None to resolve them)."""
-        pool = self.tier(tier)
-        if ids is None:
-            pool.pin_all(owner, pages, now)
-        elif len(ids):
-            cast(IdTierPool, pool).t.pin(owner, ids, now)
 
     def _stored_lead(self, tier: Tier, items: Run, resident: Collection[PageHash], now: float, owner: Owner,
                      from_reservation: bool) -> int:  # fmt: skip

@@ -142,37 +142,33 @@ class PageIds:
         k = len(pages)
         parents = list(items.values())
         known = self._id
-        if k < 2 or parents[1:] != pages[:-1]:
+        chain = k >= 2 and parents[1:] == pages[:-1]
+        fresh = chain and known.keys().isdisjoint(pages)  # (the usual case: a chain no tier holds yet)
+        if not chain or (not fresh and k < 32):  # (below 32 pages, numpy's per-call costs exceed the per-page path's)
             return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
-        if known.keys().isdisjoint(pages):  # (the usual case: a chain no tier holds yet)
+        first = parents[0]
+        pid = known.get(first) if first is not None else None
+        base = 0 if pid is None else int(self.depth[pid]) + 1  # the depth of a new first page
+        if fresh:
             ids = self._block(k)
-            first = parents[0]
-            pid = known.get(first) if first is not None else None
-            base = 0 if pid is None else int(self.depth[pid]) + 1
             self.depth[ids] = np.arange(base, base + k)
             self._fill(ids, pages)
             return ids
-        if k < 32:  # (below this, numpy's per-call costs exceed the per-page path's)
-            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
         ids = self.lookup(pages)
         new = np.flatnonzero(ids < 0)
         if not len(new):
             return ids
-        fresh = self._block(len(new))
-        ids[new] = fresh
-        # stretches of consecutive new positions: [starts[j], ends[j])
+        fresh_ids = self._block(len(new))
+        ids[new] = fresh_ids
+        # stretches of consecutive new positions: [starts[j], ends[j]); each but a first one follows a known page
         cut = np.flatnonzero(np.diff(new) != 1) + 1
         starts = new[np.concatenate(([0], cut))].tolist()
         ends = (new[np.concatenate((cut - 1, [len(new) - 1]))] + 1).tolist()
         depth = self.depth
         for lo, hi in zip(starts, ends):
-            if lo:
-                base = int(depth[ids[lo - 1]]) + 1  # (a known page: the stretch is maximal)
-            else:
-                pid = known.get(parents[0]) if parents[0] is not None else None
-                base = 0 if pid is None else int(depth[pid]) + 1
-            depth[ids[lo:hi]] = np.arange(base, base + hi - lo)
-        self._fill(fresh, [pages[j] for j in new.tolist()])
+            at = int(depth[ids[lo - 1]]) + 1 if lo else base
+            depth[ids[lo:hi]] = np.arange(at, at + hi - lo)
+        self._fill(fresh_ids, [pages[j] for j in new.tolist()])
         return ids
 
     def _block(self, k: int) -> Ids:

@@ -39,6 +39,7 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
 from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
+from evolving_infra.node_agent.engine.walks import gpu_walk, host_walk, pin_walked
 from evolving_infra.node_agent.profile import HardwareProfile
 
 
@@ -197,11 +198,11 @@ class PrefillScheduler:
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
         req, l2 = job.req, self.pool.l2
         # the table of the fetch plan is built when the walk first needs it
-        pins, pin_ids, fetch = self.pool.host_walk(req.prompt_pages[: self._max_prefix(req)], job.fetch_table)
+        pins, pin_ids, fetch = host_walk(self.pool, req.prompt_pages[: self._max_prefix(req)], job.fetch_table)
         if fetch and l2.lacks_room(len(fetch), pins):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
-        self.pool.pin_walked(Tier.HOST, job.rid, pins, pin_ids, now)
+        pin_walked(self.pool, Tier.HOST, job.rid, pins, pin_ids, now)
         if not self.pool.make_room(Tier.HOST, len(fetch), now):
             raise PoolInvariantError(f"host: room for {job.rid} vanished while making it")
         self.pool.begin_writes(Tier.HOST, job.rid, fetch)
@@ -255,7 +256,7 @@ class PrefillScheduler:
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
-        walk = self.pool.gpu_walk(req.prompt_pages[: self._max_prefix(req)])
+        walk = gpu_walk(self.pool, req.prompt_pages[: self._max_prefix(req)])
         in_l1, loads = walk.in_l1, walk.loads  # reused from L1; (page, parent) of the prefix pages to load from L2
         k = len(in_l1) + len(loads)
         local = local_ok
@@ -266,11 +267,11 @@ class PrefillScheduler:
         if loads:  # keep the sources in L2 while L1 makes room (write-backs may evict)
             held = l2.pinned_by(job.rid)
             if not held:
-                self.pool.pin_walked(Tier.HOST, job.rid, [page for page, _ in loads], walk.load_ids, now)
+                pin_walked(self.pool, Tier.HOST, job.rid, [page for page, _ in loads], walk.load_ids, now)
             else:
                 l2.pin_all(job.rid, [page for page, _ in loads if page not in held], now)
         # Pinning first keeps the reused pages out of the eviction that makes room (as excluding them would).
-        self.pool.pin_walked(Tier.GPU, job.rid, in_l1, walk.l1_ids, now)
+        pin_walked(self.pool, Tier.GPU, job.rid, in_l1, walk.l1_ids, now)
         if not self.pool.make_room(Tier.GPU, writes + len(loads), now):
             raise PoolInvariantError(f"gpu: room for {job.rid} vanished while making it")
         l1.reserve(job.rid, writes)

@@ -23,7 +23,7 @@ from evolving_infra.core.eviction import BranchCountEviction
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import BranchId, NodeId, NodeMode, RequestId, Tier
 from evolving_infra.node_agent.engine import DataPlane, EngineCore, FetchRun, PrefillRequest
-from evolving_infra.node_agent.engine.kvpool import received_pages
+from evolving_infra.node_agent.engine.walks import received_pages
 from evolving_infra.node_agent.engine.outputs import FetchStarted
 from evolving_infra.node_agent.engine.prefill import Admission, PrefillJob, PrefillScheduler, fetch_table, page_pairs
 from evolving_infra.node_agent.profile import DecodeModel, HardwareProfile, PrefillModel

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from evolving_infra.core.eviction import BranchCountEviction, LruEviction
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
-from evolving_infra.node_agent.engine import KvPool, kvpool
+from evolving_infra.node_agent.engine import KvPool, walks
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder
 from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
@@ -46,7 +46,7 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
 def _id_walks_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     """The prompts here are short: the admission walks take their id path for any length (the hash path they take
     below `IDS_WALK_MIN` is the one the set tables take)."""
-    monkeypatch.setattr(kvpool, "IDS_WALK_MIN", 0)
+    monkeypatch.setattr(walks, "IDS_WALK_MIN", 0)
 
 OPS = st.lists(
     st.tuples(
@@ -78,18 +78,18 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
         prompt = tuple(page for page, _ in pages)
         if p.l1.writing and not p.l1.writing_set().isdisjoint(prompt):
             return None  # (the decode waits for the load)
-        return p.admit_prompt(owner, prompt, len(prompt) + n % 3, now)
+        return walks.admit_prompt(p, owner, prompt, len(prompt) + n % 3, now)
     if op == "walk":  # a prefill's walk over its prefix, and its pins (by the ids kept, with the id tables)
-        walk = p.gpu_walk(tuple(page for page, _ in pages))
+        walk = walks.gpu_walk(p, tuple(page for page, _ in pages))
         if not p.l2.pinned_by(owner):
-            p.pin_walked(Tier.HOST, owner, [page for page, _ in walk.loads], walk.load_ids, now)
-        p.pin_walked(Tier.GPU, owner, walk.in_l1, walk.l1_ids, now)
+            walks.pin_walked(p, Tier.HOST, owner, [page for page, _ in walk.loads], walk.load_ids, now)
+        walks.pin_walked(p, Tier.GPU, owner, walk.in_l1, walk.l1_ids, now)
         return walk.in_l1, walk.loads
     if op == "hostwalk":  # a prefill's host walk (a fetch plan naming the prompt's pages from the n-th on)
         plan = {page: None for page, _ in pages[n % (len(pages) + 1) :]}
-        walk = p.host_walk(tuple(page for page, _ in pages), lambda: plan)
+        walk = walks.host_walk(p, tuple(page for page, _ in pages), lambda: plan)
         if not p.l2.pinned_by(owner):
-            p.pin_walked(Tier.HOST, owner, walk.pins, walk.pin_ids, now)
+            walks.pin_walked(p, Tier.HOST, owner, walk.pins, walk.pin_ids, now)
         return walk.pins, walk.fetch
     if op == "single":  # one page into L2 from a free slot, pinned or not (a peer's transfer, a write-back)
         page, par = pages[0]
