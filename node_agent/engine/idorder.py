@@ -184,6 +184,15 @@ class IdOrder:
         depth[known] = table.depth[ids[known]]
         if unknown:
             depth[unknown] = [depths[listed[j]] for j in unknown]
+        return self.floor_of(listed, ids, depth, now)
+
+    def floor_of(self, listed: list[PageHash], ids: Ids, depth: Ids, now: float) -> tuple[Key, int]:
+        """`floor` of the pages `listed` (non-empty, distinct) given their ids (-1: no tier holds it) and the
+        depth each has or will get."""
+        k = len(listed)
+        table = self._ids
+        known = ids >= 0
+        unknown = None if known.all() else np.flatnonzero(~known).tolist()
         counted = False
         sel: npt.NDArray[np.bool_] | None = None
         if self.by_count:

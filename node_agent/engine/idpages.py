@@ -164,17 +164,17 @@ class IdTier:
 
     def insert_unchecked(
         self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free",
-        pin: bool = True,
+        pin: bool = True, ids: Ids | None = None,
     ) -> Ids:  # fmt: skip
         """`insert` without its checks, which the caller made (no page resident here or written by another
-        owner; the slots exist)."""
+        owner; the slots exist). `ids`: the pages' current ids (`PageIds.lookup`), where the caller has them."""
         k = len(items)
         if k == 1:  # one page (a decode's store): scalar element writes, no index arrays
             ((page, parent),) = items.items()
             i = self.pages.intern(page, parent)
             ids = np.array((i,), dtype=np.int64)
         else:
-            ids = self.pages.intern_run(items)
+            ids = self.pages.intern_run(items, ids)
         self._fit()
         if slots == "writing":
             for page in items:
@@ -266,6 +266,41 @@ class IdTier:
         victims = self.order.victims(need)
         late = len(victims) < need or self.order.place(int(victims[-1])) >= floor
         if late or not pages.isdisjoint(self.pages.hashes[victims].tolist()):
+            self.order.enter(victims)  # they stay cached: put them back
+            return None
+        return missing, victims
+
+    def room_for_ids(
+        self, pages: list[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
+    ) -> tuple[set[PageHash], Ids] | None:
+        """`room_for_run` for the run `pages` whose current ids (`PageIds.lookup`, -1: no tier holds it) the
+        caller has, a chain (each page the parent of the next, the first's `parent`) where some page has no id:
+        the same plan, with the floor and the victims' membership read from the ids instead of the hashes.
+        `missing`: the pages of the run this tier lacks."""
+        if self._writing and not self._writing.keys().isdisjoint(missing):
+            return None
+        need = len(missing) - self.free
+        if need <= 0:
+            return missing, np.zeros(0, dtype=np.int64)
+        known = ids >= 0
+        depth = np.empty(len(ids), dtype=np.int64)
+        depth[known] = self.pages.depth[ids[known]]
+        if not known.all():  # the depths the new pages will get, stretch by stretch (as `PageIds.intern_run`)
+            new = np.flatnonzero(~known)
+            cut = np.flatnonzero(np.diff(new) != 1) + 1
+            starts = new[np.concatenate(([0], cut))].tolist()
+            ends = (new[np.concatenate((cut - 1, [len(new) - 1]))] + 1).tolist()
+            for lo, hi in zip(starts, ends):
+                if lo:
+                    at = int(depth[lo - 1]) + 1
+                else:
+                    j = self.pages.get(parent) if parent is not None else None
+                    at = 0 if j is None else int(self.pages.depth[j]) + 1
+                depth[lo:hi] = np.arange(at, at + hi - lo)
+        floor = self.order.floor_of(pages, ids, depth, now)
+        victims = self.order.victims(need)
+        late = len(victims) < need or self.order.place(int(victims[-1])) >= floor
+        if late or np.isin(victims, ids[known]).any():
             self.order.enter(victims)  # they stay cached: put them back
             return None
         return missing, victims

@@ -336,15 +336,15 @@ class IdTierPool:
         self._place({page: parent}, now, source, slots, pin_owner)
 
     def _place(self, items: dict[PageHash, PageHash | None], now: float, source: Owner | None, slots: str,
-               pin_owner: Owner | None) -> Ids:  # fmt: skip
+               pin_owner: Owner | None, known: Ids | None = None) -> Ids:  # fmt: skip
         """Make `items` resident (checks made by the caller): slots taken from `source` per `slots`; their ids,
-        in order."""
+        in order. `known`: their current ids (`PageIds.lookup`), where the caller has them."""
         t = self.t
         if pin_owner is None or pin_owner == source or slots == "free":
             owner = pin_owner if slots == "free" else source
-            ids = t.insert_unchecked(items, now, owner, slots=slots, pin=pin_owner is not None)
+            ids = t.insert_unchecked(items, now, owner, slots=slots, pin=pin_owner is not None, ids=known)
         else:  # slots of one owner, pinned by another: take the slots as the source's, then move the pins
-            ids = t.insert_unchecked(items, now, source, slots=slots, pin=False)
+            ids = t.insert_unchecked(items, now, source, slots=slots, pin=False, ids=known)
             t.pin(pin_owner, ids, now)
         self._parent.update(items)
         return ids
@@ -365,10 +365,11 @@ class IdTierPool:
 
     def insert_run(
         self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
-        depths: RunDepths = RunDepths.LOOKUP,
+        depths: RunDepths = RunDepths.LOOKUP, known: Ids | None = None,
     ) -> Ids:  # fmt: skip
         """`insert_all` without the page checks (`TierRuns.insert_run`); `depths` is not needed here (the
-        depths are the ids'). The pages' ids, in order."""
+        depths are the ids'). The pages' ids, in order. `known`: their current ids (`PageIds.lookup`), where the
+        caller has them."""
         k = len(items)
         if not k:
             return _NO_IDS
@@ -378,7 +379,7 @@ class IdTierPool:
             raise PoolInvariantError(f"{self.tier.value}: {owner} stores {k} page(s) with {held} reserved slot(s)")
         if slots == "free" and k > t.free:
             raise PoolInvariantError(f"{self.tier.value}: storing {k} page(s) needs {k} free page(s), {t.free} free")
-        return self._place(items, now, owner, slots, owner)
+        return self._place(items, now, owner, slots, owner, known)
 
     def parents(self) -> Mapping[PageHash, PageHash | None]:
         return self._parent
@@ -391,6 +392,17 @@ class IdTierPool:
         if missing is None:
             missing = pages.difference(self._parent)
         plan = self.t.room_for_run(pages, now, parents, missing)  # type: ignore[arg-type]  # read only
+        if plan is None:
+            return None
+        return plan[0], self._hashes(plan[1])
+
+    def room_for_ids(
+        self, pages: list[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
+    ) -> tuple[set[PageHash], list[PageHash]] | None:
+        """`room_for_run` of the run `pages` by the pages' current ids (`IdTier.room_for_ids`: a chain whose
+        first page's parent is `parent` where some page has no id); `missing`: the pages of the run this tier
+        lacks."""
+        plan = self.t.room_for_ids(pages, parent, ids, missing, now)
         if plan is None:
             return None
         return plan[0], self._hashes(plan[1])

@@ -32,7 +32,10 @@ branch counts fed a whole drain of events end in the same state). A run is check
 `insert_all` and `remove_all` (`TierRuns.insert_run`, `remove_victims`), and the plan tells L1's insert which
 of the run's pages have a depth (the depth table holds exactly the pages either tier holds). A run stored with
 `store_all` whose leading pages the tier holds already (a sibling computed them meanwhile) pins those at once and
-stores the rest as a run. The admissions' reads of the tiers (what they hold of a prompt) are `walks`'.
+stores the rest as a run. The admissions' reads of the tiers (what they hold of a prompt) are `walks`'; with the id
+tables a walk's ids come back with the run it stores or lands (`store_all`, `land_all`: `ids`), so the run is
+planned and inserted without resolving its pages again (they must be current: pinned since the walk, or checked
+by their generations).
 
 Invariant: each tier keeps free + cached + pinned + in_use == capacity (see `tier`), and a pinned page is
 never evicted (pinned pages are not eviction candidates, and `TierPool.remove` refuses them).
@@ -344,11 +347,14 @@ class KvPool:
             l2.remove_victims(victims)
             self._removed_all(Tier.HOST, victims, now)
         every = len(missing) == (len(pages) if chosen is None else len(chosen))  # type: ignore[arg-type]  # sized
+        known = ids  # (id tables) the ids of the pages L2 lacks, in order
         if every:
             l2.touch_all(set(), now)  # (the same as touching nothing, kept for its bound of the last accesses)
         elif ids is not None:  # `touch_all` of the pages L2 holds (the victims just removed are none of them)
             l2t = cast(IdTierPool, l2).t
-            l2t.touch(ids[l2t.holds(ids)], now)
+            held = l2t.holds(ids)
+            l2t.touch(ids[held], now)
+            known = ids[~held]
         else:
             chosen = set(pages) if chosen is None else chosen
             l2.touch_all(chosen - missing if missing else chosen, now)
@@ -357,7 +363,10 @@ class KvPool:
                 items = parent_of  # the run itself
             else:
                 items = {page: parent_of[page] for page in pages if page in missing}
-            l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # the run: a dict
+            if known is None:
+                l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # the run: a dict
+            else:  # (L1 holds every page of the run: their ids are current)
+                cast(IdTierPool, l2).insert_run(items, now, known=known)  # type: ignore[arg-type]  # the run: a dict
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -424,13 +433,23 @@ class KvPool:
             self._skipped += 1
         self._after()
 
-    def store_all(self, tier: Tier, items: Run, now: float, *, owner: Owner, from_reservation: bool = True) -> None:
+    def store_all(self, tier: Tier, items: Run, now: float, *, owner: Owner, from_reservation: bool = True,
+                  ids: Ids | None = None) -> None:  # fmt: skip
         """`store` (pinned) each (page, parent) of `items`, in order: the same state (events: see the module
-        docstring), done as one run when no page is resident or being written in `tier` and `_l2_plan` allows."""
+        docstring), done as one run when no page is resident or being written in `tier` and `_l2_plan` allows.
+        `ids` (id tables): the pages' current ids (`PageIds.lookup`, -1: no tier holds it), where the caller
+        resolved them; a chain that L1 lacks is then planned and stored without resolving its pages again."""
         if not items:
             return
         pool = self.tier(tier)
         run = dict(items)
+        if ids is not None and tier is Tier.GPU and self._ids is not None and len(run) == len(items):
+            l1 = cast(IdTierPool, pool)
+            if not l1.t.holds(ids).any() and (not l1.writing or l1.writing_set().isdisjoint(run)):
+                if not self._insert_known(items, run, ids, now, owner, "reserved" if from_reservation else "free"):
+                    for page, parent in items:  # the plan could choose differently: page by page, as below
+                        self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
+                return
         resident = pool.resident_set()
         distinct = len(run) == len(items)
         fresh = distinct and resident.isdisjoint(run)
@@ -454,6 +473,30 @@ class KvPool:
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
 
+    def _insert_known(self, items: Run, run: dict[PageHash, PageHash | None], ids: Ids, now: float, owner: Owner,
+                      slots: str) -> bool:  # fmt: skip
+        """Make the run `items` (`run`: the same as a dict) resident in L1 by the pages' current ids (`ids`), the
+        caller's checks made (`store_all`'s or `land_all`'s): its write-through planned from the ids, then the run
+        inserted from `slots` without resolving its pages again. False, changing nothing, when the plan could
+        choose differently from page by page (the caller goes page by page)."""
+        l1, l2 = cast(IdTierPool, self.l1), cast(IdTierPool, self.l2)
+        pages = list(run)
+        parents = list(run.values())
+        missing = set(compress(pages, (~l2.t.holds(ids)).tolist()))
+        if parents[1:] == pages[:-1] or bool((ids >= 0).all()):
+            plan = l2.room_for_ids(pages, parents[0], ids, missing, now)
+            if plan is not None and plan[1] and self.check:
+                expected = self.expected_victims(Tier.HOST, len(plan[1]))
+                if plan[1] != expected:
+                    raise PoolInvariantError(f"host: eviction order {plan[1]} differs from the policy's {expected}")
+        else:  # (new pages outside a chain: their depths are the hash path's)
+            plan = self._l2_plan(run, now, missing)
+        if plan is None:
+            return False
+        stored = l1.insert_run(run, now, owner=owner, slots=slots, known=ids)
+        self._after_run(Tier.GPU, items, run, plan, now, stored)
+        return True
+
     def _stored_lead(self, tier: Tier, items: Run, resident: Collection[PageHash], now: float, owner: Owner,
                      from_reservation: bool) -> int:  # fmt: skip
         """`store` the leading pages of `items` that `tier` holds already (and L2 too, when `tier` is L1) at
@@ -476,14 +519,19 @@ class KvPool:
             self._after()
         return lead
 
-    def land_all(self, tier: Tier, owner: Owner, items: Run, now: float) -> None:
+    def land_all(self, tier: Tier, owner: Owner, items: Run, now: float, ids: Ids | None = None) -> None:
         """`land` each (page, parent) of `items`, in order (as one run when `owner` is writing them all and
-        `_l2_plan` allows)."""
+        `_l2_plan` allows). `ids` (id tables): the pages' current ids, where the caller has them (`store_all`)."""
         if not items:
             return
         pool = self.tier(tier)
         run = dict(items)
         if len(run) == len(items) and pool.writes_all(owner, run):
+            if ids is not None and tier is Tier.GPU and self._ids is not None:
+                if not self._insert_known(items, run, ids, now, owner, "writing"):
+                    for page, parent in items:  # the plan could choose differently: page by page, as below
+                        self.land(tier, owner, page, parent, now)
+                return
             plan = self._l2_plan(run, now) if tier is Tier.GPU else _NO_WRITES
             if plan is not None:  # (`owner` writes them all: none is resident, as `insert_all` checks)
                 ids = pool.insert_run(run, now, owner=owner, slots="writing", depths=self._run_depths(tier, run, plan))

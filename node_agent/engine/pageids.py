@@ -8,7 +8,7 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from enum import IntEnum
 from itertools import repeat
 from typing import TYPE_CHECKING, cast
@@ -93,7 +93,7 @@ class PageIds:
         ids = self.lookup(pages)
         return ids, self._gens(ids)
 
-    def refresh(self, pages: list[PageHash], ids: Ids, gens: Ids) -> tuple[Ids, Ids]:
+    def refresh(self, pages: Sequence[PageHash], ids: Ids, gens: Ids) -> tuple[Ids, Ids]:
         """Kept (`ids`, `gens`) of `pages` made current: pages whose id was freed (generation moved) or that
         had none are looked up again (one probe each); the others cost an array comparison."""
         known = ids >= 0
@@ -134,18 +134,22 @@ class PageIds:
         self._id[page] = i
         return i
 
-    def intern_run(self, items: dict[PageHash, PageHash | None]) -> Ids:
+    def intern_run(self, items: dict[PageHash, PageHash | None], ids: Ids | None = None) -> Ids:
         """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
         (each the parent of the next): the new pages take one id block (in the order `intern` would take them),
-        and each stretch of new pages gets consecutive depths from the page before it (or its parent)."""
+        and each stretch of new pages gets consecutive depths from the page before it (or its parent). `ids`:
+        the pages' ids as `lookup` gives them now, where the caller has them (no page is looked up again)."""
         pages = list(items)
         k = len(pages)
         parents = list(items.values())
         known = self._id
         chain = k >= 2 and parents[1:] == pages[:-1]
-        fresh = chain and known.keys().isdisjoint(pages)  # (the usual case: a chain no tier holds yet)
-        if not chain or (not fresh and k < 32):  # (below 32 pages, numpy's per-call costs exceed the per-page path's)
-            return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
+        if chain and ids is not None:
+            fresh = False
+        else:
+            fresh = chain and known.keys().isdisjoint(pages)  # (the usual case: a chain no tier holds yet)
+            if not chain or (not fresh and k < 32):  # (below 32 pages, numpy's per-call costs exceed the per-page path's)
+                return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
         first = parents[0]
         pid = known.get(first) if first is not None else None
         base = 0 if pid is None else int(self.depth[pid]) + 1  # the depth of a new first page
@@ -154,7 +158,7 @@ class PageIds:
             self.depth[ids] = np.arange(base, base + k)
             self._fill(ids, pages)
             return ids
-        ids = self.lookup(pages)
+        ids = self.lookup(pages) if ids is None else ids.copy()
         new = np.flatnonzero(ids < 0)
         if not len(new):
             return ids

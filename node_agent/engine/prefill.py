@@ -36,10 +36,11 @@ from evolving_infra.core.itermodel import PrefillItem
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, RequestId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
+from evolving_infra.node_agent.engine.idpages import Ids
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DataPlane, FetchStarted, PrefillFinished, PrefillStarted
 from evolving_infra.node_agent.engine.requests import PrefillRequest, pages_needed
-from evolving_infra.node_agent.engine.walks import gpu_walk, host_walk, pin_walked
+from evolving_infra.node_agent.engine.walks import Resolved, gpu_walk, host_walk, pin_walked
 from evolving_infra.node_agent.profile import HardwareProfile
 
 
@@ -87,6 +88,8 @@ class PrefillJob:
     gpu_admitted: bool = False
     fetch_parents: tuple[PageHash | None, ...] = ()  # the parent of each page of `fetching`
     loading: list[tuple[PageHash, PageHash | None]] = field(default_factory=list)  # (page, parent) loaded from L2
+    loading_ids: Ids | None = None  # (id tables) their ids, from the walk (current while L2 pins them)
+    resolved: Resolved | None = None  # (id tables) the prefix's ids as the last walk resolved them
     ready_at: float = 0.0
     prefix_pages: int = 0
     restored_tokens: int = 0
@@ -198,7 +201,9 @@ class PrefillScheduler:
     def _admit_host(self, job: PrefillJob, now: float) -> tuple[bool, list[FetchStarted]]:
         req, l2 = job.req, self.pool.l2
         # the table of the fetch plan is built when the walk first needs it
-        pins, pin_ids, fetch = host_walk(self.pool, req.prompt_pages[: self._max_prefix(req)], job.fetch_table)
+        pins, pin_ids, fetch, job.resolved = host_walk(
+            self.pool, req.prompt_pages[: self._max_prefix(req)], job.fetch_table, job.resolved
+        )
         if fetch and l2.lacks_room(len(fetch), pins):
             return False, []
         # Pinning first keeps the prefix out of the eviction that makes room (as excluding it would).
@@ -256,7 +261,8 @@ class PrefillScheduler:
         async_fetch = self.data_plane is DataPlane.ASYNC_FETCH
         if async_fetch and l2.writing and not l2.writing_set().isdisjoint(req.prompt_pages):
             return Admission.NOT_YET  # part of the prefix is still arriving with another request's fetch
-        walk = gpu_walk(self.pool, req.prompt_pages[: self._max_prefix(req)])
+        walk = gpu_walk(self.pool, req.prompt_pages[: self._max_prefix(req)], job.resolved)
+        job.resolved = walk.resolved
         in_l1, loads = walk.in_l1, walk.loads  # reused from L1; (page, parent) of the prefix pages to load from L2
         k = len(in_l1) + len(loads)
         local = local_ok
@@ -282,18 +288,19 @@ class PrefillScheduler:
         job.local_decode = local
         job.footprint_output = local
         job.loading = loads
+        job.loading_ids = walk.load_ids  # (the loads stay pinned in L2 until they land: their ids stay theirs)
         if self.data_plane is DataPlane.ASYNC_FETCH and loads:
             self.pool.begin_writes(Tier.GPU, job.rid, [page for page, _ in loads])
             job.ready_at = now + self.load_time(job.restored_tokens)
             job.stage = PrefillStage.LOADING
         else:
-            self.pool.store_all(Tier.GPU, loads, now, owner=job.rid, from_reservation=False)
+            self.pool.store_all(Tier.GPU, loads, now, owner=job.rid, from_reservation=False, ids=walk.load_ids)
             l2.unpin_all(job.rid, now)
             job.stage = PrefillStage.READY
         return Admission.ADMITTED
 
     def _finish_load(self, job: PrefillJob) -> None:
-        self.pool.land_all(Tier.GPU, job.rid, job.loading, job.ready_at)
+        self.pool.land_all(Tier.GPU, job.rid, job.loading, job.ready_at, ids=job.loading_ids)
         self.pool.l2.unpin_all(job.rid, job.ready_at)
         job.stage = PrefillStage.READY
 

@@ -22,7 +22,7 @@ import numpy as np
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
-from evolving_infra.node_agent.engine.idpages import CACHED, Ids, held_prefix
+from evolving_infra.node_agent.engine.idpages import CACHED, Ids, PageIds, held_prefix
 from evolving_infra.node_agent.engine.idpool import IdTierPool
 from evolving_infra.node_agent.engine.kvpool import KvPool, Run
 from evolving_infra.node_agent.engine.tier import Owner
@@ -54,23 +54,38 @@ def received_pages(prompt: tuple[PageHash, ...], resident: Collection[PageHash] 
     return [(page, parent) for page, parent in zip(prompt, (None, *prompt)) if page not in resident]  # type: ignore[operator]
 
 
+Resolved = tuple[Ids, Ids]
+"""A prefix's ids (-1: no tier held the page) and their generations, as `PageIds.resolve` gives them: a request
+walks the same prefix again (host admission, then GPU admission, each retried until it fits), and a later walk
+only looks up the pages whose id moved since (`PageIds.refresh`)."""
+
+
 class GpuWalk(NamedTuple):
     """What `gpu_walk` found: the prefix pages L1 holds (reused), the (page, parent) pairs of those only L2
-    holds (loaded), in prompt order, and with the id tables the ids of each (None with the set tables)."""
+    holds (loaded), in prompt order, and with the id tables the ids of each (None with the set tables) and the
+    whole prefix's ids with their generations (`Resolved`: for the request's next walk)."""
 
     in_l1: list[PageHash]
     loads: Run
     l1_ids: Ids | None
     load_ids: Ids | None
+    resolved: Resolved | None = None
 
 
 class HostWalk(NamedTuple):
     """What `host_walk` found: the prefix pages L2 holds (to pin; with the id tables their ids, else None)
-    and the pages to fetch, in prompt order."""
+    and the pages to fetch, in prompt order; with the id tables the prefix's `Resolved` ids."""
 
     pins: list[PageHash]
     pin_ids: Ids | None
     fetch: list[PageHash]
+    resolved: Resolved | None = None
+
+
+def _resolve(page_ids: PageIds, prefix: tuple[PageHash, ...], known: Resolved | None) -> Resolved:
+    if known is None or len(known[0]) != len(prefix):
+        return page_ids.resolve(list(prefix))
+    return page_ids.refresh(prefix, *known)
 
 
 def admit_prompt(pool: KvPool, owner: Owner, prompt: tuple[PageHash, ...], footprint: int, now: float) -> bool:
@@ -81,6 +96,7 @@ def admit_prompt(pool: KvPool, owner: Owner, prompt: tuple[PageHash, ...], footp
     the prompt is resolved to ids once (which pages L1 holds, their pins and the room check read them)."""
     l1 = pool.l1
     page_ids = pool.page_ids
+    received_ids: Ids | None = None  # (id tables) the received pages' ids, while current
     if page_ids is None:
         resident = l1.resident_set() & prompt
         need = footprint - len(resident)
@@ -104,20 +120,28 @@ def admit_prompt(pool: KvPool, owner: Owner, prompt: tuple[PageHash, ...], footp
             t.pin(owner, ids[held], now)
         if held[:r].all():
             received = received_pages(prompt, r)  # (the leading r pages are the ones L1 holds)
+            received_ids = ids[r:]
         else:
             received = list(compress(zip(prompt, (None, *prompt)), (~held).tolist()))
+            received_ids = ids[~held]
+        gens = page_ids.gen[received_ids[received_ids >= 0]]
     if not pool.make_room(Tier.GPU, need, now):
         raise PoolInvariantError(f"gpu: room for {owner} vanished while making it")
+    if received_ids is not None:
+        # the room's L2 evictions may have freed the id of a received page that only L2 held (it gave no page
+        # an id: its write-backs are L1's pages, none received); then the pages are resolved again
+        if (page_ids.gen[received_ids[received_ids >= 0]] != gens).any():  # type: ignore[union-attr]  # id tables
+            received_ids = None
     l1.reserve(owner, need)
-    pool.store_all(Tier.GPU, received, now, owner=owner)
+    pool.store_all(Tier.GPU, received, now, owner=owner, ids=received_ids)
     return True
 
 
-def gpu_walk(pool: KvPool, prefix: tuple[PageHash, ...]) -> GpuWalk:
+def gpu_walk(pool: KvPool, prefix: tuple[PageHash, ...], known: Resolved | None = None) -> GpuWalk:
     """A prefill's walk over its reusable prefix (`prefix`: the prompt's pages it may reuse, in order): from
     the start, every page L1 holds is reused and every page only L2 holds is loaded, up to the first page
-    neither holds. With the id tables the pages are resolved once, the walk is two masks, and the ids are
-    kept for the pins (`pin_walked`)."""
+    neither holds. With the id tables the pages are resolved once (`known`: what an earlier walk of the same
+    prefix resolved), the walk is two masks, and the ids are kept for the pins (`pin_walked`)."""
     page_ids = pool.page_ids
     if page_ids is None or len(prefix) < IDS_WALK_MIN:
         in_l1: list[PageHash] = []
@@ -133,26 +157,28 @@ def gpu_walk(pool: KvPool, prefix: tuple[PageHash, ...]) -> GpuWalk:
                 break
             parent = page
         return GpuWalk(in_l1, loads, None, None)
-    ids = page_ids.lookup(list(prefix))
+    resolved = _resolve(page_ids, prefix, known)
+    ids = resolved[0]
     h1 = cast(IdTierPool, pool.l1).t.holds(ids)
     h2 = cast(IdTierPool, pool.l2).t.holds(ids)
     k = held_prefix(h1, h2)
     ids, h1 = ids[:k], h1[:k]
     reused = h1.tolist()
     if all(reused):
-        return GpuWalk(list(prefix[:k]), [], ids, _NO_IDS)
+        return GpuWalk(list(prefix[:k]), [], ids, _NO_IDS, resolved)
     load = ~h1
     loads = list(compress(zip(prefix, (None, *prefix)), load.tolist()))
-    return GpuWalk(list(compress(prefix, reused)), loads, ids[h1], ids[load])
+    return GpuWalk(list(compress(prefix, reused)), loads, ids[h1], ids[load], resolved)
 
 
-def host_walk(pool: KvPool, prefix: tuple[PageHash, ...],
-              fetchable: Callable[[], Mapping[PageHash, object]]) -> HostWalk:  # fmt: skip
+def host_walk(pool: KvPool, prefix: tuple[PageHash, ...], fetchable: Callable[[], Mapping[PageHash, object]],
+              known: Resolved | None = None) -> HostWalk:  # fmt: skip
     """A prefill's host admission walk over its reusable prefix: from the start, pages L2 holds are pinned,
     pages L1 holds or that are arriving in L2 (another request's fetch) are passed over, pages its fetch plan
     names (`fetchable()`, read only when the walk meets such a page) are fetched, and the walk stops at the
     first other page, or once it has taken as many pages as L2 has slots. With the id tables (and a prefix
-    shorter than L2), the pages are resolved once and only those neither tier holds are looked at one by one."""
+    shorter than L2), the pages are resolved once (`known`: as in `gpu_walk`) and only those neither tier holds
+    are looked at one by one."""
     l1, l2 = pool.l1, pool.l2
     capacity = l2.capacity
     arriving = l2.writing_set()
@@ -178,7 +204,8 @@ def host_walk(pool: KvPool, prefix: tuple[PageHash, ...],
                 else:
                     break
         return HostWalk(pins, None, fetch)
-    ids = page_ids.lookup(list(prefix))
+    resolved = _resolve(page_ids, prefix, known)
+    ids = resolved[0]
     h2 = cast(IdTierPool, l2).t.holds(ids)
     stop = len(prefix)
     for j in np.flatnonzero(~(h2 | cast(IdTierPool, l1).t.holds(ids))).tolist():
@@ -193,7 +220,7 @@ def host_walk(pool: KvPool, prefix: tuple[PageHash, ...],
             stop = j
             break
     held = h2[:stop]
-    return HostWalk(list(compress(prefix[:stop], held.tolist())), ids[:stop][held], fetch)
+    return HostWalk(list(compress(prefix[:stop], held.tolist())), ids[:stop][held], fetch, resolved)
 
 
 def pin_walked(pool: KvPool, tier: Tier, owner: Owner, pages: Collection[PageHash], ids: Ids | None,
