@@ -52,7 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
-from evolving_infra.core.pages import PageHash
+from evolving_infra.core.pages import CountUpdates, PageHash
 from evolving_infra.core.types import BranchId, NodeId, Phase
 from evolving_infra.router.branch_runs import Ranges, RunTree, _NotChained, _Run, _common, _minus, _ranges, _size
 from evolving_infra.router.branches_pages import BranchState, BranchStats, PageBranchTable, Placement, RequestVersion
@@ -369,22 +369,24 @@ class BranchTable(RunTree):
         if not marks:
             return {}
         run = self._run
-        out: dict[PageHash, int] = {}
+        out = CountUpdates()  # (with the stretches of one count each, for the engine's `set_counts`)
+        add = out.add
         for pages, depth in marks:
             i, n = 0, len(pages)
             while i < n:
                 r = run.get(pages[i])
                 if r is None:  # no active path holds it, nor (chained) the pages after it
-                    out.update(zip(pages[i:], repeat(0)))
+                    add(pages[i:] if i else pages, 0)
                     break
                 o = depth + i - r.depth
                 m = min(n - i, len(r.pages) - o)
-                if not (pages is r.pages or pages[i : i + m] == r.pages[o : o + m]):
-                    m = _common(pages[i : i + m], r.pages[o : o + m])  # the rest left the tree
-                    out.update(zip(pages[i : i + m], repeat(r.counts.get(node, 0))))
-                    out.update(zip(pages[i + m :], repeat(0)))
+                part = pages if m == n else pages[i : i + m]
+                if not (pages is r.pages or part == r.pages[o : o + m]):
+                    m = _common(part, r.pages[o : o + m])  # the rest left the tree
+                    add(pages[i : i + m], r.counts.get(node, 0))
+                    add(pages[i + m :], 0)
                     break
-                out.update(zip(pages[i : i + m], repeat(r.counts.get(node, 0))))
+                add(part, r.counts.get(node, 0))
                 i += m
         return out
 

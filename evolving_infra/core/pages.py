@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import NewType
 
 import xxhash
@@ -53,3 +55,27 @@ def token_page_hashes(tokens: Sequence[int], page_tokens: int = DEFAULT_PAGE_TOK
         struct.pack(f"<{page_tokens}i", *tokens[i * page_tokens : (i + 1) * page_tokens]) for i in range(full)
     )
     return chain_hashes(pages)
+
+
+class CountUpdates(dict[PageHash, int]):
+    """Branch counts of pages (page -> count, 0 = released) that also keep how they were made: `groups`, the
+    stretches of pages given one count each, in order. Applying the groups in order gives the dict's content; a
+    reader that takes them (`KvPool.set_counts`) checks a count once per stretch instead of once per page. Read
+    as a plain mapping everywhere else (equal to the dict of the same items)."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[tuple[Sequence[PageHash], int]] = []
+
+    def add(self, pages: Sequence[PageHash], count: int) -> None:
+        """`pages` (distinct) now have `count`."""
+        if not pages:
+            return
+        self.update(zip(pages, repeat(count)))
+        self.groups.append((pages, count))
+
+    def disjoint(self) -> bool:
+        """Whether no page is in two groups (then each group's pages hold its count)."""
+        return sum(map(len, map(itemgetter(0), self.groups))) == len(self)

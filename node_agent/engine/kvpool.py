@@ -46,15 +46,15 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
-from itertools import compress, filterfalse
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import compress, filterfalse, repeat
 from operator import ne, not_
 from dataclasses import dataclass, replace
 from typing import cast
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
-from evolving_infra.core.pages import PageHash
+from evolving_infra.core.pages import CountUpdates, PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids, PageIds
@@ -125,7 +125,11 @@ class KvPool:
 
     # --- counts --------------------------------------------------------------------------------------
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
-        """Branch counts of host pages as the directory computes them; 0 forgets a page's count."""
+        """Branch counts of host pages as the directory computes them; 0 forgets a page's count. Updates that
+        keep their stretches of one count (`CountUpdates`, the router's) are taken stretch by stretch."""
+        if type(updates) is CountUpdates and self._ids is not None and updates.disjoint():
+            self._set_groups(updates.groups, self._ids)
+            return
         values = updates.values()
         if set(map(type, values)) <= {int} and (least := min(values, default=1)) >= 0:
             zero = least == 0  # (ints >= 0: a zero is there exactly when it is the least)
@@ -158,6 +162,28 @@ class KvPool:
             return
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
+
+    def _set_groups(self, groups: list[tuple[Sequence[PageHash], int]], ids: PageIds) -> None:
+        """`set_counts` of disjoint stretches of pages with one count each (id tables): each count checked once,
+        the pages that turn counted and those that turn uncounted found in one pass per stretch."""
+        for pages, count in groups:
+            if not isinstance(count, int) or count < 0:
+                raise ValueError(f"branch count of page {pages[0]:#x} must be an integer >= 0, got {count!r}")
+        counts = self._counts
+        new: list[PageHash] = []  # pages that turn counted, and that turn uncounted
+        gone: list[PageHash] = []
+        for pages, count in groups:
+            if count:
+                new.extend(filterfalse(counts.__contains__, pages))
+                counts.update(zip(pages, repeat(count)))
+            else:
+                left = list(filter(counts.__contains__, pages))
+                deque(map(counts.__delitem__, left), maxlen=0)
+                gone += left
+        if new:
+            ids.recount(new, True)
+        if gone:
+            ids.recount(gone, False)
 
     def clear_counts(self) -> None:
         """Every branch count back to 0 (their directory is gone: a new router starts from nothing)."""

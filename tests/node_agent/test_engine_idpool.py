@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.core.eviction import BranchCountEviction, LruEviction
-from evolving_infra.core.pages import PageHash, chain_hashes
+from evolving_infra.core.pages import CountUpdates, PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, walks
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
@@ -47,10 +47,11 @@ def _id_walks_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     """The prompts here are short: the admission walks take their id path for any length (the hash path they take
     below `IDS_WALK_MIN` is the one the set tables take)."""
     monkeypatch.setattr(walks, "IDS_WALK_MIN", 0)
+    monkeypatch.setattr(walks, "KEEP_IDS_MIN", 0)  # (and a walk keeps its ids for the next walk of its prefix)
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "walk", "walk", "hostwalk", "hostwalk", "single", "release", "release", "count", "count", "evict", "fetch",
+        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "walk", "walk", "hostwalk", "hostwalk", "single", "release", "release", "count", "count", "counts", "counts", "evict", "fetch",
                          "land", "cancel", "room", "release_l1", "release_l1", "pin", "pin", "touch", "unpin", "load", "load", "loaded",
                          "loaded"]),
         st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
@@ -139,6 +140,13 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
     if op == "count":
         p.set_counts({page: (k + n) % 3 for page, _ in pages})
         return None
+    if op == "counts":  # the router's pushes: stretches of one count each (the second may overlap the first)
+        updates = CountUpdates()
+        cut = n % (len(pages) + 1)
+        updates.add([page for page, _ in pages[:cut]], k % 3)
+        updates.add([page for page, _ in pages[cut - (k % 2) if cut else cut :]], (k + n) % 3)
+        p.set_counts(updates)
+        return updates.disjoint()
     if op == "evict":
         return p.evict(Tier.GPU if k % 2 else Tier.HOST, n, now)
     if op == "fetch":
@@ -210,6 +218,14 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
 @example(  # the same with a load that is only partly a chain L2 holds (its middle page evicted from L2 first)
     [("store", 0, 0, 6, 0), ("release", 0, 0, 1, 0), ("release_l1", 0, 0, 1, 1), ("store", 1, 0, 8, 2),
      ("load", 0, 0, 6, 1), ("release", 0, 0, 1, 2), ("loaded", 0, 0, 1, 1), ("admit", 0, 0, 8, 3)], False, 12, 10,
+)  # fmt: skip
+@example(  # the router's pushes in stretches: pages turn counted, then uncounted again, then host evictions
+    [("store", 0, 0, 4, 0), ("release", 0, 0, 1, 0), ("counts", 0, 0, 4, 2), ("store", 1, 0, 4, 1),
+     ("release", 0, 0, 1, 1), ("evict", 0, 0, 2, 2), ("counts", 0, 0, 4, 0), ("evict", 0, 0, 2, 2)], False, 8, 8,
+)  # fmt: skip
+@example(  # stretches that overlap (a page released, then counted again in one push): applied as a whole
+    [("store", 0, 0, 4, 0), ("release", 0, 0, 1, 0), ("counts", 0, 0, 4, 2), ("counts", 0, 0, 4, 3),
+     ("store", 1, 0, 4, 1), ("release", 0, 0, 1, 1), ("evict", 0, 0, 2, 2)], False, 8, 8,
 )  # fmt: skip
 def test_id_tables_match_the_set_tables(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
     _same_pools(ops, lru, l1, l2)

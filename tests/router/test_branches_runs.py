@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from evolving_infra.core.pages import PageHash, chain_hashes
+from evolving_infra.core.pages import CountUpdates, PageHash, chain_hashes
 from evolving_infra.core.types import BranchId, NodeId, Phase
 from evolving_infra.router.branches import BranchState, BranchTable, PageBranchTable
 
@@ -143,7 +143,12 @@ class RunsAgainstPages(RuleBasedStateMachine):
             self.pages.dirty_nodes()
         )
         for node in NODES:
-            self._both("take_updates", node)
+            got = self._both("take_updates", node)
+            if isinstance(got, CountUpdates):  # its stretches, applied in order, are the same updates
+                replay: dict[PageHash, int] = {}
+                for pages, count in got.groups:
+                    replay.update(dict.fromkeys(pages, count))
+                assert list(replay.items()) == list(got.items())
         assert self.runs.dirty_nodes() == ()
 
     @precondition(lambda self: self.chained and self.pages.branches())
