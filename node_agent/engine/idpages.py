@@ -31,7 +31,7 @@ from evolving_infra.core.eviction import HostEvictionPolicy
 from evolving_infra.core.pages import PageHash
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder, Key, rank
-from evolving_infra.node_agent.engine.pageids import ABSENT, CACHED, PINNED, Ids, PageIds, PageState, distinct
+from evolving_infra.node_agent.engine.pageids import ABSENT, CACHED, PINNED, Ids, PageIds, PageState, distinct, stretches
 
 __all__ = [
     "ABSENT", "CACHED", "PINNED", "IdOrder", "IdTier", "Ids", "Key", "PageIds", "PageState", "distinct", "held_prefix",
@@ -286,11 +286,7 @@ class IdTier:
         depth = np.empty(len(ids), dtype=np.int64)
         depth[known] = self.pages.depth[ids[known]]
         if not known.all():  # the depths the new pages will get, stretch by stretch (as `PageIds.intern_run`)
-            new = np.flatnonzero(~known)
-            cut = np.flatnonzero(np.diff(new) != 1) + 1
-            starts = new[np.concatenate(([0], cut))].tolist()
-            ends = (new[np.concatenate((cut - 1, [len(new) - 1]))] + 1).tolist()
-            for lo, hi in zip(starts, ends):
+            for lo, hi in stretches(np.flatnonzero(~known)):
                 if lo:
                     at = int(depth[lo - 1]) + 1
                 else:

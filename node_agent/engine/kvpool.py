@@ -45,10 +45,9 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import compress, filterfalse, repeat
-from operator import ne, not_
+from collections.abc import Collection, Iterable, Mapping
+from itertools import compress
+from operator import ne
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -59,6 +58,7 @@ from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
+from evolving_infra.node_agent.engine.poolcounts import update_count_groups, update_counts
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
 
@@ -125,65 +125,23 @@ class KvPool:
 
     # --- counts --------------------------------------------------------------------------------------
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
-        """Branch counts of host pages as the directory computes them; 0 forgets a page's count. Updates that
-        keep their stretches of one count (`CountUpdates`, the router's) are taken stretch by stretch."""
-        if type(updates) is CountUpdates and self._ids is not None and updates.disjoint():
-            self._set_groups(updates.groups, self._ids)
+        """Branch counts of host pages as the directory computes them; 0 forgets a page's count (`poolcounts`).
+        Updates that keep their stretches of one count (`CountUpdates`, the router's) are taken stretch by
+        stretch (id tables; overlapping stretches take the dict path)."""
+        ids = self._ids
+        if type(updates) is CountUpdates and ids is not None and updates.disjoint():
+            new, gone = update_count_groups(self._counts, updates.groups)
+            if new:
+                ids.recount(new, True)
+            if gone:
+                ids.recount(gone, False)
             return
-        values = updates.values()
-        if set(map(type, values)) <= {int} and (least := min(values, default=1)) >= 0:
-            zero = least == 0  # (ints >= 0: a zero is there exactly when it is the least)
-        else:
-            for page, count in updates.items():
-                if not isinstance(count, int) or count < 0:
-                    raise ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
-            zero = 0 in values
-        counts = self._counts
-        flipped: list[PageHash]  # pages whose count went from 0 to positive or back, in the order of `updates`
-        counted: bool | None = None  # whether every flipped page is counted now (None: some are, some not)
-        if zero and max(values) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
-            flipped = list(filter(counts.__contains__, updates))
-            deque(map(counts.__delitem__, flipped), maxlen=0)
-            counted = False
-        elif zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
-            pages, given = list(updates), list(values)
-            flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
-            gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
-            counts.update(compress(updates.items(), given))
-            deque(map(counts.__delitem__, gone), maxlen=0)
-        else:  # all positive (the usual case): the new ones flip, and one C-level update
-            # none flips when every page is counted already (a C-level keys-view check that stops at the
-            # first new page, so it costs little when there are new ones)
-            flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
-            counts.update(updates)
-            counted = True
-        if self._ids is not None:
-            self._ids.recount(flipped, counted)  # both tiers at once
+        flipped, counted = update_counts(self._counts, updates)
+        if ids is not None:
+            ids.recount(flipped, counted)  # both tiers at once
             return
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
-
-    def _set_groups(self, groups: list[tuple[Sequence[PageHash], int]], ids: PageIds) -> None:
-        """`set_counts` of disjoint stretches of pages with one count each (id tables): each count checked once,
-        the pages that turn counted and those that turn uncounted found in one pass per stretch."""
-        for pages, count in groups:
-            if not isinstance(count, int) or count < 0:
-                raise ValueError(f"branch count of page {pages[0]:#x} must be an integer >= 0, got {count!r}")
-        counts = self._counts
-        new: list[PageHash] = []  # pages that turn counted, and that turn uncounted
-        gone: list[PageHash] = []
-        for pages, count in groups:
-            if count:
-                new.extend(filterfalse(counts.__contains__, pages))
-                counts.update(zip(pages, repeat(count)))
-            else:
-                left = list(filter(counts.__contains__, pages))
-                deque(map(counts.__delitem__, left), maxlen=0)
-                gone += left
-        if new:
-            ids.recount(new, True)
-        if gone:
-            ids.recount(gone, False)
 
     def clear_counts(self) -> None:
         """Every branch count back to 0 (their directory is gone: a new router starts from nothing)."""

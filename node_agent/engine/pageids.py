@@ -164,12 +164,8 @@ class PageIds:
             return ids
         fresh_ids = self._block(len(new))
         ids[new] = fresh_ids
-        # stretches of consecutive new positions: [starts[j], ends[j]); each but a first one follows a known page
-        cut = np.flatnonzero(np.diff(new) != 1) + 1
-        starts = new[np.concatenate(([0], cut))].tolist()
-        ends = (new[np.concatenate((cut - 1, [len(new) - 1]))] + 1).tolist()
         depth = self.depth
-        for lo, hi in zip(starts, ends):
+        for lo, hi in stretches(new):  # each but a first one follows a known page
             at = int(depth[ids[lo - 1]]) + 1 if lo else base
             depth[ids[lo:hi]] = np.arange(at, at + hi - lo)
         self._fill(fresh_ids, [pages[j] for j in new.tolist()])
@@ -240,3 +236,11 @@ class PageIds:
             self.gen[gone] += 1
             deque(map(self._id.__delitem__, self.hashes[gone].tolist()), maxlen=0)
             self._free.extend(gone.tolist())
+
+
+def stretches(positions: Ids) -> zip[tuple[int, int]]:
+    """The stretches of consecutive values of `positions` (ascending, non-empty) as [lo, hi) pairs, in order."""
+    cut = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = positions[np.concatenate(([0], cut))].tolist()
+    ends = (positions[np.concatenate((cut - 1, [len(positions) - 1]))] + 1).tolist()
+    return zip(starts, ends)

@@ -1,0 +1,73 @@
+"""A node's table of branch counts (page -> count > 0) updated from the directory's pushes: which pages flip between
+uncounted and counted, found with C-level passes over the push.
+
+`update_counts` takes any mapping (0 = released); `update_count_groups` takes a push's disjoint stretches of one
+count each (`CountUpdates.groups`), checking each count once. Both change the table in place and say which pages
+flipped; telling the tiers is the pool's (`KvPool.set_counts`).
+
+Boundary: the counts dict only; no tier, id or event here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from itertools import compress, filterfalse, repeat
+from operator import ne, not_
+
+from evolving_infra.core.pages import PageHash
+
+
+def _bad(page: PageHash, count: object) -> ValueError:
+    return ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
+
+
+def update_counts(counts: dict[PageHash, int], updates: Mapping[PageHash, int]) -> tuple[list[PageHash], bool | None]:
+    """Apply `updates` to `counts` (0 forgets a page; checked first, nothing changed on a bad count): the pages whose
+    count went from 0 to positive or back, in the order of `updates`, and whether every one of them is counted now
+    (None: some are, some not)."""
+    values = updates.values()
+    if set(map(type, values)) <= {int} and (least := min(values, default=1)) >= 0:
+        zero = least == 0  # (ints >= 0: a zero is there exactly when it is the least)
+    else:
+        for page, count in updates.items():
+            if not isinstance(count, int) or count < 0:
+                raise _bad(page, count)
+        zero = 0 in values
+    if zero and max(values) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
+        flipped = list(filter(counts.__contains__, updates))
+        deque(map(counts.__delitem__, flipped), maxlen=0)
+        return flipped, False
+    if zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
+        pages, given = list(updates), list(values)
+        flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
+        gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
+        counts.update(compress(updates.items(), given))
+        deque(map(counts.__delitem__, gone), maxlen=0)
+        return flipped, None
+    # all positive (the usual case): the new ones flip, and one C-level update; none flips when every page is
+    # counted already (a C-level keys-view check that stops at the first new page, so it costs little otherwise)
+    flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
+    counts.update(updates)
+    return flipped, True
+
+
+def update_count_groups(
+    counts: dict[PageHash, int], groups: Sequence[tuple[Sequence[PageHash], int]]
+) -> tuple[list[PageHash], list[PageHash]]:
+    """Apply disjoint stretches of pages with one count each to `counts` (each count checked once, first): the pages
+    that turned counted, and those that turned uncounted, found in one pass per stretch."""
+    for pages, count in groups:
+        if not isinstance(count, int) or count < 0:
+            raise _bad(pages[0], count)
+    new: list[PageHash] = []
+    gone: list[PageHash] = []
+    for pages, count in groups:
+        if count:
+            new.extend(filterfalse(counts.__contains__, pages))
+            counts.update(zip(pages, repeat(count)))
+        else:
+            left = list(filter(counts.__contains__, pages))
+            deque(map(counts.__delitem__, left), maxlen=0)
+            gone += left
+    return new, gone
