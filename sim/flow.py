@@ -38,6 +38,7 @@ from evolving_infra.node_agent.engine import (
 )
 from evolving_infra.router.core.control import RequestFinished
 from evolving_infra.router.routing import RouteRequest
+from evolving_infra.sim import quiet
 from evolving_infra.sim.config import DecodeReservation
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority, StopRun
 from evolving_infra.sim.links import Flow, FlowKind, Landed, LinkModel
@@ -428,11 +429,12 @@ def transfer_landed(state: ClusterState, payload: tuple[str, int, NodeId | None]
         generated_pages=req.generated,
     )
     state.core.decode_handover(req)
+    settled = quiet.settle(state, target, now)
     effects = target.engine.submit_decode(dr, now)  # type: ignore[union-attr]  # it accepts decode: it has an engine
     absorb(state, target.id, effects.events)
     req.stage = Stage.DECODE
     apply_counts(state, state.core.decode_submitted(req, now))
-    return kick(state, target, now)
+    return settled + kick(state, target, now) if settled else kick(state, target, now)
 
 
 # -- completion -------------------------------------------------------------------------------------------

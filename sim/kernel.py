@@ -270,6 +270,20 @@ class Kernel:
         self._inlined += 1
         return True
 
+    def may_skip(self) -> bool:
+        """Whether a handler may stand for events it works out itself (`count_skipped`): as `run_inline`, only
+        inside `run` with nothing watching or limiting the run event by event."""
+        return self._inline and self._stop is None
+
+    def count_skipped(self, events: int, inlined: int) -> None:
+        """A handler (or the driver, after a run) carried out `events` events that were never scheduled (`inlined`
+        of them steps run at once), as their actions would have: they count as scheduled and processed."""
+        if not 0 <= inlined <= events:
+            raise ValueError(f"skipped events must be >= their inline ones >= 0, got {events} and {inlined}")
+        self._counter += events
+        self._processed += events
+        self._inlined += inlined
+
     # -- running -----------------------------------------------------------------------------------------
     def step(self) -> Event | None:
         """Process the next pending event and return it (None when the queue is empty)."""
@@ -312,6 +326,7 @@ class Kernel:
         first = self._processed
         queue, dead, pop, process = self._queue, self._dead, heapq.heappop, self._process
         progress, every = self._progress, self._progress_every
+        report_at = (self._processed // every + 1) * every  # (skipped events may step over a multiple)
         done = 0
         reason = StopReason.EMPTY
         detail = ""
@@ -332,8 +347,9 @@ class Kernel:
                 break
             process(pop(queue))
             done += 1
-            if progress is not None and self._processed % every == 0:
+            if progress is not None and self._processed >= report_at:
                 progress(self._report())
+                report_at = (self._processed // every + 1) * every
         self._stop = None
         self._inline = False
         if until is not None and reason in (StopReason.EMPTY, StopReason.UNTIL):

@@ -33,7 +33,7 @@ from evolving_infra.router.core.control import (
     ControlEffect, ModelsFrozen, PlannerDecided, SwitchCompleted, SwitchOrder,
 )  # fmt: skip
 from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
-from evolving_infra.sim import flow
+from evolving_infra.sim import flow, quiet
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority
 from evolving_infra.sim.pause import ProgramView
 from evolving_infra.sim.records import SwitchRecord
@@ -125,13 +125,13 @@ def begin_in_place(
     state: ClusterState, node: SimNode, phase: Phase, now: float, *, strand: bool, record: bool = True
 ) -> list[Command]:
     assert node.engine is not None
+    out: list[Command] = quiet.settle(state, node, now)
     node.switch_decided = now
     node.switch_from = node.phase if record else None
     node.strand_on_switch = strand
     stop_span(state, node, now)
     begun = node.engine.begin_switch(phase, now)
     absorb(state, node.id, begun.events)
-    out: list[Command] = []
     for item in begun.handed_back:
         req = state.requests.get(str(item.request))
         if req is None:
@@ -171,6 +171,7 @@ def on_switch_completed(state: ClusterState, node: SimNode, now: float) -> list[
 def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, now: float) -> list[Command]:
     """Terminate the node's worker now and start a worker of `phase` after `downtime` seconds."""
     old = node.phase
+    settled = quiet.settle(state, node, now)  # (the iteration running then ends with no engine: a no-op, as stepped)
     stop_span(state, node, now)
     node.engine = None
     node.switch_decided = now
@@ -179,7 +180,7 @@ def relaunch(state: ClusterState, node: SimNode, phase: Phase, downtime: float, 
     node.iterating = False
     apply_counts(state, state.core.clear_node(node.id, now))
     state.record_split(now)
-    out: list[Command] = [Cancel(("step", node.id))]
+    out: list[Command] = [*settled, Cancel(("step", node.id))]
     lost = list(node.sent.values()) + list(node.decode_jobs.values())
     if node.decode_jobs:
         state.core.set_occupancy(state.core.decode_occupancy - len(node.decode_jobs), now)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evolving_infra.node_agent.profiles import load_profile
+from evolving_infra.sim import quiet
 from evolving_infra.sim.cluster import build_cluster, initial_commands
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.export import write_metrics_json, write_requests_jsonl
@@ -107,6 +108,7 @@ def simulate(
             result = kernel.run(until=min(kernel.now + 10.0, deadline))
     now = kernel.now
     for node in state.nodes.values():
+        quiet.settle(state, node, now, last=True)
         close_span(state, node, now)
     ideal = ideal_by_request(trace, state.profile.page_tokens)
     window = _window(cfg, state.records, end)

@@ -19,7 +19,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evolving_infra.core.kv_events import KvEvent
 from evolving_infra.core.pages import PageHash
@@ -32,6 +32,9 @@ from evolving_infra.router.planner import SliceRecorder
 from evolving_infra.sim.kernel import Cancel, Command, Event, Kernel, Priority
 from evolving_infra.sim.records import NodeSpan, RequestRecord, SplitRecord, SwitchRecord
 from evolving_infra.sim.replay import RequestSpec
+
+if TYPE_CHECKING:
+    from evolving_infra.sim.quiet import QuietRun
 
 
 class Stage(enum.Enum):
@@ -82,6 +85,9 @@ class SimNode(NodeTrack):
     carry: float = 0.0
     step_token: tuple[str, NodeId] = field(init=False)
     """Names the node's pending step event for cancellation (`kick`, `wake_at`)."""
+    quiet: QuietRun | None = field(default=None, init=False, repr=False)
+    """The quiet decode iterations the node is running as one event (`sim.quiet`); None when it runs none."""
+    quiet_token: tuple[str, NodeId] = field(init=False)
     step_label: str = field(init=False)
     end_label: str = field(init=False)
     _snapshot: tuple[object, PoolSnapshot] | None = field(default=None, init=False, repr=False)
@@ -90,6 +96,7 @@ class SimNode(NodeTrack):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.step_token = ("step", self.id)
+        self.quiet_token = ("quiet", self.id)
         self.step_label = f"step {self.id}"
         self.end_label = f"end {self.id}"
 
@@ -166,9 +173,14 @@ class ClusterState:
     on_step: Callable[[Event], list[Command]] | None = None
     on_iteration_end: Callable[[Event], list[Command]] | None = None
     """The handler of iteration-end events (made once by `stepping`)."""
+    on_quiet_end: Callable[[Event], list[Command]] | None = None
+    """The handler of the events that end quiet decode runs (made once by `stepping`)."""
     inline_steps: bool = True
     """Whether `sim.run` lets a node's next step run at once where the kernel allows (off: the reference
     behaviour, every step through the queue; the same results, checked by a test)."""
+    quiet_runs: bool = True
+    """Whether a decode node's quiet iterations may run as one event (`sim.quiet`; needs `kernel`); off: each
+    iteration stepped, the same results (checked by a test)."""
     kernel: Kernel | None = None
     """The kernel running this cluster (`sim.run`), asked by `stepping` whether a node's next step may run at
     once (`Kernel.run_inline`); None: every step goes through the queue."""

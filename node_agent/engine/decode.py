@@ -134,7 +134,11 @@ class DecodeScheduler:
         (`t_acc` per iteration run, without the rounding to whole tokens)."""
         if not self.has_running():
             return 0.0
-        return self._ctx_prompt + self._iteration * self._ctx_acc - self._ctx_acc_start
+        return self.context_at(self._iteration)
+
+    def context_at(self, iteration: int) -> float:
+        """`context_tokens` at the iteration that starts after `iteration` iterations, for the batch running now."""
+        return self._ctx_prompt + iteration * self._ctx_acc - self._ctx_acc_start
 
     def _track(self, job: DecodeJob, sign: int) -> None:
         self._ctx_prompt += sign * job.prompt_tokens
@@ -178,6 +182,25 @@ class DecodeScheduler:
             heapq.heappush(self._due, (self._iteration + job.next_event(0, self.pt), job.seq, job))
 
     # --- iterations ----------------------------------------------------------------------------------
+    def quiet_next(self) -> bool:
+        """Whether the next iteration would only advance the running jobs: some run, none waits for admission,
+        and no job's page completes or job finishes in it (`advance_quiet` is then that iteration)."""
+        due = self._due
+        return not self._queue and bool(due) and due[0][0] > self._iteration + 1 and self.has_running()
+
+    def quiet_count(self) -> int:
+        """How many quiet iterations follow one another from now if nothing comes in (0 if the next is not)."""
+        return self._due[0][0] - self._iteration - 1 if self.quiet_next() else 0
+
+    def advance_quiet(self, iterations: int = 1) -> None:
+        """Quiet iterations (`quiet_count`): `apply` without tokens, when nothing is due in them."""
+        self._iteration += iterations
+
+    @property
+    def iteration(self) -> int:
+        """Decode iterations run on this node."""
+        return self._iteration
+
     def apply(self, end: float, report_tokens: bool = True) -> tuple[dict[RequestId, int], list[DecodeFinished]]:
         """One decode iteration ending at `end`: tokens per running request (only if `report_tokens`), and
         those that finished."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -125,6 +126,7 @@ class EngineCore:
         self.data_plane = data_plane
         self.noise = noise
         self.rng = rng
+        self._factors: deque[float] = deque()  # noise factors drawn ahead by `quiet_ahead`, used first by `_noisy`
         self.check = check_invariants
         self.pool = KvPool(node, profile.l1_pages, profile.l2_pages, eviction, check=check_invariants)
         self._prefill = PrefillScheduler(node, profile, self.pool, data_plane)
@@ -287,6 +289,8 @@ class EngineCore:
         if now + _TIME_EPS < self._busy_until:
             raise EngineBusy(f"node {self.node}: step at {now} before the iteration ending at {self._busy_until}")
         decode, prefill, switch = self._decode, self._prefill, self._switch
+        if not prefill.jobs and decode.quiet_next() and self._quiet_ok():
+            return self._quiet_step(now)
         switched = self._maybe_complete_switch(now) if switch.draining else None
         decode.admit(now)
         fetches = prefill.admit(now, switch.local_decode_ok()) if prefill.jobs else ()
@@ -344,6 +348,74 @@ class EngineCore:
             self.gauges() if self.report_detail else None,  # gauges
         )
 
+    def _quiet_ok(self) -> bool:
+        """Whether nothing but the running decodes can act in the next step (no switch under way, no pending KV
+        event, no per-step detail asked for): with no prefill and a quiet next decode iteration
+        (`DecodeScheduler.quiet_next`), `step` is then `_quiet_step`."""
+        switch = self._switch
+        return (
+            switch.ready_at is None
+            and not switch.draining
+            and not self.pool.has_events()
+            and not self.report_detail
+        )
+
+    def _quiet_step(self, now: float) -> StepOutput:
+        """A decode iteration in which no page completes, nothing finishes and nothing is admitted: what `step`
+        does for it (the same duration, record and state), without the general path's passes."""
+        decode = self._decode
+        batch = len(decode.running())
+        context = decode.context_tokens()
+        duration = self._noisy(self.times.decode(batch, context))
+        decode.advance_quiet()
+        self._busy_until = now + duration
+        self._last_kind = IterationKind.DECODE
+        record = IterationRecord(self.node, Phase.DECODE, now, duration, (), batch, context)
+        if self.check:
+            self.check_invariants()
+        return StepOutput(now, IterationKind.DECODE, duration, record, (), (), (), (), {}, (), 0.0, None, None, None)
+
+    # --- quiet runs (a driver in virtual time skips the events of quiet iterations) --------------------------
+    def quiet_ahead(self, start: float, limit: int) -> list[float]:
+        """The durations of the quiet decode iterations that would run one after the other from `start` if nothing
+        came in (the iterations in which no page completes and nothing finishes, `_quiet_step`), at most `limit`;
+        empty if the next one is not quiet. Nothing changes but the noise draws, which are kept for the iterations
+        that use them (`skip_quiet` or later steps), so the durations are the ones `step` would give."""
+        decode = self._decode
+        if self._prefill.jobs or not decode.quiet_next() or not self._quiet_ok():
+            return []
+        first = decode.iteration
+        count = min(limit, decode.quiet_count())
+        batch = len(decode.running())
+        times, context_at = self.times, decode.context_at
+        durations = [times.decode(batch, context_at(i)) for i in range(first, first + count)]
+        if self.noise > 0 and self.rng is not None:
+            factors = self._factors
+            while len(factors) < count:
+                factors.append(self._factor())
+            durations = [d * f for d, f in zip(durations, factors)]  # (`_noisy`'s product, factor by factor)
+        return durations
+
+    def skip_quiet(self, starts: list[float], ends: list[float]) -> None:
+        """Run the quiet iterations `quiet_ahead` gave, starting at `starts` and ending at `ends` (the first ones of
+        them, in order): the state `step` would leave after them (their records are not made)."""
+        k = len(starts)
+        if not k:
+            return
+        if k != len(ends) or self._decode.quiet_count() < k:
+            raise ValueError(f"node {self.node}: {k} quiet iterations asked, {self._decode.quiet_count()} ahead")
+        self._tick(starts[-1])
+        self._decode.advance_quiet(k)
+        if self._factors:
+            for _ in range(min(k, len(self._factors))):
+                self._factors.popleft()
+        self._busy_until = ends[-1]
+        self._last_kind = IterationKind.DECODE
+
+    def quiet_output(self, start: float, duration: float) -> StepOutput:
+        """The output of a quiet decode iteration (as `_quiet_step` makes it, without its record)."""
+        return StepOutput(start, IterationKind.DECODE, duration, None, (), (), (), (), {}, (), 0.0, None, None, None)
+
     def _choose(self) -> IterationKind:
         prefill = bool(self._prefill.jobs) and self._prefill.has_runnable()
         decode = self._decode.has_running()
@@ -358,7 +430,14 @@ class EngineCore:
     def _noisy(self, seconds: float) -> float:
         if self.noise <= 0 or self.rng is None:
             return seconds
-        return seconds * math.exp(self.rng.gauss(0.0, self.noise) - self.noise**2 / 2)
+        if self._factors:
+            return seconds * self._factors.popleft()
+        return seconds * self._factor()
+
+    def _factor(self) -> float:
+        """The next draw of the iteration-time noise (log-normal with mean 1)."""
+        assert self.rng is not None
+        return math.exp(self.rng.gauss(0.0, self.noise) - self.noise**2 / 2)
 
     # --- helpers -------------------------------------------------------------------------------------
     def _tick(self, now: float) -> None:

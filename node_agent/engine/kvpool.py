@@ -231,6 +231,10 @@ class KvPool:
         self._removed(tier, pages[0], time)
         self._outbox[self._last[tier]][3].extend(pages[1:])
 
+    def has_events(self) -> bool:
+        """Whether `drain_events` would return any."""
+        return bool(self._outbox)
+
     def drain_events(self) -> tuple[KvEvent, ...]:
         """KV events since the last drain, oldest first."""
         if not self._outbox:

@@ -2,7 +2,9 @@
 events): the results equal advancing every request every iteration, with and without per-step detail.
 
 Two engines run the same random stream of decode requests, one reporting per-step detail (tokens per request,
-gauges) and one not; their step outputs agree in everything else. From the detailed stream: each request gets
+gauges) and one not; their step outputs agree in everything else (with the same iteration-time noise too). The
+lean engine takes the quiet path for iterations in which nothing is due (`EngineCore._quiet_step`), the detailed one
+never does: the agreement is also that of the two paths. From the detailed stream: each request gets
 `min(out, floor(i * t_acc))` tokens after its `i`-th iteration, finishes in exactly the iteration that reaches
 its output length, and has exactly its full generated pages written to GPU memory after every step.
 """
@@ -10,6 +12,7 @@ its output length, and has exactly its full generated pages written to GPU memor
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 from hypothesis import given
@@ -49,15 +52,22 @@ specs = st.lists(
 )
 
 
-@given(specs=specs, l1_pages=st.sampled_from([14, 40, 200]))
+@given(specs=specs, l1_pages=st.sampled_from([14, 40, 200]), noise=st.sampled_from([0.0, 0.05]))
 def test_lean_and_detailed_decode_agree_with_per_iteration_progress(
-    specs: list[tuple[int, int, int, float]], l1_pages: int
+    specs: list[tuple[int, int, int, float]], l1_pages: int, noise: float
 ) -> None:
     detailed, lean = (
         EngineCore(NodeId("d0"), _profile(l1_pages), NodeMode.DECODE, BranchCountEviction(), check_invariants=True,
-                   report_detail=detail)
+                   report_detail=detail, noise=noise, rng=random.Random(7) if noise else None)
         for detail in (True, False)
     )  # fmt: skip
+    quiet = Counter[str]()
+    for name, engine in (("detailed", detailed), ("lean", lean)):
+        def counted(now: float, name: str = name, path=engine._quiet_step) -> object:  # type: ignore[no-untyped-def]
+            quiet[name] += 1
+            return path(now)
+
+        engine._quiet_step = counted  # type: ignore[method-assign]
     requests = [(arrive, _request(i, *spec)) for i, (arrive, *spec) in enumerate(specs)]
     generated = {r.request: generated_pages(r, PAGE) for _, r in requests}
     tokens: Counter[str] = Counter()
@@ -96,3 +106,20 @@ def test_lean_and_detailed_decode_agree_with_per_iteration_progress(
             assert d.output_tokens == tokens[d.request]
         now = a.end
     assert finished == {r.request for _, r in requests}
+    assert quiet["detailed"] == 0
+
+
+def test_a_lone_decode_takes_the_quiet_path_between_its_pages() -> None:
+    """One request, 1 prompt token, 25 output tokens at one per iteration: pages complete at 3, 7, ..., 23 tokens
+    and it finishes at 25, so 7 of its 25 iterations act and the other 18 are quiet."""
+    engine = EngineCore(NodeId("d0"), _profile(40), NodeMode.DECODE, BranchCountEviction(), check_invariants=True,
+                        report_detail=False)
+    calls = []
+    path = engine._quiet_step
+    engine._quiet_step = lambda now: calls.append(now) or path(now)  # type: ignore[method-assign]
+    engine.submit_decode(_request(0, 1, 25, 1.0), 0.0)
+    now, kinds = 0.0, []
+    while (out := engine.step(now)).kind is not IterationKind.IDLE:
+        kinds.append(bool(out.events or out.decodes_finished))
+        now = out.end
+    assert len(kinds) == 25 and sum(kinds) == 7 and len(calls) == 18

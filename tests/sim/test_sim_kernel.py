@@ -205,6 +205,29 @@ def test_max_events_and_progress_hook() -> None:
     assert kernel.processed == 10
 
 
+def test_skipped_events_count_and_progress_reports_step_over_them() -> None:
+    """A handler that stands for events it never scheduled (`count_skipped`): they count as processed (and their
+    inline steps as inlined), and a report due among them comes after the event that skipped them."""
+    reports: list[Progress] = []
+    kernel = Kernel(progress=reports.append, progress_every=4)
+    assert not kernel.may_skip()  # (only inside a run)
+    seen: list[bool] = []
+
+    def skip(ev: Event) -> None:
+        seen.append(kernel.may_skip())
+        kernel.count_skipped(6, 3)
+
+    for t in range(3):
+        kernel.schedule(Event(float(t), Priority.ARRIVAL, skip))
+    kernel.run()
+    assert seen == [True, True, True]
+    assert kernel.processed == 21 and kernel.inlined == 9
+    assert [r.processed for r in reports] == [7, 14, 21, 21]  # (each past a multiple of 4, then the final one)
+    with pytest.raises(ValueError, match="skipped events"):
+        kernel.count_skipped(1, 2)
+    assert Kernel(observer=lambda c, e: None).may_skip() is False
+
+
 def test_progress_hook_may_stop_the_run() -> None:
     kernels: list[Kernel] = []
 
