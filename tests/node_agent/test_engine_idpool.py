@@ -71,6 +71,8 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
     if op == "load":  # a prefill's load from L2: its walk, the sources pinned in L2, L1 slots start receiving them
         if owner in loads:
             return None  # (one load per request)
+        if p.l1.writing and not p.l1.writing_set().isdisjoint(page for page, _ in pages):
+            return None  # (as the prefill's GPU admission: it waits while a load brings some of its pages)
         walk = walks.gpu_walk(p, tuple(page for page, _ in pages))
         m = min(len(walk.loads), p.l1.free + p.l1.evictable())  # (the loads that fit: those of a shorter prompt)
         if not m or p.l1.lacks_room(m):
