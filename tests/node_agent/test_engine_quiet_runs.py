@@ -16,27 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.core.eviction import BranchCountEviction
-from evolving_infra.core.pages import chain_hashes
-from evolving_infra.core.types import BranchId, NodeId, NodeMode, RequestId
-from evolving_infra.node_agent.engine import DecodeRequest, EngineCore, IterationKind
-from evolving_infra.node_agent.profile import DecodeModel, HardwareProfile, PrefillModel
-
-PAGE = 4
-
-
-def _profile(l1_pages: int) -> HardwareProfile:
-    return HardwareProfile(
-        name="unit", gpu="test", gpus_per_node=1, model="test", parallelism="TP1",
-        prefill=PrefillModel(c0=0.01, c1=2e-5, c2=1e-10, c3=1e-6),
-        decode=DecodeModel(d0=0.005, d1=0.02, d2=3e-4, k=8, experts=256, t_fwd=2.0, t_acc=1.5),
-        kv_bytes_per_token=100, l1_tokens=l1_pages * PAGE, l2_tokens=400 * PAGE, page_tokens=PAGE,
-        chunk_tokens=64, fetch_bandwidth=1e9, fetch_latency=0.001, transfer_bandwidth=1e10, load_bandwidth=5e8,
-    )  # fmt: skip
-
-
-def _request(i: int, prompt: int, out: int, t_acc: float) -> DecodeRequest:
-    pages = tuple(chain_hashes(f"r{i}:{k}".encode() for k in range(prompt // PAGE)))
-    return DecodeRequest(RequestId(f"r{i}"), BranchId(f"b{i}"), pages, prompt, out, t_acc)
+from evolving_infra.core.types import NodeId, NodeMode
+from evolving_infra.node_agent.engine import EngineCore, IterationKind
+from tests.node_agent.test_engine_decode_events import _profile, _request
 
 
 def _engine(l1_pages: int, noise: float) -> EngineCore:
