@@ -48,7 +48,7 @@ incremental `take_updates`. The run tree itself (runs, split/cut/merge, counts a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -364,12 +364,13 @@ class BranchTable(RunTree):
             out.update(zip(r.pages, repeat(r.counts[node])))
         return out
 
-    def _take(self, node: NodeId) -> dict[PageHash, int]:
+    def _take(self, node: NodeId) -> Mapping[PageHash, int]:
         marks = self._dirty.pop(node, None)
         if not marks:
             return {}
         run = self._run
-        out = CountUpdates()  # (with the stretches of one count each, for the engine's `set_counts`)
+        # the stretches of one count each, every count read now (so a page in two stretches has one count)
+        out = CountUpdates(consistent=True)
         add = out.add
         for pages, depth in marks:
             i, n = 0, len(pages)
@@ -390,7 +391,7 @@ class BranchTable(RunTree):
                 i += m
         return out
 
-    def take_updates(self, node: NodeId) -> dict[PageHash, int]:
+    def take_updates(self, node: NodeId) -> Mapping[PageHash, int]:
         """Counts on `node` that changed since the last call for it (0 = released); clears the record."""
         if self._exact is not None:
             return self._exact.take_updates(node)

@@ -11,7 +11,7 @@ trace content model's spans) is decided by the caller.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from itertools import repeat
 from operator import itemgetter
 from typing import NewType
@@ -57,25 +57,62 @@ def token_page_hashes(tokens: Sequence[int], page_tokens: int = DEFAULT_PAGE_TOK
     return chain_hashes(pages)
 
 
-class CountUpdates(dict[PageHash, int]):
-    """Branch counts of pages (page -> count, 0 = released) that also keep how they were made: `groups`, the
-    stretches of pages given one count each, in order. Applying the groups in order gives the dict's content; a
-    reader that takes them (`KvPool.set_counts`) checks a count once per stretch instead of once per page. Read
-    as a plain mapping everywhere else (equal to the dict of the same items)."""
+class CountUpdates(Mapping[PageHash, int]):
+    """Branch counts of pages (page -> count, 0 = released) kept as they were made: `groups`, the stretches of
+    pages given one count each, in order; read as a mapping, it is the dict those stretches give applied in order
+    (built on first read, so a reader that takes the stretches, `KvPool.set_counts`, never pays for it).
 
-    __slots__ = ("groups",)
+    `consistent` is the producer's promise that a page in two stretches has the same count in both (the router's
+    pushes: every count is read at the push); then applying the stretches one after another changes a table
+    exactly as the dict does, overlapping or not."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    __slots__ = ("groups", "consistent", "_dict")
+
+    def __init__(self, *, consistent: bool = False) -> None:
         self.groups: list[tuple[Sequence[PageHash], int]] = []
+        self.consistent = consistent
+        self._dict: dict[PageHash, int] | None = None
 
     def add(self, pages: Sequence[PageHash], count: int) -> None:
         """`pages` (distinct) now have `count`."""
         if not pages:
             return
-        self.update(zip(pages, repeat(count)))
         self.groups.append((pages, count))
+        self._dict = None
+
+    def as_dict(self) -> dict[PageHash, int]:
+        """The updates as a plain dict (kept until the next `add`; do not change it)."""
+        out = self._dict
+        if out is None:
+            out = self._dict = {}
+            for pages, count in self.groups:
+                out.update(zip(pages, repeat(count)))
+        return out
 
     def disjoint(self) -> bool:
         """Whether no page is in two groups (then each group's pages hold its count)."""
-        return sum(map(len, map(itemgetter(0), self.groups))) == len(self)
+        return sum(map(len, map(itemgetter(0), self.groups))) == len(self.as_dict())
+
+    def __getitem__(self, page: PageHash) -> int:
+        return self.as_dict()[page]
+
+    def __iter__(self) -> Iterator[PageHash]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)  # (no empty stretch is kept)
+
+    def keys(self) -> KeysView[PageHash]:
+        return self.as_dict().keys()
+
+    def items(self) -> ItemsView[PageHash, int]:
+        return self.as_dict().items()
+
+    def values(self) -> ValuesView[int]:
+        return self.as_dict().values()
+
+    def __repr__(self) -> str:
+        return f"CountUpdates({self.as_dict()!r})"

@@ -127,15 +127,17 @@ class KvPool:
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
         """Branch counts of host pages as the directory computes them; 0 forgets a page's count (`poolcounts`).
         Updates that keep their stretches of one count (`CountUpdates`, the router's) are taken stretch by
-        stretch (id tables; overlapping stretches take the dict path)."""
+        stretch with the id tables when no page has two counts in them; otherwise as their dict."""
         ids = self._ids
-        if type(updates) is CountUpdates and ids is not None and updates.disjoint():
-            new, gone = update_count_groups(self._counts, updates.groups)
-            if new:
-                ids.recount(new, True)
-            if gone:
-                ids.recount(gone, False)
-            return
+        if type(updates) is CountUpdates:
+            if ids is not None and (updates.consistent or updates.disjoint()):
+                new, gone = update_count_groups(self._counts, updates.groups)
+                if new:
+                    ids.recount(new, True)
+                if gone:
+                    ids.recount(gone, False)
+                return
+            updates = updates.as_dict()
         flipped, counted = update_counts(self._counts, updates)
         if ids is not None:
             ids.recount(flipped, counted)  # both tiers at once

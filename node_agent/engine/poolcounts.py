@@ -1,8 +1,8 @@
 """A node's table of branch counts (page -> count > 0) updated from the directory's pushes: which pages flip between
 uncounted and counted, found with C-level passes over the push.
 
-`update_counts` takes any mapping (0 = released); `update_count_groups` takes a push's disjoint stretches of one
-count each (`CountUpdates.groups`), checking each count once. Both change the table in place and say which pages
+`update_counts` takes any mapping (0 = released); `update_count_groups` takes a push's stretches of one count each
+(`CountUpdates.groups`: disjoint, or a page in two of them with one count), checking each count once. Both change the table in place and say which pages
 flipped; telling the tiers is the pool's (`KvPool.set_counts`).
 
 Boundary: the counts dict only; no tier, id or event here.
@@ -55,8 +55,9 @@ def update_counts(counts: dict[PageHash, int], updates: Mapping[PageHash, int]) 
 def update_count_groups(
     counts: dict[PageHash, int], groups: Sequence[tuple[Sequence[PageHash], int]]
 ) -> tuple[list[PageHash], list[PageHash]]:
-    """Apply disjoint stretches of pages with one count each to `counts` (each count checked once, first): the pages
-    that turned counted, and those that turned uncounted, found in one pass per stretch."""
+    """Apply stretches of pages with one count each to `counts` (each count checked once, first), in order: the pages
+    that turned counted, and those that turned uncounted, found in one pass per stretch. The stretches must be
+    disjoint or give a page in two of them one count (else a page may be in both lists)."""
     for pages, count in groups:
         if not isinstance(count, int) or count < 0:
             raise _bad(pages[0], count)

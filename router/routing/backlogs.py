@@ -164,10 +164,9 @@ def append_columns(
     rest = uncached - take
     ctx = context + take
     rst = np.where(joins, 0, restore)
-    full = rest // chunk
-    tail = rest - full * chunk
-    pairs = chunk * (full * ctx + chunk * (full * (full - 1) // 2)) + full * (chunk * (chunk + 1) // 2)
-    pairs = pairs + tail * (ctx + full * chunk) + tail * (tail + 1) // 2
-    iterations = full + (tail > 0)
+    # token t of the rest (t = 1..rest) sees ctx + t keys in whichever chunk it falls: the chunks' query-key pairs
+    # sum to the same integer however the rest is cut
+    pairs = rest * ctx + rest * (rest + 1) // 2
+    iterations = (rest + (chunk - 1)) // chunk
     own = c0 * iterations + c1 * rest + c2 * pairs + c3 * np.where(rest > 0, rst, 0)
     return start, clock + own

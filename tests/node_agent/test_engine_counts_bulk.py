@@ -77,6 +77,32 @@ def test_pushes_in_stretches_match_the_same_dict(batches: list[list[tuple[list[P
     assert pools[0].l2.victims(12) == pools[1].l2.victims(12) == pools[0].expected_victims(Tier.HOST, 12)
 
 
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(PAGES), st.integers(0, 3)), groups_st), max_size=6))
+def test_consistent_overlapping_stretches_take_the_stretch_path_and_match_the_dict(
+    batches: list[tuple[dict[PageHash, int], list[tuple[list[PageHash], int]]]],
+) -> None:
+    """Pushes promised consistent (a page in two stretches has one count there, as the router's are) are applied
+    stretch by stretch even when stretches overlap, and leave the tables as the dict of the same updates does."""
+    pools = [KvPool(NodeId("n"), 8, 12, BranchCountEviction(), check=True, tables=PageTables.IDS) for _ in range(2)]
+    for pool in pools:
+        for i, page in enumerate(PAGES):
+            pool.store(Tier.HOST, page, PAGES[i - 1] if i else None, float(i), owner="o", from_reservation=False)
+        pool.release("o", 12.0)
+    for given_counts, shape in batches:
+        updates = CountUpdates(consistent=True)
+        for pages, _ in shape:  # overlapping stretches, each page with the batch's one count for it
+            for count in sorted({given_counts[p] for p in pages if p in given_counts}):
+                updates.add([p for p in pages if given_counts.get(p) == count], count)
+        pools[0].set_counts(updates)
+        pools[1].set_counts(updates.as_dict())
+        a, b = pools
+        assert list(a._counts.items()) == list(b._counts.items())
+        ids, other = a.page_ids, b.page_ids
+        assert ids is not None and other is not None
+        assert [bool(ids.counted[ids.get(p)]) for p in PAGES] == [bool(other.counted[other.get(p)]) for p in PAGES]
+    assert pools[0].l2.victims(12) == pools[1].l2.victims(12) == pools[0].expected_victims(Tier.HOST, 12)
+
+
 def test_count_updates_read_as_the_dict_of_their_stretches() -> None:
     updates = CountUpdates()
     updates.add(PAGES[:3], 2)
@@ -86,3 +112,4 @@ def test_count_updates_read_as_the_dict_of_their_stretches() -> None:
     assert updates.groups == [(PAGES[:3], 2), (PAGES[3:5], 0)] and updates.disjoint()
     updates.add(PAGES[4:6], 1)
     assert updates[PAGES[4]] == 1 and not updates.disjoint()
+    assert bool(updates) and not CountUpdates() and len(updates) == 6 and PAGES[5] in updates

@@ -147,6 +147,7 @@ class RunsAgainstPages(RuleBasedStateMachine):
             if isinstance(got, CountUpdates):  # its stretches, applied in order, are the same updates
                 replay: dict[PageHash, int] = {}
                 for pages, count in got.groups:
+                    assert got.consistent and all(replay.get(p, count) == count for p in pages)  # one count a page
                     replay.update(dict.fromkeys(pages, count))
                 assert list(replay.items()) == list(got.items())
         assert self.runs.dirty_nodes() == ()
