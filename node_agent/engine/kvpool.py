@@ -13,7 +13,8 @@ Rules:
   `land` then finds it resident.
 - Every residency change emits a KV event: `KvStored` (a parent-linked chain; consecutive stores of one
   chain in one tier at one time are merged into that tier's latest event) or `KvRemoved`, in the order
-  the changes happen within each tier, so replaying the events per tier gives exactly the resident set.
+  the changes happen within each tier, so replaying the events per tier gives exactly the resident set
+  (recorded and coalesced by the pool's `kvoutbox.KvOutbox`; the pool says which pages changed, and when).
 
 Eviction order is ascending `(policy.key(page), -depth, page hash)` over the unpinned pages: among pages of
 equal key the deepest goes first, so a chain loses its end before its prefix (`evictindex`; both tiers share
@@ -47,17 +48,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from itertools import compress
-from operator import ne
 from dataclasses import dataclass, replace
 from typing import cast
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
-from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
+from evolving_infra.core.kv_events import KvEvent
 from evolving_infra.core.pages import CountUpdates, PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
+from evolving_infra.node_agent.engine.kvoutbox import KvOutbox
 from evolving_infra.node_agent.engine.poolcounts import update_count_groups, update_counts
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
@@ -109,9 +110,15 @@ class KvPool:
             self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, self._depth)
             self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts, self._depth)
         self.l1._peer, self.l2._peer = self.l2, self.l1
-        self._outbox: list[tuple[str, Tier, PageHash | None, list[PageHash], float]] = []
-        self._last: dict[Tier, int] = {}  # index in the outbox of each tier's latest event
-        self._skipped = 0
+        events = self._events = KvOutbox(node)
+        # its recorders bound once: called per residency change, on the simulator's hot path
+        self._stored = events.stored
+        self._removed = events.removed
+        self._stored_run = events.stored_run
+        self._stored_items = events.stored_items
+        self._removed_all = events.removed_all
+        self._outbox, self._last = events.entries, events.last  # (the outbox's state, as the tests compare it)
+        self._skipped = 0  # write-throughs skipped for want of L2 room (`gauges`)
         self._gauges: PoolGauges | None = None
         self.check = check
 
@@ -154,102 +161,13 @@ class KvPool:
         return self._counts.get(page, 0)
 
     # --- events --------------------------------------------------------------------------------------
-    def _stored(self, tier: Tier, page: PageHash, parent: PageHash | None, time: float) -> None:
-        last = self._last.get(tier)
-        if last is not None:
-            kind, _, _, pages, last_time = self._outbox[last]
-            if kind == "S" and last_time == time and pages[-1] == parent:
-                pages.append(page)
-                return
-        self._last[tier] = len(self._outbox)
-        self._outbox.append(("S", tier, parent, [page], time))
-
-    def _removed(self, tier: Tier, page: PageHash, time: float) -> None:
-        last = self._last.get(tier)
-        if last is not None:
-            kind, _, _, pages, last_time = self._outbox[last]
-            if kind == "R" and last_time == time:
-                pages.append(page)
-                return
-        self._last[tier] = len(self._outbox)
-        self._outbox.append(("R", tier, None, [page], time))
-
-    def _stored_run(
-        self, tier: Tier | None, items: Iterable[tuple[PageHash, PageHash | None]], missing: set[PageHash], time: float
-    ) -> None:
-        """For each (page, parent) of `items` in order: `_stored` in `tier` (unless None), then in L2 if the
-        page is in `missing` (write-through). Each tier's latest event grows while its chain continues."""
-        first: list[PageHash] | None = None  # page lists of each tier's latest event, once this run made one
-        host: list[PageHash] | None = None
-        outbox, last = self._outbox, self._last
-        for page, parent in items:
-            if tier is None:
-                pass
-            elif first is not None and first[-1] == parent:
-                first.append(page)
-            else:
-                self._stored(tier, page, parent, time)
-                first = outbox[last[tier]][3]
-            if page in missing:
-                if host is not None and host[-1] == parent:
-                    host.append(page)
-                else:
-                    self._stored(Tier.HOST, page, parent, time)
-                    host = outbox[last[Tier.HOST]][3]
-
-    def _stored_chain(self, tier: Tier, pages: list[PageHash], parent: PageHash | None, time: float) -> None:
-        """`_stored` for each page of the chain `pages` (non-empty; each the parent of the next, the first's
-        `parent`), in order: all but the first join the event the first one joins."""
-        self._stored(tier, pages[0], parent, time)
-        if len(pages) > 1:
-            self._outbox[self._last[tier]][3].extend(pages[1:])
-
-    def _stored_items(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], missing: set[PageHash],
-                      time: float) -> None:  # fmt: skip
-        """`_stored_run(tier, items, missing, time)` for a run `items` made resident in `tier` (`run`: the
-        same as a dict, no page twice). A chain joins the tier's events at once, then each stretch of its
-        pages that L2 lacks joins L2's: per page, the tier's event comes before L2's, and a chain grows the
-        tier's event from its first page on, before L2's first event."""
-        pages = list(run)
-        parents = list(run.values())
-        if parents[1:] != pages[:-1]:
-            self._stored_run(tier, items, missing, time)
-            return
-        self._stored_chain(tier, pages, parents[0], time)
-        if not missing:
-            return
-        n = len(pages)
-        if len(missing) == n:
-            self._stored_chain(Tier.HOST, pages, parents[0], time)
-            return
-        lacks = list(map(missing.__contains__, pages))
-        edges = [0, *compress(range(1, n), map(ne, lacks[1:], lacks[:-1])), n]  # where a stretch begins
-        for lo, hi in zip(edges, edges[1:]):
-            if lacks[lo]:
-                self._stored_chain(Tier.HOST, pages[lo:hi], parents[lo], time)
-
-    def _removed_all(self, tier: Tier, pages: list[PageHash], time: float) -> None:
-        """`_removed` for each page of `pages` (non-empty), in order: they all join one event."""
-        self._removed(tier, pages[0], time)
-        self._outbox[self._last[tier]][3].extend(pages[1:])
-
     def has_events(self) -> bool:
         """Whether `drain_events` would return any."""
-        return bool(self._outbox)
+        return self._events.has_events()
 
     def drain_events(self) -> tuple[KvEvent, ...]:
         """KV events since the last drain, oldest first."""
-        if not self._outbox:
-            return ()
-        out: list[KvEvent] = []
-        for kind, tier, parent, pages, time in self._outbox:
-            if kind == "S":
-                out.append(KvStored(self.node, tier, parent, tuple(pages), time))
-            else:
-                out.append(KvRemoved(self.node, tier, tuple(pages), time))
-        self._outbox.clear()
-        self._last.clear()
-        return tuple(out)
+        return self._events.drain()
 
     # --- room and eviction ---------------------------------------------------------------------------
     def make_room(self, tier: Tier, n: int, now: float, exclude: Iterable[PageHash] = ()) -> bool:
