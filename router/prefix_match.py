@@ -22,6 +22,11 @@ from evolving_infra.core.fetch import FetchRun
 from evolving_infra.core.types import NodeId
 
 
+FEW_HOLDER_BITS = 48
+"""`PrefixMatch.columns` walks the holders in Python when the prefix's masks set at most this many bits together
+(at most 16 nodes hold a page of it); otherwise it uses array passes over every node."""
+
+
 @lru_cache(maxsize=64)
 def _host_bits(nodes: int) -> int:
     """The mask with the host-memory bit (3i + 1) of each of `nodes` node indexes set."""
@@ -188,11 +193,16 @@ class PrefixMatch:
         reachable prefix at the first stretch past `pooled` that no host holds and it lacks, and a page of the
         reachable prefix is fetched exactly when the node does not hold it."""
         count = len(nodes)
-        known, both, has_slot = _slots(nodes, self._index)
+        known, both, has_slot, where = _slots(nodes, self._index)
         stretches, end, pooled = self._stretches, self.anywhere, self.pooled
         if not stretches:
             zero = np.zeros(count, np.int64)
             return zero, zero, zero, zero
+        union = 0
+        for _, mask in stretches:
+            union |= mask
+        if union.bit_count() <= FEW_HOLDER_BITS:
+            return self._few_holders(count, where, union)
         rows = len(stretches)
         los = np.fromiter((lo for lo, _ in stretches), np.int64, rows)
         width = (3 * len(self._ids) + 7) // 8
@@ -223,6 +233,49 @@ class PrefixMatch:
         fetch = (overlap * (held ^ 1)).sum(axis=0)
         return gpu, either, reach, fetch
 
+    def _few_holders(
+        self, count: int, where: Mapping[int, int], union: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`columns` when few nodes hold any page of the prefix (`union`: the OR of the stretches' masks; `where`: the
+        position of each candidate by its GPU bit). A node
+        holding none of it has no prefix of its own, reaches the pooled prefix and fetches all of it; only the
+        holders are walked, stretch by stretch, in Python (cheaper than the bit matrix's array passes then)."""
+        stretches, end, pooled = self._stretches, self.anywhere, self.pooled
+        host = self._host_bits
+        gpu, either = np.zeros(count, np.int64), np.zeros(count, np.int64)
+        reach, fetch = np.full(count, pooled, np.int64), np.full(count, pooled, np.int64)
+        at, values = [], []
+        holders = set()
+        while union:  # the GPU bit (3i) of every node i with a bit in the masks
+            low = union & -union
+            holders.add((low.bit_length() - 1) // 3 * 3)
+            union ^= low
+        for bit in holders:
+            j = where.get(bit)
+            if j is None:  # (not a candidate)
+                continue
+            g_bit, e_bit = 1 << bit, 4 << bit
+            g = e = r = -1  # where its GPU and either-tier prefixes and its reachable prefix end (-1: not yet)
+            got = 0  # pages of the reachable prefix it lacks
+            for k, (lo, mask) in enumerate(stretches):
+                if g < 0 and not mask & g_bit:
+                    g = lo
+                if mask & e_bit:
+                    continue
+                if e < 0:
+                    e = lo  # (a page in neither tier is not in GPU memory: g was set by now)
+                if lo >= pooled and not mask & host:  # lacked and no host holds it: the reachable prefix ends
+                    r = lo
+                    break
+                got += (stretches[k + 1][0] if k + 1 < len(stretches) else end) - lo
+            at.append(j)
+            values.append((end if g < 0 else g, end if e < 0 else e, end if r < 0 else r, got))
+        if at:
+            index = np.array(at, np.intp)
+            g_col, e_col, r_col, f_col = zip(*values, strict=True)
+            gpu[index], either[index], reach[index], fetch[index] = g_col, e_col, r_col, f_col
+        return gpu, either, reach, fetch
+
     def _nodes(self, mask: int) -> frozenset[NodeId]:
         out = []
         while mask:
@@ -234,20 +287,22 @@ class PrefixMatch:
         return frozenset(out)
 
 
-_SLOTS: list[tuple[Sequence[NodeId], Mapping[NodeId, int], tuple[bool, np.ndarray, np.ndarray]]] = []
+_Slots = tuple[bool, np.ndarray, np.ndarray, dict[int, int]]
+_SLOTS: list[tuple[Sequence[NodeId], Mapping[NodeId, int], _Slots]] = []
 
 
-def _slots(nodes: Sequence[NodeId], index: Mapping[NodeId, int]) -> tuple[bool, np.ndarray, np.ndarray]:
-    """(all known, the GPU bit 3i of each node then its either bit 3i + 2 (0 for unknown nodes), known mask) of
-    `nodes` under `index`, kept for the last pair of objects seen (callers reuse both while the candidates and the
-    nodes stay the same)."""
+def _slots(nodes: Sequence[NodeId], index: Mapping[NodeId, int]) -> _Slots:
+    """(all known, the GPU bit 3i of each node then its either bit 3i + 2 (0 for unknown nodes), known mask, the
+    position of each known node by its GPU bit) of `nodes` under `index`, kept for the last pair of objects seen
+    (callers reuse both while the candidates and the nodes stay the same)."""
     last = _SLOTS[0] if _SLOTS else None  # read once: another thread may replace it
     if last is not None and last[0] is nodes and last[1] is index and type(nodes) is tuple:  # (a list may change)
         return last[2]
     gpu = np.fromiter(map(index.get, nodes, repeat(-1)), np.int64, len(nodes))  # -1: unknown
     has = gpu >= 0
     gpu = np.maximum(gpu, 0)
-    answer = (bool(has.all()), np.concatenate((gpu, gpu + 2)), has)
+    where = {bit: j for j, (bit, known) in enumerate(zip(gpu.tolist(), has.tolist(), strict=True)) if known}
+    answer = (bool(has.all()), np.concatenate((gpu, gpu + 2)), has, where)
     _SLOTS[:] = [(nodes, index, answer)]
     return answer
 

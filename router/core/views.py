@@ -150,7 +150,7 @@ class TrackViews(PrefillViewSet):
         except AttributeError:
             return None
         versions[:, 1] = np.fromiter(map(_REPORT_VERSION, tracks), np.int64, n)
-        at = np.array(list(map(_REPORT_TIME, tracks)), np.float64)  # None (never reported) becomes NaN
+        at = np.fromiter(map(_REPORT_TIME, tracks), np.float64, n)  # None (never reported) becomes NaN
         return StateStamps((), versions, self._now - at, list(map(self._models.get, self._ids)))
 
     def state(self, i: int) -> PrefillNodeState:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from evolving_infra.core.kv_events import KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier, Work
 from evolving_infra.router.directory import KvDirectory
+from evolving_infra.router import prefix_match
 from evolving_infra.router.prefix_match import bits_of
 from evolving_infra.router.routing import (
     CoefficientPrefillModel,
@@ -183,6 +186,9 @@ def test_prefix_columns_equal_the_per_node_lookups(
     match = directory.lookup(pages[:prompt])
     nodes = [NodeId(f"n{k}") for k in range(7)]  # n6 is unknown to the directory
     gpu, either, reach, fetch = match.columns(nodes)
+    with patch.object(prefix_match, "FEW_HOLDER_BITS", -1):  # the array passes over every node: the same columns
+        assert all(map(np.array_equal, (gpu, either, reach, fetch), match.columns(nodes)))
+    assert all(c.dtype == np.int64 for c in (gpu, either, reach, fetch))
     for k, node in enumerate(nodes):
         assert gpu[k] == match.gpu.get(node, 0)
         assert either[k] == match.either.get(node, 0)
