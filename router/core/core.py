@@ -6,9 +6,10 @@ in and nothing here does I/O. What it decides comes back as data for the driver 
 
 Request path (docs/router.md):
 1. `admit`: algorithm E.1 (branch version, path) for the request's prompt pages.
-2. `route`: the KV directory's longest prefixes for every accepting prefill node, one `PrefillNodeView` per
-   node (its last report, the requests sent since, the router's own in-flight record, the report's age, the
-   node's model), the prefill policy's decision, the branch placed on the node (E.2), the fetch plan.
+2. `route`: the KV directory's longest prefixes for every accepting prefill node (less those the driver
+   excludes for this request, unless that leaves none), one `PrefillNodeView` per node (its last report, the
+   requests sent since, the router's own in-flight record, the report's age, the node's model), the prefill
+   policy's decision, the branch placed on the node (E.2), the fetch plan.
    `prefill_sent` records the request as sent to the node.
 3. `prefill_started`: usage counts (t̄_n, f_n), the warmup fitter, the planner's window; `bind` then picks a
    decode node with KV room (fewest requests) and places the branch there.
@@ -179,11 +180,17 @@ class RouterCore:
         """Algorithm E.1 for a request of `branch` with prompt pages `pages`; returns the branch version."""
         return self.branches.request(branch, pages).version
 
-    def route(self, req: RoutedRequest, now: float) -> Routed | None:
-        """Choose the prefill node for `req` (None: no node accepts prefill now) and place its branch there."""
+    def route(self, req: RoutedRequest, now: float, exclude: frozenset[NodeId] = frozenset()) -> Routed | None:
+        """Choose the prefill node for `req` (None: no node accepts prefill now) and place its branch there.
+
+        `exclude`: nodes passed over while another node accepts prefill (the live router's nodes that refused
+        this request's prefill for their phase, before their reports say so); when every candidate is excluded,
+        every candidate is considered. Empty (the simulator): the candidates are every accepting node."""
         candidates = self.accepting(Phase.PREFILL)
         if not candidates:
             return None
+        if exclude:
+            candidates = [n for n in candidates if n.id not in exclude] or candidates
         match = self.directory.lookup(req.prompt_pages)
         shared = self.settings.shared_pool
         views = prefill_views(candidates, match, now, shared_pool=shared, models=self.router_models)

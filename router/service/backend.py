@@ -18,6 +18,9 @@ the decode on its node.
 Failures: before the first token an attempt that fails (a node unreachable or refusing, a queued request handed
 back by a switch, the node's event stream lost) is re-routed from scratch, up to `max_attempts`, within the
 request's deadline, under a new wire id (`flights.AttemptIds`); after it, the stream ends with `NodeUnavailable`.
+A node that refused the prefill for its phase (FAILED_PRECONDITION with reject reason WRONG_PHASE or DRAINING:
+it switches, or switched, away from prefill) is passed over by the request's later attempts while another node
+accepts prefill (`Flight.refused`), even before its state report says so.
 No node accepting prefill, or no decode room within `bind_wait_s`, is `NoCapacity` (503). A node whose event
 stream breaks is taken out of routing, its pages leave the directory and its counts are released; it comes back
 when its stream does.
@@ -75,6 +78,10 @@ _RETRYABLE = {
 }  # fmt: skip
 _CLIENT_FAULT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 """Node answers that blame the request itself (400); every other non-retryable answer is a 5xx with a retry hint."""
+_REJECT_REASON_KEY = "evolving-reject-reason"
+"""Trailing metadata key of a node's refusal: the `RejectReason` enum name."""
+_PHASE_REFUSALS = frozenset(pb.RejectReason.Name(r) for r in (pb.REJECT_REASON_WRONG_PHASE, pb.REJECT_REASON_DRAINING))
+"""Reject reasons of a node that takes no work of the refused phase now (it serves another, or it switches)."""
 _RENAMES = 3
 """Fresh wire ids an attempt tries when its prefill node already holds the one sent."""
 
@@ -208,8 +215,9 @@ class LiveRouter:
                             retry_after_s=1.0,
                         ) from None
                     log.info("request %s: attempt %d failed (%s); routing again", flight.req.id, attempt, retry)
-                    # Back off before routing again: a node that refused (switching, draining) or failed reports
-                    # its new state within moments, and an immediate retry would pick it again on the old view.
+                    # Back off before routing again: a node that failed reports its new state within moments, and
+                    # an immediate retry would pick it again on the old view (one that refused the prefill for its
+                    # phase is passed over by this request's attempts anyway, however late its report).
                     await asyncio.sleep(min(RETRY_BACKOFF_S * 2 ** (attempt - 1), max(0.0, deadline - loop.time())))
         finally:
             self._end(flight)
@@ -238,7 +246,7 @@ class LiveRouter:
     def _route(self, flight: Flight) -> tuple[NodeId, int, tuple[FetchRun, ...]]:
         req = flight.req
         started = time.perf_counter()
-        routed = self.core.route(req, self.now())
+        routed = self.core.route(req, self.now(), exclude=flight.refused)
         if routed is None:
             raise NoCapacity("no node agent accepts prefill work now", retry_after_s=1.0)
         self.metrics.routing_seconds.observe(time.perf_counter() - started)
@@ -363,6 +371,8 @@ class LiveRouter:
                 return
             except grpc.aio.AioRpcError as error:
                 if error.code() is not grpc.StatusCode.ALREADY_EXISTS:
+                    if _phase_refusal(error):  # its report may still say it serves prefill: not again for this request
+                        flight.refused |= {node}
                     raise self._classify(error, node) from None
                 log.info("node %s already holds request id %s; sending it under a fresh id", node, flight.wire)
                 self.attempts.pop(flight.wire, None)
@@ -430,8 +440,7 @@ class LiveRouter:
 
     def _classify(self, error: grpc.aio.AioRpcError, node: NodeId) -> Exception:
         code = error.code()
-        metadata = dict(error.trailing_metadata() or ())
-        too_large = metadata.get("evolving-reject-reason") == "REJECT_REASON_TOO_LARGE"
+        too_large = _reject_reason(error) == "REJECT_REASON_TOO_LARGE"
         if code in _RETRYABLE and not too_large:
             return _Retry(f"node {node}: {code.name}: {error.details()}")
         if too_large or code in _CLIENT_FAULT:
@@ -497,6 +506,18 @@ def _ended(error: BaseException) -> str:
     if isinstance(error, _Retry):
         return f"the attempt is routed again: {error}"
     return f"the attempt failed: {type(error).__name__}"
+
+
+def _reject_reason(error: grpc.aio.AioRpcError) -> str | None:
+    """The `RejectReason` name a refusing node sent in its trailing metadata (None: it sent none)."""
+    value = dict(error.trailing_metadata() or ()).get(_REJECT_REASON_KEY)
+    return value if isinstance(value, str) else None
+
+
+def _phase_refusal(error: grpc.aio.AioRpcError) -> bool:
+    """Whether the node refused the work for its phase (`node_agent.service.errors`: FAILED_PRECONDITION with
+    reject reason WRONG_PHASE or DRAINING), rather than for the request or a passing failure."""
+    return error.code() is grpc.StatusCode.FAILED_PRECONDITION and _reject_reason(error) in _PHASE_REFUSALS
 
 
 def _reason(message: str) -> str:

@@ -58,6 +58,9 @@ class Flight:
 
     prefill_loss: bool = False
     """The interrupt is the loss of the attempt's prefill node (not its decode node)."""
+    refused: frozenset[NodeId] = frozenset()
+    """Nodes that refused the request's prefill for their phase (switching or switched away from prefill): its
+    later attempts are routed elsewhere while another node accepts prefill (`RouterCore.route`'s `exclude`)."""
 
     def interrupt(self, reason: str, prefill_loss: bool = False) -> None:
         self.reason = reason

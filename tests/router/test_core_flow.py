@@ -138,6 +138,30 @@ def test_a_switching_node_gets_no_new_work_and_its_handed_back_requests_go_elsew
     assert core.nodes[NodeId("p0")].phase is Phase.DECODE and core.split_now() == (1, 2)
 
 
+def test_route_passes_over_the_excluded_nodes_while_another_accepts_prefill() -> None:
+    core, router = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "p2": Phase.PREFILL, "d0": Phase.DECODE})
+    a = request(core, "a", "b1", 2)
+    first = core.route(a, 0.0)
+    assert first is not None and first.node == "p0"  # the policy picks the first candidate
+    core.release_prefill(a)
+    again = core.route(a, 1.0, exclude=frozenset({NodeId("p0")}))  # p0 refused the request's prefill
+    assert again is not None and again.node == "p1" and a.prefill_node == "p1"
+    assert [v.node for v in router.seen[1]] == ["p1", "p2"]
+    core.release_prefill(a)
+    third = core.route(a, 2.0, exclude=frozenset({NodeId("p0"), NodeId("p1"), NodeId("d0")}))
+    assert third is not None and third.node == "p2" and [v.node for v in router.seen[2]] == ["p2"]
+
+
+def test_route_falls_back_to_every_candidate_when_each_is_excluded() -> None:
+    core, router = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE})
+    a = request(core, "a", "b1", 2)
+    routed = core.route(a, 0.0, exclude=frozenset({NodeId("p0"), NodeId("p1")}))
+    assert routed is not None and routed.node == "p0" and [v.node for v in router.seen[0]] == ["p0", "p1"]
+    core.switch_begun(NodeId("p0"), Phase.DECODE)
+    core.switch_begun(NodeId("p1"), Phase.DECODE)
+    assert core.route(a, 1.0, exclude=frozenset({NodeId("p0")})) is None  # an exclusion never adds a candidate
+
+
 def test_branch_end_and_host_evictions_release_counts_and_a_cleared_node_leaves_the_directory() -> None:
     core, _ = make_core({"p0": Phase.PREFILL, "d0": Phase.DECODE})
     a = request(core, "a", "b1", 3)

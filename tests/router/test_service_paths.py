@@ -1,6 +1,7 @@
 """The live request path's details against real node agents on loopback: the decode node bound only when the
-prefill starts, hand-backs re-routed while the switch still drains, attempt ids that never clash, cached
-tokens as the serving attempt's node measured them, and the serving nodes reported to the client.
+prefill starts, hand-backs re-routed while the switch still drains, attempt ids that never clash, a node that
+refused a prefill for its switch passed over by that request's later attempts, cached tokens as the serving
+attempt's node measured them, and the serving nodes reported to the client.
 
 Node agents run in-process (grpc.aio on 127.0.0.1); every wait is bounded.
 """
@@ -12,9 +13,13 @@ import json
 from typing import Any
 
 import grpc
+import pytest
 
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, NodeMode, Phase
+from evolving_infra.node_agent.engine.errors import WrongPhase
+from evolving_infra.node_agent.engine.phase_switch import PhaseSwitch
+from evolving_infra.node_agent.service.errors import to_service_error
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.core import RoutedRequest
 from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
@@ -183,6 +188,56 @@ def test_a_node_still_holding_the_request_id_gets_the_attempt_under_a_fresh_id()
     assert (out["status"], out["tokens"]) == (200, 3)
     assert out["held"] >= 1 and len(out["sent"]) == 2 and out["sent"][0] == "dup-1" and out["sent"][1].startswith("dup-1~")
     assert not out["retries"]  # renamed, not counted as a failed attempt
+
+
+def _prefill_refusal(node: NodeId, switched: bool) -> grpc.aio.AioRpcError:
+    """What a node agent answers a prefill while it switches to decode (`switched`: after the switch), as its
+    engine words the refusal and its service maps it to a status and a reject reason."""
+    switch = PhaseSwitch(node, NodeMode.PREFILL)
+    switch.begin(Phase.DECODE, 0.0)
+    if switched:
+        switch.complete(1.0)
+    try:
+        switch.check_accepts(Phase.PREFILL)
+    except WrongPhase as refused:
+        error = to_service_error(refused, draining=not switched)
+    else:
+        raise AssertionError("the switching node accepted prefill work")
+    trailing = grpc.aio.Metadata(*error.trailing_metadata())
+    return grpc.aio.AioRpcError(error.code, grpc.aio.Metadata(), trailing, details=error.message)
+
+
+@pytest.mark.parametrize("switched", [False, True], ids=["draining", "switched"])
+def test_a_node_refusing_prefill_for_its_switch_gets_none_of_the_requests_later_attempts(switched: bool) -> None:
+    # The refusing node's reports still say it serves prefill (its next state report is late), so the core
+    # keeps it a candidate, and cache-aware routing prefers it: the prompt was sent there first.
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+            sent: list[tuple[NodeId, str]] = []
+            for node in (NodeId("p0"), NodeId("p1")):
+                client = c.router.clients[node]
+
+                async def submit(
+                    message: pb.SubmitPrefillRequest, node: NodeId = node, inner: Any = client.submit_prefill
+                ) -> pb.SubmitResponse:
+                    sent.append((node, message.request_id))
+                    if node == sent[0][0]:  # the node the request went to first is switching to decode
+                        raise _prefill_refusal(node, switched)
+                    return await inner(message)
+
+                client.submit_prefill = submit  # type: ignore[method-assign]
+            status, answer = await c.complete(words("s", 200), "refused", max_tokens=3)
+            out["status"], out["answer"], out["sent"], out["retries"] = status, answer, sent, retries(c)
+            out["candidate"] = c.router.core.nodes[sent[0][0]].accepts(Phase.PREFILL)
+        return out
+
+    out = run(scenario)
+    assert out["status"] == 200 and out["answer"]["usage"]["completion_tokens"] == 3, out["answer"]
+    (refusing, first), (serving, second) = out["sent"]
+    assert serving != refusing and second != first  # the second attempt went to the other prefill node
+    assert out["retries"] == {"failed_precondition": 1.0}
+    assert out["candidate"]  # still a prefill candidate for other requests: only its next report moves it
 
 
 class _FailedCall:

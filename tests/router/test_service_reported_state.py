@@ -65,8 +65,8 @@ class Cluster:
                                  [NodeEndpoint(NodeId(n), a) for n, a in nodes.items()])  # fmt: skip
         route = self.router.core.route
 
-        def recording(req: Any, now: float) -> Routed | None:
-            routed = route(req, now)
+        def recording(req: Any, now: float, exclude: frozenset[NodeId] = frozenset()) -> Routed | None:
+            routed = route(req, now, exclude=exclude)
             if routed is not None:
                 self.routed.append(routed)
             return routed
