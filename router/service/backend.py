@@ -43,7 +43,7 @@ import xxhash
 
 from evolving_infra.core.eviction import uses_branch_counts
 from evolving_infra.core.pages import token_page_hashes
-from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.core.types import NodeId, NodeMode, Phase
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.branch_snapshot import BranchSnapshots
 from evolving_infra.router.core import CoreSettings, FetchRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
@@ -476,7 +476,13 @@ class LiveRouter:
                 flight.interrupt(f"handed back by node {node}'s phase switch")
 
     def switch_done(self, node: NodeId, phase: Phase) -> None:
-        """`node` serves `phase` now: the control core learns it (a planner switch's end starts the cooldown)."""
+        """`node` serves `phase` now (its state, its switch event or its SwitchPhase answer said so): its mode
+        follows at once, so routing stops offering it the old phase's work before its next state report (a
+        serving node's; one serving nothing waits for its report), and the control core learns it (a planner
+        switch's end starts the cooldown)."""
+        track = self.core.nodes.get(node)
+        if track is not None and track.mode is not None and track.mode is not NodeMode.COLLOCATED:
+            track.mode = NodeMode(phase.value)
         self.push(self.control.switch_completed(node, phase, self.now()))
         self.refresh_gauges()
 

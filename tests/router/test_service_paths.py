@@ -139,6 +139,46 @@ def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes()
     assert out["p0"] is Phase.DECODE
 
 
+def test_a_switched_node_gets_no_old_phase_work_before_its_next_report_and_a_stale_draining_state_is_ignored() -> None:
+    """The SwitchPhase answer ends a switch before the node's next state report: the node's mode follows at once
+    (no prefill offered to a node that serves decode now), and a state snapshot still draining from prefill that
+    arrives after the answer (taken before the switch ended) changes neither its phase nor its mode."""
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+            states: list[pb.NodeState] = []
+            inner = c.router.reports.on_event
+
+            def on_event(node: NodeId, event: pb.NodeEvent) -> None:
+                if node == "p0" and event.WhichOneof("body") == "state":
+                    states.append(event.state)
+                inner(node, event)
+
+            c.router.clients[NodeId("p0")].on_event = on_event
+            await until(lambda: bool(states), "a state report of p0", 10)
+            track = c.router.core.nodes[NodeId("p0")]
+            decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
+                                       Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
+            orders = [e for e in c.router.control.decided(decision, c.router.now()) if isinstance(e, SwitchOrder)]
+            c.router.clients[NodeId("p0")].on_event = lambda node, event: None  # the next reports are late
+            await LocalSplitApplier(c.router).apply(orders, None, c.router.now())
+            out["after_answer"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
+            stale = pb.NodeState()
+            stale.CopyFrom(states[-1])  # as p0 reported before the switch, now draining from prefill
+            stale.switch_state = pb.SWITCH_STATE_DRAINING
+            inner(NodeId("p0"), pb.NodeEvent(state=stale))
+            out["after_stale"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
+            status, answer = await c.complete(words("z", 300), "after", max_tokens=2)
+            out["served"] = (status, answer.get("usage", {}).get("completion_tokens"), retries(c))
+        return out
+
+    out = run(scenario)
+    assert out["after_answer"] == (Phase.DECODE, NodeMode.DECODE, ["p1"])
+    assert out["after_stale"] == (Phase.DECODE, NodeMode.DECODE, ["p1"])
+    assert out["served"] == (200, 2, {})
+
+
 def test_attempt_ids_are_unique_per_attempt() -> None:
     ids = AttemptIds()
     route = RouteRequest(id="a77.r2", branch="b", page_hashes=(), prompt_tokens=10, output_tokens=1, t_acc=1.0,
