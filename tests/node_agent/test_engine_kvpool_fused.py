@@ -54,8 +54,8 @@ def test_stored_items_equal_the_page_by_page_events(
     other = copy.deepcopy(pool)
     pool._stored_items(tier, items, run, lacking, time)
     other._stored_run(tier, items, lacking, time)
-    assert pool._outbox == other._outbox
-    assert pool._last == other._last
+    assert pool._events.entries == other._events.entries
+    assert pool._events.last == other._events.last
     assert pool.drain_events() == other.drain_events()
 
 
