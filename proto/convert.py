@@ -26,6 +26,10 @@ from evolving_infra.proto.v1 import node_agent_pb2 as pb
 
 E = TypeVar("E")
 
+REJECT_REASON_KEY = "evolving-reject-reason"
+"""Trailing metadata key of a node's refusal: its `RejectReason` enum name (set by the node agent's
+`ServiceError`, read by the router)."""
+
 _PHASE = {Phase.PREFILL: pb.PHASE_PREFILL, Phase.DECODE: pb.PHASE_DECODE}
 _MODE = {
     NodeMode.PREFILL: pb.NODE_MODE_PREFILL,

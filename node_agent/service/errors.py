@@ -37,9 +37,8 @@ from evolving_infra.node_agent.transfer.errors import (
     TransferError,
     TransportUnavailable,
 )
+from evolving_infra.proto.convert import REJECT_REASON_KEY as REJECT_REASON_KEY  # (the wire key, shared)
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
-
-REJECT_REASON_KEY = "evolving-reject-reason"
 
 
 class ServiceError(Exception):

@@ -44,6 +44,7 @@ import xxhash
 from evolving_infra.core.eviction import uses_branch_counts
 from evolving_infra.core.pages import token_page_hashes
 from evolving_infra.core.types import NodeId, NodeMode, Phase
+from evolving_infra.proto.convert import REJECT_REASON_KEY
 from evolving_infra.proto.v1 import node_agent_pb2 as pb
 from evolving_infra.router.branch_snapshot import BranchSnapshots
 from evolving_infra.router.core import CoreSettings, FetchRun, NodeTrack, PushCounts, RoutedRequest, RouterCore
@@ -78,8 +79,6 @@ _RETRYABLE = {
 }  # fmt: skip
 _CLIENT_FAULT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 """Node answers that blame the request itself (400); every other non-retryable answer is a 5xx with a retry hint."""
-_REJECT_REASON_KEY = "evolving-reject-reason"
-"""Trailing metadata key of a node's refusal: the `RejectReason` enum name."""
 _PHASE_REFUSALS = frozenset(pb.RejectReason.Name(r) for r in (pb.REJECT_REASON_WRONG_PHASE, pb.REJECT_REASON_DRAINING))
 """Reject reasons of a node that takes no work of the refused phase now (it serves another, or it switches)."""
 _RENAMES = 3
@@ -516,7 +515,7 @@ def _ended(error: BaseException) -> str:
 
 def _reject_reason(error: grpc.aio.AioRpcError) -> str | None:
     """The `RejectReason` name a refusing node sent in its trailing metadata (None: it sent none)."""
-    value = dict(error.trailing_metadata() or ()).get(_REJECT_REASON_KEY)
+    value = dict(error.trailing_metadata() or ()).get(REJECT_REASON_KEY)
     return value if isinstance(value, str) else None
 
 
