@@ -477,10 +477,10 @@ class LiveRouter:
     def switch_done(self, node: NodeId, phase: Phase) -> None:
         """`node` serves `phase` now (its state, its switch event or its SwitchPhase answer said so): its mode
         follows at once, so routing stops offering it the old phase's work before its next state report (a
-        serving node's; one serving nothing waits for its report), and the control core learns it (a planner
-        switch's end starts the cooldown)."""
+        serving node's, collocated ones leaving the warmup included; one serving nothing waits for its report),
+        and the control core learns it (a planner switch's end starts the cooldown)."""
         track = self.core.nodes.get(node)
-        if track is not None and track.mode is not None and track.mode is not NodeMode.COLLOCATED:
+        if track is not None and track.mode is not None:
             track.mode = NodeMode(phase.value)
         self.push(self.control.switch_completed(node, phase, self.now()))
         self.refresh_gauges()

@@ -8,8 +8,9 @@
 - prefill starts and ends of the current attempt of a request (by wire id, from its prefill node) are recorded
   on its flight; a start lets its decode be bound, an end confirms the prefill in the core;
 - hand-backs (streamed as a switch begins) interrupt the requests' attempts, which are routed again at once;
-- switch reports complete the switch; a state still draining from the phase a switch left, arriving after the
-  switch's end (its SwitchPhase answer comes on another channel), is stale and ignored;
+- switch reports complete the switch; a state still draining from the phase a switch left, or still collocated
+  after the end of the warmup's switch, arriving after the switch's end (its SwitchPhase answer comes on another
+  channel), is stale and ignored;
 - a state's prefill queue (running chunked prefills, queued ids in order; wire ids mapped to request ids) becomes
   the node's report in the core, stamped with the router's time of arrival, so TTFT routing reads it while it is
   fresh (`TtftSettings.state_max_age_s`) and the router's own record otherwise; a node that reports no queue (an
@@ -96,12 +97,14 @@ class NodeReports:
         mode = mode_from_proto(state.mode, "NodeState.mode")
         router.generation_seen(node, state.generation)
         draining = state.switch_state == pb.SWITCH_STATE_DRAINING
-        if draining and node in self.joined and track.target is None and track.phase is not None \
-                and mode is not NodeMode.COLLOCATED and Phase(mode.value) is not track.phase:  # fmt: skip
-            # draining away from a phase the node has left: a snapshot from before the end of its switch, which
-            # the router learnt first (the SwitchPhase answer comes on another channel): stale, nothing taken
-            log.debug("node %s: stale state (draining from %s after its switch to %s) ignored", node, mode.value,
-                      track.phase.value)  # fmt: skip
+        if node in self.joined and track.target is None and track.phase is not None and (
+            mode is NodeMode.COLLOCATED or (draining and Phase(mode.value) is not track.phase)
+        ):
+            # collocated, or draining away from a phase, after the node's switch to another phase ended: a snapshot
+            # from before that end, which the router learnt first (the SwitchPhase answer comes on another
+            # channel; a node never goes back to the warmup without a new stream): stale, nothing taken
+            log.debug("node %s: stale state (%s%s after its switch to %s) ignored", node,
+                      "draining from " if draining else "", mode.value, track.phase.value)  # fmt: skip
             return
         router.progress_events[node] = state.prefill_events
         router.metrics.queued.labels(node=node, phase="prefill").set(state.prefill_queued + state.prefill_waiting)

@@ -165,6 +165,9 @@ def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_within_the
             out["status"] = status
             out["error"] = [json.loads(e)["error"]["code"] for e in events if e.startswith("{") and "error" in json.loads(e)]
             out["flights"] = len(c.router.flights)
+            # the failed decode call ends the stream; the directory forgets d0 when its event stream breaks, which
+            # may come a moment later (two calls on one channel, no order between their failures)
+            await until(lambda: not c.router.clients[NodeId("d0")].up, "the router to see d0's event stream end", 10)
             out["d0_pages"] = c.router.core.directory.held_count(NodeId("d0"), Tier.HOST)
         return out
 

@@ -30,7 +30,7 @@ from evolving_infra.router.service.flights import AttemptIds, Flight
 
 from .test_service_live import Cluster, run, until
 
-P, D = NodeMode.PREFILL, NodeMode.DECODE
+P, D, C = NodeMode.PREFILL, NodeMode.DECODE, NodeMode.COLLOCATED
 
 
 def words(tag: str, n: int) -> str:
@@ -177,6 +177,47 @@ def test_a_switched_node_gets_no_old_phase_work_before_its_next_report_and_a_sta
     assert out["after_answer"] == (Phase.DECODE, NodeMode.DECODE, ["p1"])
     assert out["after_stale"] == (Phase.DECODE, NodeMode.DECODE, ["p1"])
     assert out["served"] == (200, 2, {})
+
+
+def test_a_node_leaving_the_warmup_serves_its_new_phase_at_the_answer_and_a_stale_collocated_state_is_ignored() -> None:
+    """The end of the collocated warmup is a switch like the planner's: once its SwitchPhase answer says c0 serves
+    decode (the staged exit's first step of a node bound for prefill), c0 gets no prefill before its next state
+    report, and a collocated snapshot taken before the end and arriving after it neither gives c0 both phases back
+    nor touches its phase."""
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        initial = {"c0": Phase.PREFILL, "c1": Phase.DECODE}
+        async with Cluster({"c0": C, "c1": C}, speed_up=1.0, warmup_s=3600.0, initial_split=initial) as c:
+            states: list[pb.NodeState] = []
+            inner = c.router.reports.on_event
+
+            def on_event(node: NodeId, event: pb.NodeEvent) -> None:
+                if node == "c0" and event.WhichOneof("body") == "state":
+                    states.append(event.state)
+                inner(node, event)
+
+            c.router.clients[NodeId("c0")].on_event = on_event
+            await until(lambda: bool(states), "a state report of c0", 10)
+            track = c.router.core.nodes[NodeId("c0")]
+            out["warmup"] = (track.phase, track.mode, sorted(t.id for t in c.router.core.accepting(Phase.PREFILL)))
+            c.router.clients[NodeId("c0")].on_event = lambda node, event: None  # the next reports are late
+            effects = c.router.control._end_warmup(c.router.now())
+            orders = [e for e in effects if isinstance(e, SwitchOrder) and e.node == "c0"]
+            await LocalSplitApplier(c.router).apply(orders, None, c.router.now())
+            out["orders"] = [(o.node, o.phase) for o in orders]
+            out["after_answer"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
+            stale = pb.NodeState()
+            stale.CopyFrom(states[-1])  # as c0 reported during the warmup
+            inner(NodeId("c0"), pb.NodeEvent(state=stale))
+            out["after_stale"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
+        return out
+
+    out = run(scenario)
+    assert out["warmup"] == (None, C, ["c0", "c1"])
+    assert out["orders"] == [("c0", Phase.DECODE)]
+    assert out["after_answer"] == (Phase.DECODE, D, ["c1"])
+    assert out["after_stale"] == (Phase.DECODE, D, ["c1"])
 
 
 def test_attempt_ids_are_unique_per_attempt() -> None:
