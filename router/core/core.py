@@ -250,6 +250,7 @@ class RouterCore:
     def prefill_finished(self, node: NodeId, request: str, req: RoutedRequest | None, now: float) -> list[PushCounts]:
         """`node` finished the prefill of `request` (`req`: the router's record, None if it left)."""
         self.nodes[node].sent.pop(request, None)
+        self._record_backlog(now)
         if req is None:
             return []
         req.prefill_done = True
@@ -369,6 +370,15 @@ class RouterCore:
         self.decode_occupancy = count
         if self.recorder is not None:
             self.recorder.record_decode_occupancy(count, now)
+            self._record_backlog(now)
+
+    def _record_backlog(self, now: float) -> None:
+        """The planner's prefill backlog (requests sent to prefill nodes, prefill not ended), sampled at decode
+        occupancy changes and prefill ends: O(nodes), never per routing decision (a routing's send is seen at
+        the next such event)."""
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.record_prefill_backlog(sum(len(t.sent) for t in self.nodes.values()), now)
 
     def start_window(self, window: WindowConfig, now: float) -> None:
         """Start recording planner slices (at the end of warmup, or at start without one)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from enum import Enum
 
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.router.planner.base import (
@@ -49,17 +50,34 @@ from evolving_infra.router.planner.throughput import split_throughput
 from evolving_infra.router.planner.window import WindowConfig
 
 
+class DecodeDemand(str, Enum):
+    """What q̄ of eq. 5 counts on each slice.
+
+    - IN_DECODE (the paper's definition): the mean number of requests in decode.
+    - WITH_PREFILL_BACKLOG: those plus the mean number waiting for (or in) prefill. When prefill is the
+      bottleneck, the requests in decode are bounded by the prefill rate, so Θ evaluated at the measured q̄
+      rates the decode side at today's throughput and no move towards prefill ever shows a gain (the split
+      stays where prefill starves); the requests queued for prefill are decode demand that waits for it.
+      Without a prefill queue both are the same.
+    """
+
+    IN_DECODE = "in-decode"
+    WITH_PREFILL_BACKLOG = "with-prefill-backlog"
+
+
 @dataclass(frozen=True, slots=True)
 class OursSettings:
     """window: T_win and its slices (decisions every T_win); cooldown_s: no decision, and no slice used, until
     this long after the last switch completed; min_prefill / min_decode: bounds of a candidate split;
-    significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2)."""
+    significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2); decode_demand: what q̄ counts
+    (`DecodeDemand`)."""
 
     window: WindowConfig = field(default_factory=WindowConfig)
     cooldown_s: float = 120.0
     min_prefill: int = 1
     min_decode: int = 1
     significance: float = 2.0
+    decode_demand: DecodeDemand = DecodeDemand.IN_DECODE
 
     def __post_init__(self) -> None:
         if not self.cooldown_s >= 0:
@@ -118,8 +136,11 @@ class OursPlanner:
 
         slice_diags: list[SliceDiagnostics] = []
         gains: dict[int, list[float]] = {p: [] for p in counts}
+        with_backlog = cfg.decode_demand is DecodeDemand.WITH_PREFILL_BACKLOG
         for s in observation.slices:
             q_bar = s.mean_decode_requests
+            if with_backlog and q_bar is not None:
+                q_bar += s.mean_prefill_backlog or 0.0
             work = s.mean_work
             use = SliceUse.USED
             if cooldown_until is not None and s.start < cooldown_until:

@@ -18,7 +18,7 @@ from evolving_infra.core.plugins import PolicyKind, PolicyNeed, PolicyRegistry, 
 from evolving_infra.router.planner.arrow import ArrowPlanner, ArrowSettings
 from evolving_infra.router.planner.base import Planner, PlannerName
 from evolving_infra.router.planner.dynamo import DynamoPlanner, DynamoSettings
-from evolving_infra.router.planner.ours import OursPlanner, OursSettings
+from evolving_infra.router.planner.ours import DecodeDemand, OursPlanner, OursSettings
 from evolving_infra.router.planner.static import StaticPlanner, StaticSettings
 from evolving_infra.router.planner.window import WindowConfig
 
@@ -34,6 +34,7 @@ class OursPolicySettings:
     min_prefill: int = 1
     min_decode: int = 1
     significance: float = 2.0
+    decode_demand: DecodeDemand | str = DecodeDemand.IN_DECODE
 
     def __post_init__(self) -> None:
         if self.window is not None and (self.window_s is not None or self.slices is not None):
@@ -46,7 +47,12 @@ class OursPolicySettings:
             default = WindowConfig()
             window = WindowConfig(default.window_s if self.window_s is None else float(self.window_s),
                                   default.slices if self.slices is None else int(self.slices))  # fmt: skip
-        return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance)
+        try:
+            demand = DecodeDemand(self.decode_demand)
+        except ValueError:
+            allowed = ", ".join(d.value for d in DecodeDemand)
+            raise ValueError(f"decode_demand of planner 'ours' must be one of {allowed}, got {self.decode_demand!r}") from None
+        return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance, demand)
 
 
 _M = __name__

@@ -3,7 +3,8 @@
 Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests that
 arrived in it (routed for the first time) with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2; the number of
 requests that finished in it with the sums of their measured t_out and decode iterations (t_out / accepted
-tokens per step); and the time integral of the number of requests in decode together with the time it covers.
+tokens per step); and the time integral of the number of requests in decode together with the time it covers, and
+over the same time the integral of the prefill backlog (requests sent to prefill nodes whose prefill has not ended).
 
 No oracle: a request's output length is known only when it finished, so the decode half of w̄ comes from the
 requests that finished in the slice (`record_decode`), never from a declared or traced output length. Merging two slices adds these fields, so a
@@ -93,11 +94,14 @@ class SliceStats:
     decode_observed_s: float = 0.0
     finished: int = 0
     """Requests that finished in the slice (the sums of t_out and decode iterations are theirs)."""
+    backlog_request_seconds: float = 0.0
+    """Time integral of the prefill backlog over the same observed time as the decode occupancy."""
 
     def __post_init__(self) -> None:
         if not self.end >= self.start:
             raise ValueError(f"slice end {self.end} must be >= start {self.start}")
-        if self.requests < 0 or self.finished < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0:
+        if (self.requests < 0 or self.finished < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0
+                or self.backlog_request_seconds < 0):  # fmt: skip
             raise ValueError(f"slice [{self.start}, {self.end}) has a negative count or integral: {self}")
 
     @property
@@ -126,6 +130,14 @@ class SliceStats:
             return None
         return self.decode_request_seconds / self.decode_observed_s
 
+    @property
+    def mean_prefill_backlog(self) -> float | None:
+        """Mean number of requests sent to prefill nodes and not yet prefilled over the observed time; None if
+        uncovered."""
+        if self.decode_observed_s <= 0:
+            return None
+        return self.backlog_request_seconds / self.decode_observed_s
+
     def merge(self, other: SliceStats) -> SliceStats:
         """The slice over both spans: every count and sum adds. The spans must not overlap."""
         if self.start < other.end and other.start < self.end:
@@ -144,6 +156,7 @@ class SliceStats:
             decode_request_seconds=self.decode_request_seconds + other.decode_request_seconds,
             decode_observed_s=self.decode_observed_s + other.decode_observed_s,
             finished=self.finished + other.finished,
+            backlog_request_seconds=self.backlog_request_seconds + other.backlog_request_seconds,
         )
 
 
@@ -161,7 +174,7 @@ def merge_slices(slices: Iterable[SliceStats]) -> SliceStats:
 class _Open:
     """Mutable sums of the slice being recorded."""
 
-    __slots__ = ("requests", "t_uc", "t_c", "pairs", "finished", "t_out", "iters", "busy", "observed")
+    __slots__ = ("requests", "t_uc", "t_c", "pairs", "finished", "t_out", "iters", "busy", "observed", "backlog")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -173,13 +186,15 @@ class _Open:
         self.iters = 0.0
         self.busy = 0.0
         self.observed = 0.0
+        self.backlog = 0.0
 
 
 class SliceRecorder:
     """Records requests and decode occupancy into consecutive slices aligned to `origin + k * slice_s`.
 
     Time never goes backwards. The number of requests in decode is piecewise constant: a value given by
-    `record_decode_occupancy(count, now)` holds from `now` until the next call. Occupancy is integrated only
+    `record_decode_occupancy(count, now)` holds from `now` until the next call; so is the prefill backlog
+    (`record_prefill_backlog`, integrated over the same observed time; 0 until first given). Occupancy is integrated only
     from the first such call on (before it the slice's decode time is not observed). Keeps the last `keep`
     completed slices.
     """
@@ -198,6 +213,7 @@ class SliceRecorder:
         self._done: deque[SliceStats] = deque(maxlen=keep)
         self._now = origin
         self._count: int | None = None
+        self._backlog = 0
         self._count_since = origin
 
     @classmethod
@@ -215,6 +231,7 @@ class SliceRecorder:
         if self._count is not None and until > self._count_since:
             span = until - self._count_since
             self._open.busy += self._count * span
+            self._open.backlog += self._backlog * span
             self._open.observed += span
         self._count_since = until
 
@@ -231,7 +248,7 @@ class SliceRecorder:
             o = self._open
             self._done.append(
                 SliceStats(start, end, o.requests, o.t_uc, o.t_c, o.pairs, o.t_out, o.iters, o.busy, o.observed,
-                           o.finished)
+                           o.finished, o.backlog)
             )
             self._index += 1
             self._open = _Open()
@@ -268,6 +285,14 @@ class SliceRecorder:
         self.advance(now)
         self._integrate(now)
         self._count = count
+
+    def record_prefill_backlog(self, count: int, now: float) -> None:
+        """From `now` on, `count` requests are sent to prefill nodes and not yet prefilled."""
+        if count < 0:
+            raise ValueError(f"prefill backlog must be >= 0, got {count} at t={now}")
+        self.advance(now)
+        self._integrate(now)
+        self._backlog = count
 
     def completed(self, now: float) -> tuple[SliceStats, ...]:
         """The last `keep` slices completed by `now`, oldest first."""

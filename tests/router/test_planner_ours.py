@@ -10,6 +10,7 @@ import pytest
 
 from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
 from evolving_infra.core.types import NodeId, Phase, Work
+from evolving_infra.router.planner.ours import DecodeDemand
 from evolving_infra.router.planner import (
     CandidateVerdict,
     CoefficientNodeModel,
@@ -52,14 +53,18 @@ def record_window(
     q_bar_of: Callable[[int], float],
     seed: int = 7,
     end: float = NOW,
+    backlog_of: Callable[[int], float] | None = None,
 ) -> tuple[SliceStats, ...]:
-    """Ten 60 s slices ending at `end`: per slice i, `requests_of(i)` requests and occupancy around q̄_i."""
+    """Ten 60 s slices ending at `end`: per slice i, `requests_of(i)` requests, occupancy around q̄_i and (with
+    `backlog_of`) a prefill backlog around `backlog_of(i)`."""
     rng = random.Random(seed)
     start = end - 600.0
     rec = SliceRecorder(origin=start, slice_s=60.0, keep=10)
     for i in range(10):
         t0 = start + 60.0 * i
         rec.record_decode_occupancy(round(q_bar_of(i) * rng.uniform(0.97, 1.03)), t0)
+        if backlog_of is not None:
+            rec.record_prefill_backlog(round(backlog_of(i) * rng.uniform(0.97, 1.03)), t0)
         n = requests_of(i)
         for j in range(n):
             rec.record_request(work_of(i, rng), t0 + 60.0 * j / max(n, 1))
@@ -116,6 +121,30 @@ def test_sustained_shift_to_decode_heavy_work_switches_toward_decode() -> None:
     decision = OursPlanner().decide(observe(3, slices), NOW)
     assert decision.outcome is Outcome.SWITCH and decision.target is not None
     assert format_split(decision.target) in {"1P8D", "2P7D"}
+
+
+def test_a_prefill_starved_split_moves_towards_prefill_only_when_q_counts_the_prefill_backlog() -> None:
+    """At 1P8D under prefill-heavy work, prefill delivers about half of what its model predicts and a long queue
+    waits for it, so the requests in decode are few (q̄ = 2, Little's law at the delivered rate): Θ at that q̄
+    rates decode below the predicted prefill, so the paper's q̄ sees no gain in any move towards prefill, while
+    q̄ with the prefill backlog (the queued requests are decode demand) does."""
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30, lambda i: 2.0, backlog_of=lambda i: 150.0)
+    assert all(s.mean_prefill_backlog is not None and 140 < s.mean_prefill_backlog < 160 for s in slices)
+    paper = OursPlanner().decide(observe(1, slices), NOW)
+    assert paper.target is None or format_split(paper.target) == "1P8D"
+    assert not any(c.mean_gain is not None and c.mean_gain > 0 for c in diag_of(paper.diagnostics).candidates)
+    backlog = OursPlanner(OursSettings(decode_demand=DecodeDemand.WITH_PREFILL_BACKLOG)).decide(observe(1, slices), NOW)
+    assert backlog.outcome is Outcome.SWITCH and backlog.target is not None
+    assert format_split(backlog.target) in {f"{p}P{9 - p}D" for p in range(2, 9)}
+
+
+def test_without_a_prefill_backlog_both_decode_demands_decide_alike() -> None:
+    for work in (BASE, Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8), Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)):
+        slices = record_window(jitter(work), lambda i: 30, lambda i: 90.0, backlog_of=lambda i: 0.0)
+        paper = OursPlanner().decide(observe(3, slices), NOW)
+        backlog = OursPlanner(OursSettings(decode_demand=DecodeDemand.WITH_PREFILL_BACKLOG)).decide(observe(3, slices), NOW)
+        assert (paper.outcome, paper.target) == (backlog.outcome, backlog.target)
 
 
 def test_stationary_workload_at_the_best_split_holds() -> None:

@@ -39,6 +39,7 @@ def _replay(recorder: SliceRecorder, evs: list[tuple[bool, float, Work, int]], u
             recorder.record_request(work, t)
         else:
             recorder.record_decode_occupancy(count, t)
+            recorder.record_prefill_backlog(count // 3, t)
     recorder.advance(until)
 
 
@@ -73,6 +74,19 @@ def test_decode_occupancy_is_integrated_piecewise_constant_across_slices() -> No
     assert s0.mean_decode_requests == pytest.approx(10.0)
     assert s1.mean_decode_requests == pytest.approx(5.0)  # 10 for 30 s, 0 for 30 s
     assert s2.mean_decode_requests == pytest.approx(2.0)  # 0 for 30 s, 4 for 30 s
+
+
+def test_prefill_backlog_is_integrated_over_the_decode_occupancys_observed_time() -> None:
+    rec = SliceRecorder(origin=0.0, slice_s=60.0, keep=10)
+    rec.record_prefill_backlog(7, 10.0)  # before any occupancy: the slice's time is not observed yet
+    rec.record_decode_occupancy(10, 30.0)
+    rec.record_prefill_backlog(20, 90.0)
+    s0, s1 = rec.completed(120.0)
+    assert s0.mean_prefill_backlog == pytest.approx(7.0) and s0.mean_decode_requests == pytest.approx(10.0)
+    assert s1.mean_prefill_backlog == pytest.approx(13.5)  # 7 for 30 s, 20 for 30 s
+    assert SliceRecorder(origin=0.0).completed(60.0)[0].mean_prefill_backlog is None
+    with pytest.raises(ValueError, match="backlog"):
+        rec.record_prefill_backlog(-1, 130.0)
 
 
 def test_empty_slice_has_no_mean_work_and_unobserved_slice_no_q_bar() -> None:
@@ -116,7 +130,7 @@ def test_merge_of_two_slices_equals_one_slice_over_the_union(evs: list[tuple[boo
     # Counts and token sums are integers and carried exactly.
     for name in ("start", "end", "requests", "sum_t_uc", "sum_t_c", "sum_query_key_pairs", "sum_t_out"):
         assert getattr(merged, name) == getattr(whole, name), name
-    for name in ("sum_decode_iterations", "decode_request_seconds", "decode_observed_s"):
+    for name in ("sum_decode_iterations", "decode_request_seconds", "decode_observed_s", "backlog_request_seconds"):
         assert math.isclose(getattr(merged, name), getattr(whole, name), rel_tol=1e-9, abs_tol=1e-6), name
     assert merged.requests == sum(1 for e in evs if e[0])
 
