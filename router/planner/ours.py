@@ -54,7 +54,7 @@ class DecodeDemand(str, Enum):
     """What q̄ of eq. 5 counts on each slice.
 
     - IN_DECODE (the paper's definition): the mean number of requests in decode.
-    - WITH_PREFILL_BACKLOG: those plus the mean number waiting for (or in) prefill. When prefill is the
+    - WITH_PREFILL_BACKLOG (the default): those plus the mean number waiting for (or in) prefill. When prefill is the
       bottleneck, the requests in decode are bounded by the prefill rate, so Θ evaluated at the measured q̄
       rates the decode side at today's throughput and no move towards prefill ever shows a gain (the split
       stays where prefill starves); the requests queued for prefill are decode demand that waits for it.
@@ -77,7 +77,7 @@ class OursSettings:
     min_prefill: int = 1
     min_decode: int = 1
     significance: float = 2.0
-    decode_demand: DecodeDemand = DecodeDemand.IN_DECODE
+    decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
 
     def __post_init__(self) -> None:
         if not self.cooldown_s >= 0:

@@ -34,7 +34,7 @@ class OursPolicySettings:
     min_prefill: int = 1
     min_decode: int = 1
     significance: float = 2.0
-    decode_demand: DecodeDemand | str = DecodeDemand.IN_DECODE
+    decode_demand: DecodeDemand | str = DecodeDemand.WITH_PREFILL_BACKLOG
 
     def __post_init__(self) -> None:
         if self.window is not None and (self.window_s is not None or self.slices is not None):

@@ -131,10 +131,10 @@ def test_a_prefill_starved_split_moves_towards_prefill_only_when_q_counts_the_pr
     heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
     slices = record_window(jitter(heavy), lambda i: 30, lambda i: 2.0, backlog_of=lambda i: 150.0)
     assert all(s.mean_prefill_backlog is not None and 140 < s.mean_prefill_backlog < 160 for s in slices)
-    paper = OursPlanner().decide(observe(1, slices), NOW)
+    paper = OursPlanner(OursSettings(decode_demand=DecodeDemand.IN_DECODE)).decide(observe(1, slices), NOW)
     assert paper.target is None or format_split(paper.target) == "1P8D"
     assert not any(c.mean_gain is not None and c.mean_gain > 0 for c in diag_of(paper.diagnostics).candidates)
-    backlog = OursPlanner(OursSettings(decode_demand=DecodeDemand.WITH_PREFILL_BACKLOG)).decide(observe(1, slices), NOW)
+    backlog = OursPlanner().decide(observe(1, slices), NOW)  # the default
     assert backlog.outcome is Outcome.SWITCH and backlog.target is not None
     assert format_split(backlog.target) in {f"{p}P{9 - p}D" for p in range(2, 9)}
 
@@ -142,7 +142,7 @@ def test_a_prefill_starved_split_moves_towards_prefill_only_when_q_counts_the_pr
 def test_without_a_prefill_backlog_both_decode_demands_decide_alike() -> None:
     for work in (BASE, Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8), Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)):
         slices = record_window(jitter(work), lambda i: 30, lambda i: 90.0, backlog_of=lambda i: 0.0)
-        paper = OursPlanner().decide(observe(3, slices), NOW)
+        paper = OursPlanner(OursSettings(decode_demand=DecodeDemand.IN_DECODE)).decide(observe(3, slices), NOW)
         backlog = OursPlanner(OursSettings(decode_demand=DecodeDemand.WITH_PREFILL_BACKLOG)).decide(observe(3, slices), NOW)
         assert (paper.outcome, paper.target) == (backlog.outcome, backlog.target)
 
