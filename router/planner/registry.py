@@ -34,7 +34,7 @@ class OursPolicySettings:
     min_prefill: int = 1
     min_decode: int = 1
     significance: float = 2.0
-    decode_demand: DecodeDemand | str = DecodeDemand.WITH_PREFILL_BACKLOG
+    decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
 
     def __post_init__(self) -> None:
         if self.window is not None and (self.window_s is not None or self.slices is not None):
@@ -47,12 +47,8 @@ class OursPolicySettings:
             default = WindowConfig()
             window = WindowConfig(default.window_s if self.window_s is None else float(self.window_s),
                                   default.slices if self.slices is None else int(self.slices))  # fmt: skip
-        try:
-            demand = DecodeDemand(self.decode_demand)
-        except ValueError:
-            allowed = ", ".join(d.value for d in DecodeDemand)
-            raise ValueError(f"decode_demand of planner 'ours' must be one of {allowed}, got {self.decode_demand!r}") from None
-        return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance, demand)
+        return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance,
+                            self.decode_demand)  # fmt: skip
 
 
 _M = __name__

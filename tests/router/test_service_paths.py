@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -139,6 +140,24 @@ def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes()
     assert out["p0"] is Phase.DECODE
 
 
+async def a_state_then_late_reports(c: Cluster, node: NodeId) -> tuple[pb.NodeState, Callable[[NodeId, pb.NodeEvent], None]]:
+    """Waits for `node`'s next state report (applied as usual); its later events are then held back (they come
+    late). Returns that state and the router's own handler, to deliver a stale report by hand."""
+    states: list[pb.NodeState] = []
+    inner = c.router.reports.on_event
+
+    def on_event(source: NodeId, event: pb.NodeEvent) -> None:
+        if states:
+            return  # late: not delivered
+        if event.WhichOneof("body") == "state":
+            states.append(event.state)
+        inner(source, event)
+
+    c.router.clients[node].on_event = on_event
+    await until(lambda: bool(states), f"a state report of {node}", 10)
+    return states[0], inner
+
+
 def test_a_switched_node_gets_no_old_phase_work_before_its_next_report_and_a_stale_draining_state_is_ignored() -> None:
     """The SwitchPhase answer ends a switch before the node's next state report: the node's mode follows at once
     (no prefill offered to a node that serves decode now), and a state snapshot still draining from prefill that
@@ -147,25 +166,15 @@ def test_a_switched_node_gets_no_old_phase_work_before_its_next_report_and_a_sta
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
         async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
-            states: list[pb.NodeState] = []
-            inner = c.router.reports.on_event
-
-            def on_event(node: NodeId, event: pb.NodeEvent) -> None:
-                if node == "p0" and event.WhichOneof("body") == "state":
-                    states.append(event.state)
-                inner(node, event)
-
-            c.router.clients[NodeId("p0")].on_event = on_event
-            await until(lambda: bool(states), "a state report of p0", 10)
+            state, inner = await a_state_then_late_reports(c, NodeId("p0"))
             track = c.router.core.nodes[NodeId("p0")]
             decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
                                        Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
             orders = [e for e in c.router.control.decided(decision, c.router.now()) if isinstance(e, SwitchOrder)]
-            c.router.clients[NodeId("p0")].on_event = lambda node, event: None  # the next reports are late
             await LocalSplitApplier(c.router).apply(orders, None, c.router.now())
             out["after_answer"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
             stale = pb.NodeState()
-            stale.CopyFrom(states[-1])  # as p0 reported before the switch, now draining from prefill
+            stale.CopyFrom(state)  # as p0 reported before the switch, now draining from prefill
             stale.switch_state = pb.SWITCH_STATE_DRAINING
             inner(NodeId("p0"), pb.NodeEvent(state=stale))
             out["after_stale"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
@@ -189,26 +198,16 @@ def test_a_node_leaving_the_warmup_serves_its_new_phase_at_the_answer_and_a_stal
         out: dict[str, Any] = {}
         initial = {"c0": Phase.PREFILL, "c1": Phase.DECODE}
         async with Cluster({"c0": C, "c1": C}, speed_up=1.0, warmup_s=3600.0, initial_split=initial) as c:
-            states: list[pb.NodeState] = []
-            inner = c.router.reports.on_event
-
-            def on_event(node: NodeId, event: pb.NodeEvent) -> None:
-                if node == "c0" and event.WhichOneof("body") == "state":
-                    states.append(event.state)
-                inner(node, event)
-
-            c.router.clients[NodeId("c0")].on_event = on_event
-            await until(lambda: bool(states), "a state report of c0", 10)
+            state, inner = await a_state_then_late_reports(c, NodeId("c0"))
             track = c.router.core.nodes[NodeId("c0")]
             out["warmup"] = (track.phase, track.mode, sorted(t.id for t in c.router.core.accepting(Phase.PREFILL)))
-            c.router.clients[NodeId("c0")].on_event = lambda node, event: None  # the next reports are late
             effects = c.router.control._end_warmup(c.router.now())
             orders = [e for e in effects if isinstance(e, SwitchOrder) and e.node == "c0"]
             await LocalSplitApplier(c.router).apply(orders, None, c.router.now())
             out["orders"] = [(o.node, o.phase) for o in orders]
             out["after_answer"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
             stale = pb.NodeState()
-            stale.CopyFrom(states[-1])  # as c0 reported during the warmup
+            stale.CopyFrom(state)  # as c0 reported during the warmup
             inner(NodeId("c0"), pb.NodeEvent(state=stale))
             out["after_stale"] = (track.phase, track.mode, [t.id for t in c.router.core.accepting(Phase.PREFILL)])
         return out
