@@ -201,11 +201,11 @@ class RouterCore:
         if req.prefill_node in self.nodes:  # drivers release a request before routing it again, but to be sure:
             self.nodes[req.prefill_node].rerouting(req.id)
         req.prefill_node = node.id
-        if self.recorder is not None and not req.work_recorded:
+        if self.recorder is not None and req.recorded_cached is None:
             # the prefill half of w̄, for the slice the request arrives in (E.3: "each request that arrives in the
-            # window"), with the tokens the router can reuse for it; the decode half comes when it finished
-            req.work_recorded = True
-            cached = min(decision.cached_tokens, req.route.prompt_tokens)
+            # window"), with the tokens the router can reuse for it (corrected when its prefill starts); the
+            # decode half comes when it finished
+            cached = req.recorded_cached = min(decision.cached_tokens, req.route.prompt_tokens)
             self.recorder.record_prefill(req.route.prompt_tokens - cached, cached, now)
         req.routed_cached = decision.cached_tokens
         req.routed_restore = max(0, decision.cached_tokens - view.own_gpu_pages * req.route.page_tokens)
@@ -242,6 +242,12 @@ class RouterCore:
         """`node` started the prefill with `cached_tokens` reused (`restored_tokens` of them from host memory)."""
         track = self.nodes[node]
         req.prefill_started = True
+        if self.recorder is not None and req.recorded_cached is not None and not req.work_measured:
+            # the cached tokens the router counted at arrival may have been evicted while the request waited (or
+            # more may be cached now): the slice's prefill work follows what the node reuses
+            req.work_measured = True
+            prompt = req.route.prompt_tokens
+            self.recorder.correct_prefill(prompt, req.recorded_cached, min(cached_tokens, prompt), now)
         restored = min(restored_tokens, cached_tokens)
         track.usage = track.usage + UsageCounts.of_request(cached_tokens, restored)
         if track.fitter is not None and not track.fitter.frozen:

@@ -70,8 +70,11 @@ class RoutedRequest:
     routed_restore: int = 0
     prefill_started: bool = False
     prefill_done: bool = False
-    work_recorded: bool = False
-    """Whether its prefill work went into the planner's slice (once, when it arrived: its first routing)."""
+    recorded_cached: int | None = None
+    """The cached tokens its prefill work went into the planner's slice with (once, when it arrived: its first
+    routing); None until then."""
+    work_measured: bool = False
+    """Whether its first prefill start corrected that work with the cached tokens its prefill node reused."""
     reserved: int = 0
     """Decode KV tokens reserved on `decode_node` until the KV is submitted there."""
     fetch_plan: tuple[FetchRun, ...] = ()

@@ -1,8 +1,10 @@
 """Planning-window slices: what the planner measures on each slice i (w̄_i, q̄_i of eq. 6).
 
 Invariant: a slice carries counts and sums, never averages. Per slice it holds the number of requests that
-arrived in it (routed for the first time) with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2; the number of
-requests that finished in it with the sums of their measured t_out and decode iterations (t_out / accepted
+arrived in it (routed for the first time) with the sums of their t_uc, t_c and A = t_uc t_c + t_uc (t_uc + 1) / 2 as the
+router counted them; the corrections of those sums measured when prefills started in it (the cached tokens a prefill
+node actually reused minus those the router counted at arrival: a prefix can be evicted while its request waits in
+a prefill queue); the number of requests that finished in it with the sums of their measured t_out and decode iterations (t_out / accepted
 tokens per step); and the time integral of the number of requests in decode together with the time it covers, and
 over the same time the integral of the prefill backlog (requests sent to prefill nodes whose prefill has not ended).
 
@@ -96,12 +98,18 @@ class SliceStats:
     """Requests that finished in the slice (the sums of t_out and decode iterations are theirs)."""
     backlog_request_seconds: float = 0.0
     """Time integral of the prefill backlog over the same observed time as the decode occupancy."""
+    measured: int = 0
+    """Prefills that started in the slice and corrected the arrivals' sums (the three corrections are theirs)."""
+    correction_t_uc: int = 0
+    correction_t_c: int = 0
+    correction_query_key_pairs: int = 0
+    """Measured minus counted t_uc, t_c and A of the prefills that started in the slice (either sign)."""
 
     def __post_init__(self) -> None:
         if not self.end >= self.start:
             raise ValueError(f"slice end {self.end} must be >= start {self.start}")
         if (self.requests < 0 or self.finished < 0 or self.decode_request_seconds < 0 or self.decode_observed_s < 0
-                or self.backlog_request_seconds < 0):  # fmt: skip
+                or self.backlog_request_seconds < 0 or self.measured < 0):  # fmt: skip
             raise ValueError(f"slice [{self.start}, {self.end}) has a negative count or integral: {self}")
 
     @property
@@ -110,15 +118,16 @@ class SliceStats:
 
     @property
     def mean_work(self) -> MeanWork | None:
-        """w̄ of the slice as the means eq. 3 and eq. 4 need: prefill terms over the requests whose prefill
-        started in it, decode terms over those that finished in it; None without either."""
+        """w̄ of the slice as the means eq. 3 and eq. 4 need: prefill terms over the requests that arrived in it,
+        with the corrections measured as prefills started in it (each sum at least 0), decode terms over those
+        that finished in it; None without either."""
         if self.requests == 0 or self.finished == 0:
             return None
         n, f = self.requests, self.finished
         return MeanWork(
-            t_uc=self.sum_t_uc / n,
-            t_c=self.sum_t_c / n,
-            query_key_pairs=self.sum_query_key_pairs / n,
+            t_uc=max(0, self.sum_t_uc + self.correction_t_uc) / n,
+            t_c=max(0, self.sum_t_c + self.correction_t_c) / n,
+            query_key_pairs=max(0, self.sum_query_key_pairs + self.correction_query_key_pairs) / n,
             decode_iterations=self.sum_decode_iterations / f,
             t_out=self.sum_t_out / f,
         )
@@ -157,6 +166,10 @@ class SliceStats:
             decode_observed_s=self.decode_observed_s + other.decode_observed_s,
             finished=self.finished + other.finished,
             backlog_request_seconds=self.backlog_request_seconds + other.backlog_request_seconds,
+            measured=self.measured + other.measured,
+            correction_t_uc=self.correction_t_uc + other.correction_t_uc,
+            correction_t_c=self.correction_t_c + other.correction_t_c,
+            correction_query_key_pairs=self.correction_query_key_pairs + other.correction_query_key_pairs,
         )
 
 
@@ -174,7 +187,10 @@ def merge_slices(slices: Iterable[SliceStats]) -> SliceStats:
 class _Open:
     """Mutable sums of the slice being recorded."""
 
-    __slots__ = ("requests", "t_uc", "t_c", "pairs", "finished", "t_out", "iters", "busy", "observed", "backlog")
+    __slots__ = (
+        "requests", "t_uc", "t_c", "pairs", "finished", "t_out", "iters", "busy", "observed", "backlog", "measured",
+        "d_uc", "d_c", "d_pairs",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -187,6 +203,15 @@ class _Open:
         self.busy = 0.0
         self.observed = 0.0
         self.backlog = 0.0
+        self.measured = 0
+        self.d_uc = 0
+        self.d_c = 0
+        self.d_pairs = 0
+
+
+def _pairs(t_uc: int, t_c: int) -> int:
+    """A = t_uc t_c + t_uc (t_uc + 1) / 2: query-key pairs of a prefill of t_uc new tokens after t_c cached ones."""
+    return t_uc * t_c + t_uc * (t_uc + 1) // 2
 
 
 class SliceRecorder:
@@ -248,7 +273,7 @@ class SliceRecorder:
             o = self._open
             self._done.append(
                 SliceStats(start, end, o.requests, o.t_uc, o.t_c, o.pairs, o.t_out, o.iters, o.busy, o.observed,
-                           o.finished, o.backlog)
+                           o.finished, o.backlog, o.measured, o.d_uc, o.d_c, o.d_pairs)
             )
             self._index += 1
             self._open = _Open()
@@ -260,7 +285,23 @@ class SliceRecorder:
         o.requests += 1
         o.t_uc += t_uc
         o.t_c += t_c
-        o.pairs += t_uc * t_c + t_uc * (t_uc + 1) // 2
+        o.pairs += _pairs(t_uc, t_c)
+
+    def correct_prefill(self, prompt_tokens: int, counted_cached: int, cached: int, now: float) -> None:
+        """A prefill started at `now` reusing `cached` of its `prompt_tokens`, where its arrival was recorded with
+        `counted_cached` (`record_prefill`, t_uc = prompt_tokens - counted_cached): the difference corrects the
+        open slice's sums."""
+        if not (0 <= counted_cached <= prompt_tokens and 0 <= cached <= prompt_tokens):
+            raise ValueError(
+                f"cached tokens must lie in [0, prompt_tokens={prompt_tokens}], got counted {counted_cached}, "
+                f"measured {cached}"
+            )
+        self.advance(now)
+        o = self._open
+        o.measured += 1
+        o.d_uc += counted_cached - cached
+        o.d_c += cached - counted_cached
+        o.d_pairs += _pairs(prompt_tokens - cached, cached) - _pairs(prompt_tokens - counted_cached, counted_cached)
 
     def record_decode(self, t_out: int, iterations: float, now: float) -> None:
         """A request finished at `now` after producing `t_out` tokens in `iterations` decode iterations (both

@@ -226,3 +226,26 @@ def test_accepts_is_serves_of_the_mode_and_of_the_switch_target() -> None:
         track.target = target
         expected = mode is not None and serves(mode, phase) and (target is None or serves(target, phase))
         assert track.accepts(phase) is expected, (mode, target, phase)
+
+
+def test_the_planners_prefill_work_follows_the_cached_tokens_the_prefill_node_reused() -> None:
+    """A request arrives with its whole prefix cached in the pool; while it waits, the prefix is evicted and its
+    prefill node computes it all: the slice's mean uncached tokens are what the node computed, once per request
+    (a re-started prefill corrects nothing again)."""
+    from evolving_infra.router.planner import WindowConfig
+
+    core, _ = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "d0": Phase.DECODE})
+    core.start_window(WindowConfig(window_s=600, slices=10), 0.0)
+    a = request(core, "a", "b1", 8)
+    core.absorb([KvStored(NodeId("p0"), Tier.HOST, None, a.prompt_pages, 0.0)])
+    routed = core.route(a, 1.0)
+    assert routed is not None and routed.node == "p0" and a.recorded_cached == 8 * PT
+    core.prefill_sent(a)
+    core.prefill_started(NodeId("p0"), a, 0, 0, 70.0)  # the prefix was evicted: nothing reused
+    core.prefill_started(NodeId("p0"), a, 0, 0, 71.0)
+    assert core.recorder is not None
+    first, second = core.recorder.completed(130.0)
+    assert (first.requests, first.sum_t_uc, first.measured) == (1, 5, 0)
+    assert (second.requests, second.measured, second.correction_t_uc) == (0, 1, 8 * PT)
+    merged = first.merge(second)
+    assert (merged.sum_t_uc + merged.correction_t_uc, merged.sum_t_c + merged.correction_t_c) == (8 * PT + 5, 0)

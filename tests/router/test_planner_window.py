@@ -37,6 +37,8 @@ def _replay(recorder: SliceRecorder, evs: list[tuple[bool, float, Work, int]], u
     for is_request, t, work, count in evs:
         if is_request:
             recorder.record_request(work, t)
+            prompt = work.t_uc + work.t_c
+            recorder.correct_prefill(prompt, work.t_c, count % (prompt + 1), t)  # the prefill started at once
         else:
             recorder.record_decode_occupancy(count, t)
             recorder.record_prefill_backlog(count // 3, t)
@@ -128,7 +130,8 @@ def test_merge_of_two_slices_equals_one_slice_over_the_union(evs: list[tuple[boo
     parts = fine.completed(240.0)
     merged = merge_slices(reversed(parts))  # order of the parts does not matter
     # Counts and token sums are integers and carried exactly.
-    for name in ("start", "end", "requests", "sum_t_uc", "sum_t_c", "sum_query_key_pairs", "sum_t_out"):
+    for name in ("start", "end", "requests", "sum_t_uc", "sum_t_c", "sum_query_key_pairs", "sum_t_out", "measured",
+                 "correction_t_uc", "correction_t_c", "correction_query_key_pairs"):
         assert getattr(merged, name) == getattr(whole, name), name
     for name in ("sum_decode_iterations", "decode_request_seconds", "decode_observed_s", "backlog_request_seconds"):
         assert math.isclose(getattr(merged, name), getattr(whole, name), rel_tol=1e-9, abs_tol=1e-6), name
@@ -150,3 +153,45 @@ def test_mean_service_time_is_exact_from_the_sums(batch: list[Work]) -> None:
     assert model.prefill_request_time(s.mean_work) == pytest.approx(expected, rel=1e-9, abs=1e-12)
     iters = sum(MeanWork.of(w).decode_iterations for w in batch) / len(batch)
     assert s.mean_work.decode_iterations == pytest.approx(iters, rel=1e-9, abs=1e-12)
+
+
+# (prompt tokens, cached tokens counted at arrival, cached tokens its prefill node reused)
+started = st.integers(1, 60_000).flatmap(
+    lambda prompt: st.tuples(st.just(prompt), st.integers(0, prompt), st.integers(0, prompt))
+)
+
+
+@given(st.lists(started, min_size=1, max_size=30), st.integers(0, 2))
+def test_prefill_starts_correct_the_arrivals_work_to_what_the_nodes_reused(
+    batch: list[tuple[int, int, int]], slices_later: int
+) -> None:
+    """Requests recorded at arrival with the router's cached tokens, then corrected when their prefills start
+    (in the same or a later slice): over the slices, eq. 3 on the corrected means is the mean of eq. 3 over the work
+    the prefill nodes did."""
+    model = CoefficientNodeModel(
+        PrefillCoefficients(0.02, 5e-5, 1e-10, 1e-6), DecodeCoefficients(0.015, 0.02, 2e-4, 8, 256), 8192.0, 0.3
+    )
+    rec = SliceRecorder(origin=0.0, slice_s=60.0, keep=4)
+    for prompt, counted, _ in batch:
+        rec.record_request(Work(t_uc=prompt - counted, t_c=counted, t_out=5, t_acc=1.0), 1.0)
+    for prompt, counted, cached in batch:
+        rec.correct_prefill(prompt, counted, cached, 1.0 + 60.0 * slices_later)
+    merged = merge_slices(rec.completed(240.0))
+    assert merged.measured == len(batch)
+    assert merged.mean_work is not None
+    done = [Work(t_uc=prompt - cached, t_c=cached, t_out=5, t_acc=1.0) for prompt, _, cached in batch]
+    expected = sum(model.prefill_request_time(w) for w in done) / len(done)
+    assert model.prefill_request_time(merged.mean_work) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_a_corrected_slice_never_has_negative_mean_work() -> None:
+    """Corrections of prefills that arrived in earlier slices may exceed a slice's own sums: the means stay >= 0."""
+    rec = SliceRecorder(origin=0.0, slice_s=60.0)
+    rec.record_request(Work(t_uc=10, t_c=0, t_out=1, t_acc=1.0), 61.0)  # a light arrival in the second slice
+    rec.correct_prefill(50_000, 0, 50_000, 62.0)  # an earlier arrival found all 50,000 tokens cached after all
+    (_, second) = rec.completed(120.0)
+    assert second.correction_t_uc == -50_000 and second.mean_work is not None
+    assert second.mean_work.t_uc == 0.0 and second.mean_work.query_key_pairs == 0.0
+    assert second.mean_work.t_c == 50_000.0
+    with pytest.raises(ValueError, match="cached tokens must lie in"):
+        rec.correct_prefill(100, 101, 0, 130.0)
