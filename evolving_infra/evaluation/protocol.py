@@ -23,6 +23,8 @@ Boundary: run specifications and pure rendering of cached records; `evolving_inf
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -186,6 +188,8 @@ def render_protocol(records: Iterable[Mapping[str, Any]], paper_split: Mapping[s
             out.append("")
             out.append("Best static search (mean X req/s per split): " + ", ".join(
                 f"{s} {v:.2f}" if v is not None else f"{s} -" for s, v in sorted(xs.items())))
+        if workload == "shift":
+            out += _period_table(variants, rows)
         oracle = _oracle(variants) if workload == "shift" else None
         if oracle is not None:
             static = max((sum(w.finished for w in window_oracle({k: v}, *_span(variants)).windows)
@@ -199,6 +203,61 @@ def render_protocol(records: Iterable[Mapping[str, Any]], paper_split: Mapping[s
     if sweep:
         out += ["#### Open loop: the highest rate each system sustains (appendix D.3 targets)", "", sweep, ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+SHIFT_PERIODS = ("Putnam", "mixed", "OSWorld")
+"""Section 6.3's scored periods in order (`cli.evaluate.shift_periods`)."""
+
+
+def period_rates(record: Mapping[str, Any]) -> list[float] | None:
+    """Requests finished per second in each scored period of a shift run (from its completion series), None
+    without a series."""
+    series = record.get("series")
+    if not series:
+        return None
+    spec = record["spec"]
+    bucket, start, length = float(series["bucket_s"]), float(spec["warmup_s"]), float(spec["duration_s"])
+    done = series["finished"]
+    out = []
+    for k in range(len(SHIFT_PERIODS)):
+        a, b = round((start + k * length) / bucket), round((start + (k + 1) * length) / bucket)
+        out.append(sum(done[a:b]) / length)
+    return out
+
+
+_TARGET = re.compile(r"-> (\d+P\d+D)")
+"""The target split in a switch decision's reason ("6P3D -> 5P4D")."""
+
+
+def switch_path(record: Mapping[str, Any]) -> str:
+    """The splits a run's planner switched to and when ("5P4D at 1500 s, ..."), from its recorded decisions."""
+    decisions = record["metrics"].get("planner_switch_decisions") or []
+    steps = []
+    for d in decisions:
+        target = _TARGET.search(d.get("reason", "")) if d.get("outcome") == "switch" else None
+        if target is not None:
+            steps.append(f"{target.group(1)} at {d['at']:g} s")
+    return ", ".join(steps)
+
+
+def _period_table(
+    variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]], rows: Sequence[tuple[str, str, list[Mapping[str, Any]]]]
+) -> list[str]:
+    """Per row of a shift group: requests finished per second in each period (mean over seeds) and, for a planner
+    that switched, the lowest seed's switches."""
+    lines = ["", "Requests finished per second in each scored period (mean over seeds; switches: the lowest seed's):",
+             "", "| system | split | " + " | ".join(SHIFT_PERIODS) + " | switches |",
+             "|---|---|" + "---|" * len(SHIFT_PERIODS) + "---|"]  # fmt: skip
+    statics = [(f"static {split}", split, list(rs)) for (label, split), rs in sorted(variants.items())
+               if label == "best-static"]  # fmt: skip
+    for label, split, rs in [*(r for r in rows if not r[0].startswith("best-static")), *statics]:
+        rates = [p for p in (period_rates(r) for r in rs) if p is not None]
+        if not rates:
+            continue
+        cells = " | ".join(f"{sum(p[k] for p in rates) / len(rates):.2f}" for k in range(len(SHIFT_PERIODS)))
+        first = min(rs, key=lambda r: r["spec"]["seed"])
+        lines.append(f"| {label} | {split} | {cells} | {switch_path(first)} |")
+    return lines
 
 
 def _best_static_runs(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> dict[str, Mapping[str, Any]]:

@@ -152,3 +152,33 @@ def test_the_plots_of_a_group_are_written(tmp_path: Any) -> None:
     paths = plot_group(recs, tmp_path, "cc-90")
     assert [p.name for p in paths] == ["cc-90-throughput.png", "cc-90-split.png", "cc-90-figures.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_a_shift_group_shows_each_periods_rate_and_the_planners_switches() -> None:
+    """The shift's three scored periods (after the warmup, `duration_s` each) from the completion series, averaged
+    over seeds; the switch path of the lowest seed, whatever the planner's reason format."""
+    def shift(system: str, split: str, seed: int, finished: list[int], decisions: list[dict[str, Any]]) -> dict[str, Any]:
+        r = record(system, split, 1.0, seed, finished=finished, workload="shift", agents=0)
+        r["spec"]["period_s"] = r["spec"]["duration_s"] = 1200.0
+        r["metrics"]["planner_switch_decisions"] = decisions
+        return r
+
+    ours = [{"at": 1500.0, "outcome": "switch", "reason": "switch 6P3D -> 5P4D: mean gain 1 req/s > ..."},
+            {"at": 2100.0, "outcome": "hold", "reason": "hold 5P4D: no candidate qualifies"},
+            {"at": 2700.0, "outcome": "switch", "reason": "switch 5P4D -> 7P2D: mean gain 2 req/s > ..."}]
+    relaunch = [{"at": 555.0, "outcome": "switch", "reason": "relaunch ['n0'] as decode (6P3D -> 5P4D, 734 s down)"}]
+    # buckets of 600 s from 0: the warmup is bucket 0 (600 s), the periods are buckets 1-2, 3-4 and 5-6
+    recs = [shift("evolving", "6P3D", 0, [999, 600, 600, 300, 300, 1200, 1200], ours),
+            shift("evolving", "6P3D", 1, [999, 1200, 1200, 300, 300, 0, 0], []),
+            shift("dynamo", "6P3D", 0, [0, 120, 120, 120, 120, 120, 120], relaunch),
+            shift("best-static", "5P4D", 0, [0, 600, 600, 600, 600, 600, 600], [])]
+    for r in recs:
+        r["spec"]["warmup_s"] = 600.0
+    lines = render_protocol(recs, BEST_SPLIT).splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if "each scored period" in line):]
+    row = next(line for line in lines if line.startswith("| evolving | 6P3D | "))
+    assert row == "| evolving | 6P3D | 1.50 | 0.50 | 1.00 | 5P4D at 1500 s, 7P2D at 2700 s |"
+    assert "| dynamo | 6P3D | 0.20 | 0.20 | 0.20 | 5P4D at 555 s |" in lines
+    assert "| static 5P4D | 5P4D | 1.00 | 1.00 | 1.00 |  |" in lines
+    stationary = [record("evolving", "6P3D", 1.0, finished=[1, 2, 3])]
+    assert "each scored period" not in render_protocol(stationary, BEST_SPLIT)
