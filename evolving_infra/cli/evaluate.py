@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -213,7 +214,8 @@ class RunSpec:
         return base
 
     def command(self) -> str:
-        """The equivalent `evolving-infra simulate` command line (generator overrides are not expressible)."""
+        """The equivalent `evolving-infra simulate` command line (generator overrides are not expressible); for
+        open-loop runs, which `simulate` cannot generate, the runner's command that runs this spec alone."""
         span = self.warmup_s + self.duration_s
         if self.trace is not None:
             return (f"evolving-infra simulate {self.trace} --agents {self.agents} --system {self.system} "
@@ -224,7 +226,12 @@ class RunSpec:
                f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
                f"--duration {self.duration_s:g} --seed {self.seed} --json")
         if self.arrival_rate is not None or self.period_s is not None:
-            cmd = cmd.replace(f"--agents {self.agents} --trace-agents {trace_agents(self.workload, self.agents, span)} ", "")
+            # `simulate` has no open-loop form of the generated workloads: the runner generates their arrivals
+            matrix_name = "shift" if self.period_s is not None else "open-loop"
+            cmd = (f"python scripts/evaluate.py run --matrix {matrix_name} --systems {shlex.quote(self.label or self.system)} "
+                   f"--splits {self.split} --warmup {self.warmup_s:g} --duration {self.duration_s:g} --seed {self.seed}")
+            if self.arrival_rate is not None:
+                cmd += f" --rates {self.arrival_rate:g}"
             cmd += f"  # open loop: {self.spec_trace_note()}"
         if self.warmup_exit:
             cmd += f"  # warmup exit {self.warmup_exit} (control settings, set by the runner)"
@@ -479,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2: the paper's protocol); overrides --seed")
     run.add_argument("--workloads", help="comma-separated subset of the matrix's workloads (e.g. putnam,osworld)")
     run.add_argument("--splits", help="comma-separated subset of the matrix's initial splits")
+    run.add_argument("--rates", help="comma-separated subset of the open-loop arrival rates (agents per minute)")
     run.add_argument("--warmup-exit", choices=["at-once", "staged"],
                      help="how the nodes leave the collocated warmup (default: the control core's, staged); "
                      "at-once is the behaviour before #13 step 6, for before/after runs")
@@ -532,6 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             specs = [s for s in specs if s.workload in set(args.workloads.split(","))]
         if args.splits:
             specs = [s for s in specs if s.split in set(args.splits.split(","))]
+        if args.rates:
+            try:
+                rates = {float(x) for x in args.rates.split(",")}
+            except ValueError:
+                print(f"error: --rates takes comma-separated numbers, got {args.rates!r}", file=sys.stderr)
+                return 2
+            specs = [s for s in specs if s.arrival_rate in rates]
         if args.warmup_exit:
             specs = [replace(s, warmup_exit=args.warmup_exit, label=f"{s.label or s.system} (exit {args.warmup_exit})")
                      for s in specs]  # fmt: skip

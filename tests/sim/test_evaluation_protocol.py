@@ -133,6 +133,30 @@ def test_an_open_loop_run_goes_through_the_runner_with_its_series() -> None:
     assert "-r6" in rec["key"] and "open loop" in rec["command"]
 
 
+def test_an_open_loop_runs_command_reruns_exactly_that_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """`simulate` cannot generate open-loop workloads, so their command is the runner's, selecting that one run."""
+    import shlex
+
+    from evolving_infra.cli.evaluate import main
+
+    specs = [s for name in ("shift", "open-loop") for s in matrix(name, 30.0, 60.0, seed=2)]
+    assert specs and all(s.open_loop for s in specs)
+    for spec in specs:
+        command = spec.command()
+        argv = shlex.split(command.split("  #")[0])
+        assert argv[:3] == ["python", "scripts/evaluate.py", "run"] and "open loop" in command
+        assert main([*argv[2:], "--dry-run", "--cache", "/nonexistent-cache"]) == 0
+        listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+        assert listed == [f"to run {spec.key()}"]
+
+
+def test_the_runner_refuses_rates_that_are_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    from evolving_infra.cli.evaluate import main
+
+    assert main(["run", "--matrix", "open-loop", "--rates", "fast", "--dry-run"]) == 2
+    assert "--rates takes comma-separated numbers" in capsys.readouterr().err
+
+
 def test_the_completion_series_counts_each_finished_request_once() -> None:
     class R:
         def __init__(self, issued: float, first: float, finish: float) -> None:
