@@ -9,7 +9,9 @@ start in their initial phases and the planner runs from t=0.
 Every random choice draws from a named stream of `RandomStreams(cfg.seed)`, so a run is a pure function of
 the config and the trace.
 
-The workload is read lazily: the content model hashes a request's pages when it is issued, and a `GrowingTrace`
+Pages are named by the content model's dense labels (`PageLabels.DENSE`: the same equalities as content hashes,
+cheaper page tables; `traces.content`), unless a content model is given. The workload is read lazily: the content
+model names a request's pages when it is issued, and a `GrowingTrace`
 (closed loop) loads each agent when the replayer starts it and releases it when it finishes (its pages are
 dropped then); the results are those of the whole trace loaded up front.
 
@@ -41,7 +43,7 @@ from evolving_infra.sim.pause import ThunderAgentRule
 from evolving_infra.sim.replay import AgentReplayer, ReplayMode, StreamedPlan
 from evolving_infra.sim.rng import RandomStreams
 from evolving_infra.sim.state import ClusterState, SimNode
-from evolving_infra.traces.content import ContentModel
+from evolving_infra.traces.content import ContentModel, PageLabels
 from evolving_infra.traces.growing import GrowingTrace, LoadedAgent
 from evolving_infra.traces.records import Relation, Request, Trace
 
@@ -72,12 +74,13 @@ def fork_parents(trace: Trace | GrowingTrace, requests: Iterable[Request]) -> di
 
 
 def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: HardwareProfile | None = None,
-                  content: ContentModel | None = None) -> ClusterState:
-    """A cluster ready to run `trace`; `profile` and `content` may be given to skip loading them."""
+                  content: ContentModel | None = None, labels: PageLabels = PageLabels.DENSE) -> ClusterState:
+    """A cluster ready to run `trace`; `profile` and `content` may be given to skip loading them (else the
+    content model names pages by `labels`)."""
     profile = profile if profile is not None else load_profile(cfg.profile)
     streams = RandomStreams(cfg.seed)
     if content is None or content.page_tokens != profile.page_tokens:
-        content = ContentModel(trace, profile.page_tokens, lazy=True)
+        content = ContentModel(trace, profile.page_tokens, lazy=True, labels=labels)
     streamed = isinstance(trace, GrowingTrace) and cfg.agents is not None
     if isinstance(trace, GrowingTrace) and not streamed:
         trace.load_all()  # open loop: every agent's start time is needed up front

@@ -28,6 +28,7 @@ from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
 from evolving_infra.sim.records import NodeSpan, RequestRecord, ScoreWindow, SplitRecord, SwitchRecord
 from evolving_infra.sim.spans import close_span
 from evolving_infra.sim.state import ClusterState
+from evolving_infra.traces.content import PageLabels
 from evolving_infra.traces.growing import GrowingTrace
 from evolving_infra.traces.loader import trace_from_records
 from evolving_infra.traces.records import Trace
@@ -83,10 +84,12 @@ def simulate(
     progress_every: int = 20_000,
     keep_state: bool = False,
     prepare: Callable[[ClusterState], None] | None = None,
+    labels: PageLabels = PageLabels.DENSE,
 ) -> SimResult:
     """Run `cfg` on `trace`; `prepare` may adjust the built cluster before it starts (experiments that vary
-    what the config does not name, e.g. the control core's settings)."""
-    state = build_cluster(cfg, trace)
+    what the config does not name, e.g. the control core's settings); `labels`: how pages are named
+    (`traces.content.PageLabels`; the dense labels by default, content hashes to check them against)."""
+    state = build_cluster(cfg, trace, labels=labels)
     if prepare is not None:
         prepare(state)
     kernel = Kernel(progress=progress, progress_every=progress_every)

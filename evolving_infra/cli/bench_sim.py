@@ -218,7 +218,7 @@ def _workload_only(args: argparse.Namespace) -> int:
     """The workload's CPU time and added resident memory up to the first event (see the module docstring)."""
     from evolving_infra.node_agent.profiles import load_profile
     from evolving_infra.sim.replay import AgentReplayer, IssueRequest, ReplayMode, ReplayPlan, StreamedPlan
-    from evolving_infra.traces.content import ContentModel
+    from evolving_infra.traces.content import ContentModel, PageLabels
 
     cfg = bench_config(args)
     page_tokens = load_profile(cfg.profile).page_tokens
@@ -226,7 +226,8 @@ def _workload_only(args: argparse.Namespace) -> int:
     rss, cpu = current_rss_mib(), time.process_time()
     trace = workload_trace(args.workload, count, args.seed) if args.eager else workload_stream(
         args.workload, count, args.seed)  # fmt: skip
-    content = ContentModel(trace, page_tokens, lazy=not args.eager)
+    content = ContentModel(trace, page_tokens, lazy=not args.eager,  # (lazy: as the simulator builds it)
+                           labels=PageLabels.CONTENT_HASH if args.eager else PageLabels.DENSE)
     plan = StreamedPlan(trace) if isinstance(trace, GrowingTrace) else ReplayPlan.from_trace(trace)
     replayer = AgentReplayer(plan, ReplayMode.closed_loop(args.agents))
     issued = [e.request.id for e in replayer.start(0.0) if isinstance(e, IssueRequest)]

@@ -22,6 +22,18 @@ later. Own pages are a pure function of the trace's structure, so the hashes are
 for first, and the same as the eager model's (which hashes every request in file order when built). The
 trace may grow while the model is in use (`traces.growing.GrowingTrace` appends agents in file order).
 
+Labels (`PageLabels`): by default a page is named by its chained content hash (as a real engine names it). With
+`PageLabels.DENSE` (what the simulator uses) a page is named by its place in the trace instead: prefix pages,
+then each request's own pages in file order, numbered consecutively from 1 (plus a tag of the namespace in the
+top 20 bits). Own pages are exactly the pages that no other request or prefix makes for itself (above), so two
+pages have equal labels exactly when they have equal content hashes (without the hashes' 64-bit collisions):
+every consumer that only compares pages sees the same cache hits, evictions by key, runs and chains. What
+differs is the numbers: where an order falls back on the page hash (the engine's tie-break of equal eviction
+keys) it follows the labels, and a prompt's pages are runs of consecutive small integers, which Python's dicts
+and sets keyed by page probe at neighbouring slots (a page table at 10^5-10^6 entries costs ~60 ns per probe
+instead of ~290 ns for random 64-bit keys: docs/benchmarks.md). Labels are a pure function of the trace's
+structure (file order and the requests' lengths), so they are the same however the pages are asked for.
+
 Boundary: pure computation over a validated `Trace` (or a `GrowingTrace`); no I/O.
 """
 
@@ -47,6 +59,26 @@ ProgressFn = Callable[[int, int], None]
 
 _SPAN = struct.Struct("<BIII")
 _PAGE = struct.Struct("<QBIII")  # a page of one span as `hash_page` hashes it: parent (u64) then the span
+
+
+_TAG_SHIFT = 44
+"""Dense labels: the namespace's tag sits above this bit, the page's number below (2^44 pages per model)."""
+
+
+class PageLabels(enum.Enum):
+    """How a content model names pages (module docstring, "Labels")."""
+
+    CONTENT_HASH = "content-hash"
+    """The chained xxh3 hash of the page's token identities (the default; what exports and live replays use)."""
+    DENSE = "dense"
+    """The page's number in the trace (prefixes, then requests' own pages in file order): the simulator's."""
+
+
+def _namespace_tag(namespace: int) -> int:
+    """The top 20 bits of every dense label of a model with `namespace` (0 for the root namespace)."""
+    if namespace == ROOT_PARENT:
+        return 0
+    return (xxhash.xxh3_64_intdigest(namespace.to_bytes(8, "little")) % ((1 << 20) - 1) + 1) << _TAG_SHIFT
 
 
 class Origin(enum.IntEnum):
@@ -75,7 +107,9 @@ class ContentModel:
     """Page hashes of every request of `trace` for pages of `page_tokens` tokens.
 
     `namespace` is the parent hash of every first page: give two traces replayed together different
-    namespaces so their fresh content never collides (prefixes then differ too).
+    namespaces so their fresh content never collides (prefixes then differ too). `labels`: content hashes, or
+    dense labels (module docstring; with them two namespaces' labels differ in their top 20 bits, equal for a
+    pair of namespaces with probability 2^-20).
     """
 
     def __init__(
@@ -87,6 +121,7 @@ class ContentModel:
         cache_size: int = 256,
         progress: ProgressFn | None = None,
         lazy: bool = False,
+        labels: PageLabels = PageLabels.CONTENT_HASH,
     ) -> None:
         validate_page_tokens(page_tokens)
         if cache_size < 0:
@@ -104,10 +139,18 @@ class ContentModel:
         """Per request: its own pages once hashed (None before, and after `release`)."""
         self.hashed_requests = 0
         """How many times a request's own pages were hashed (a released one hashed again counts again)."""
-        self._prefix_pages: dict[str, PageArray] = {
-            p.name: self._hash_spans(namespace, [(Origin.PREFIX, p.index, 0, p.tokens)], p.tokens // page_tokens)
-            for p in trace.prefixes.values()
-        }
+        self.labels = labels
+        self._first = array("Q")
+        """Per request (dense labels): the label of its first own page."""
+        self._next_label = _namespace_tag(namespace) + 1
+        self._prefix_pages: dict[str, PageArray] = {}
+        for p in trace.prefixes.values():
+            n = p.tokens // page_tokens
+            if labels is PageLabels.DENSE:
+                self._prefix_pages[p.name] = self._numbered(self._next_label, n)
+                self._next_label += n
+            else:
+                self._prefix_pages[p.name] = self._hash_spans(namespace, [(Origin.PREFIX, p.index, 0, p.tokens)], n)
         self._sync()
         if not lazy:
             self.hash_all(progress)
@@ -139,6 +182,8 @@ class ContentModel:
             self._base.append(self.trace.request(r.base).index if r.base is not None else -1)
             self._kept.append(r.keep // size)
             self._own.append(None)
+            self._first.append(self._next_label)
+            self._next_label += max(0, r.context_tokens // size - r.keep // size)  # (its own pages' count)
 
     def _index(self, rid: str) -> Request:
         r = self.trace.request(rid)
@@ -186,7 +231,7 @@ class ContentModel:
     def memory_bytes(self) -> int:
         """Bytes held in page arrays (own pages, prefix pages and the context cache) and per-request tables."""
         arrays = [*(a for a in self._own if a is not None), *self._prefix_pages.values(), *self._cache.values()]
-        tables = (len(self._base) + len(self._kept)) * self._base.itemsize
+        tables = (len(self._base) + len(self._kept) + len(self._first)) * self._base.itemsize
         return int(sum(a.nbytes for a in arrays)) + tables
 
     def held_requests(self) -> int:
@@ -231,11 +276,19 @@ class ContentModel:
             if j >= self._kept[cur]:
                 return cur
 
+    @staticmethod
+    def _numbered(first: int, n: int) -> PageArray:
+        arr = np.arange(first, first + n, dtype=np.uint64)
+        arr.setflags(write=False)
+        return arr
+
     def _own_pages(self, i: int) -> PageArray:
         r = self.trace.requests[i]
         size = self.page_tokens
         kept = self._kept[i]
         full = r.context_tokens // size
+        if self.labels is PageLabels.DENSE:
+            return self._numbered(self._first[i], max(0, full - kept))
         parent = self._page_at(i, kept - 1) if kept > 0 else self.namespace
         spans: list[Span] = []
         if r.keep > kept * size:
