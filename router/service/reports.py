@@ -156,7 +156,9 @@ class NodeReports:
         for flight in list(router.flights.values()):
             req = flight.req
             if req.decode_node == node or (req.prefill_node == node and not flight.tokens_sent):
-                flight.interrupt(f"handed back by node {node}'s relaunch")
+                # as for a node lost (`on_down`): a first token already on its way means the decode node holds the
+                # prompt KV, and the prefill node's relaunch does not touch the request
+                flight.interrupt(f"handed back by node {node}'s relaunch", prefill_loss=node != req.decode_node)
         router.refresh_gauges()
 
     def on_down(self, node: NodeId, reason: str) -> None:

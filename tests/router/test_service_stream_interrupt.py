@@ -70,3 +70,32 @@ def test_other_interrupts_retry_the_attempt(tokens_sent: int, prefill_loss: bool
             await pending
 
     asyncio.run(main())
+
+
+def test_a_prefill_nodes_relaunch_marks_its_flights_as_a_prefill_loss() -> None:
+    """A relaunch hands back the flights it touches as a lost node does (`on_down`): the prefill node's as a
+    prefill loss, so a first token already on its way keeps the stream (the live Dynamo relaunch test saw a
+    request fail with 'handed back by node p0's relaunch' after its first token), the decode node's not."""
+    from evolving_infra.core.types import NodeId, Phase
+    from evolving_infra.router.service.reports import NodeReports
+
+    def flight(rid: str, prefill: str, decode: str | None, tokens: int) -> Flight:
+        f = Flight(req=SimpleNamespace(id=rid, prefill_node=NodeId(prefill), decode_node=decode))  # type: ignore[arg-type]
+        f.tokens_sent = tokens
+        return f
+
+    flights = {"a": flight("a", "p0", "d0", 0), "b": flight("b", "p1", "p0", 3), "c": flight("c", "p0", "d1", 2),
+               "d": flight("d", "p1", "d0", 0)}  # fmt: skip
+    pushed: list[Any] = []
+    core = SimpleNamespace(clear_node=lambda node, now: ("cleared", node), switch_begun=lambda node, phase: None)
+    router = SimpleNamespace(core=core, flights=flights, push=pushed.append, now=lambda: 1.0,
+                             refresh_gauges=lambda: None)  # fmt: skip
+    track = SimpleNamespace(mode="prefill", target=Phase.DECODE, phase=Phase.PREFILL, pool=None,
+                            forget_report=lambda: None)  # fmt: skip
+    NodeReports(router)._relaunching(NodeId("p0"), track)  # type: ignore[arg-type]
+    assert pushed == [("cleared", "p0")] and track.mode is None
+    a, b, c, d = (flights[k] for k in "abcd")
+    assert a.interrupted.is_set() and a.prefill_loss  # its prefill node: a token on its way keeps the stream
+    assert b.interrupted.is_set() and not b.prefill_loss  # its decode node: the prompt KV is gone, retry
+    assert not c.interrupted.is_set()  # streaming already: the decode node holds the KV
+    assert not d.interrupted.is_set()  # not on the relaunching node
