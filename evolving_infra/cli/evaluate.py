@@ -216,28 +216,42 @@ class RunSpec:
     def command(self) -> str:
         """The equivalent `evolving-infra simulate` command line (generator overrides are not expressible); for
         open-loop runs, which `simulate` cannot generate, the runner's command that runs this spec alone."""
-        span = self.warmup_s + self.duration_s
         if self.trace is not None:
             return (f"evolving-infra simulate {self.trace} --agents {self.agents} --system {self.system} "
                     f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
                     f"--duration {self.duration_s:g} --seed {self.seed} --json")
+        if self.open_loop:
+            return self._runner_command() + self._notes(warmup_exit=False)
+        span = self.warmup_s + self.duration_s
         cmd = (f"evolving-infra simulate --workload {self.workload} --agents {self.agents} "
                f"--trace-agents {trace_agents(self.workload, self.agents, span)} --system {self.system} "
                f"--split {self.split} --profile {self.profile} --warmup {self.warmup_s:g} "
                f"--duration {self.duration_s:g} --seed {self.seed} --json")
-        if self.arrival_rate is not None or self.period_s is not None:
-            # `simulate` has no open-loop form of the generated workloads: the runner generates their arrivals
-            matrix_name = "shift" if self.period_s is not None else "open-loop"
-            cmd = (f"python scripts/evaluate.py run --matrix {matrix_name} --systems {shlex.quote(self.label or self.system)} "
-                   f"--splits {self.split} --warmup {self.warmup_s:g} --duration {self.duration_s:g} --seed {self.seed}")
-            if self.arrival_rate is not None:
-                cmd += f" --rates {self.arrival_rate:g}"
-            cmd += f"  # open loop: {self.spec_trace_note()}"
+        return cmd + self._notes(warmup_exit=True)
+
+    def _runner_command(self) -> str:
+        """This open-loop spec alone through the runner (`simulate` cannot generate open-loop workloads; the
+        runner generates their arrivals), with what it is in a trailing comment."""
+        name = self.label or self.system
+        if self.warmup_exit:  # the runner names a run with a warmup exit after its filters
+            name = name.removesuffix(f" (exit {self.warmup_exit})")
+        cmd = (f"python scripts/evaluate.py run --matrix {'shift' if self.period_s is not None else 'open-loop'} "
+               f"--systems {shlex.quote(name)} --splits {self.split} --warmup {self.warmup_s:g} "
+               f"--duration {self.duration_s:g} --seed {self.seed}")
+        if self.arrival_rate is not None:
+            cmd += f" --rates {self.arrival_rate:g}"
         if self.warmup_exit:
-            cmd += f"  # warmup exit {self.warmup_exit} (control settings, set by the runner)"
+            cmd += f" --warmup-exit {self.warmup_exit}"
+        return cmd + f"  # open loop: {self.spec_trace_note()}"
+
+    def _notes(self, warmup_exit: bool) -> str:
+        """What the command line cannot say, as trailing comments."""
+        notes = ""
+        if warmup_exit and self.warmup_exit:
+            notes += f"  # warmup exit {self.warmup_exit} (control settings, set by the runner)"
         if self.sim:
-            cmd += f"  # simulator settings over the preset (build_config overrides): {dict(self.sim)}"
-        return cmd + (f"  # generator overrides {dict(self.overrides)}" if self.overrides else "")
+            notes += f"  # simulator settings over the preset (build_config overrides): {dict(self.sim)}"
+        return notes + (f"  # generator overrides {dict(self.overrides)}" if self.overrides else "")
 
     def spec_trace_note(self) -> str:
         if self.period_s is not None:

@@ -153,13 +153,17 @@ class NodeReports:
         track.mode, track.pool = None, None
         track.forget_report()
         router.push(router.core.clear_node(node, router.now()))
-        for flight in list(router.flights.values()):
+        self._interrupt_flights(node, f"handed back by node {node}'s relaunch")
+        router.refresh_gauges()
+
+    def _interrupt_flights(self, node: NodeId, reason: str) -> None:
+        """Interrupt the flights `node` served (it relaunches or was lost): those it decodes, and those it
+        prefills that have not streamed yet, the latter marked as a prefill loss (a first token already on its
+        way means the decode node holds the prompt KV, and the request goes on: `LiveRouter._next`)."""
+        for flight in list(self.router.flights.values()):
             req = flight.req
             if req.decode_node == node or (req.prefill_node == node and not flight.tokens_sent):
-                # as for a node lost (`on_down`): a first token already on its way means the decode node holds the
-                # prompt KV, and the prefill node's relaunch does not touch the request
-                flight.interrupt(f"handed back by node {node}'s relaunch", prefill_loss=node != req.decode_node)
-        router.refresh_gauges()
+                flight.interrupt(reason, prefill_loss=node != req.decode_node)
 
     def on_down(self, node: NodeId, reason: str) -> None:
         router = self.router
@@ -170,10 +174,7 @@ class NodeReports:
         self.joined.discard(node)
         router.progress_events.pop(node, None)
         router.push(router.control.node_lost(node, router.now(), reason))
-        for flight in list(router.flights.values()):
-            # a flight already streaming has its prompt KV on its decode node: its prefill node's loss is not its
-            if node == flight.req.decode_node or (node == flight.req.prefill_node and not flight.tokens_sent):
-                flight.interrupt(f"node {node} became unavailable ({reason})", prefill_loss=node != flight.req.decode_node)
+        self._interrupt_flights(node, f"node {node} became unavailable ({reason})")
         router.refresh_gauges()
 
     def on_up(self, node: NodeId) -> None:
