@@ -12,13 +12,13 @@ holds nothing to replay.
 `evolving-infra local --record`): what a live request spends outside the engine model, per request and per
 decode iteration, calibrated from the recording's own timestamps against a replay that charges nothing
 (`calibrate_overheads`):
-- `iteration_s`: per decode iteration, the median over requests of (recorded decode span - replayed decode span)
-  / iterations: the engine loop's wake-up and publication time, each token's way through gRPC, the router and
+- `iteration_s`: per decode iteration, the middle mean (`middle_mean`) over requests of (recorded decode span -
+  replayed decode span) / iterations: the engine loop's wake-up and publication time, each token's way through gRPC, the router and
   HTTP. Charged inside the simulation as a cost added to eq. 2's fixed cost d0, so it delays every request
   that shares the node. (A per-request-in-the-batch term, regressed on the replay's decode batch, was tried:
   on the tiny preset the concurrent requests are also the cold ones, so the slope took the cold start for
   contention and overcharged the replay by 18 %.)
-- `request_s`: per request, the median over requests of (recorded TTFT - replayed TTFT) once the iteration
+- `request_s`: per request, the middle mean over requests of (recorded TTFT - replayed TTFT) once the iteration
   cost is charged: HTTP and routing on the router, the prefill and decode gRPC calls, the decode node's pull
   of the prompt's KV (real bytes over gRPC instead of the profile's link), and the first token's way back
   (the client sees it from the decode node, after its first iteration; the simulator's TTFT ends at the
@@ -36,8 +36,12 @@ decode iteration, calibrated from the recording's own timestamps against a repla
     token and end only (`charge_records`); nothing waits on it.
   One sample, the one there is: the transient is measured on the run, what the hold does to the other
   requests is predicted.
-Medians keep a few slow requests (requests that arrived together on a busy machine) from setting the constants;
-what they cost beyond them stays uncharged, and the fidelity check shows it.
+Middle means (the mean of the middle half) keep a few slow requests (requests that arrived together on a busy
+machine) from setting the constants, as medians would; what they cost beyond them stays uncharged, and the
+fidelity check shows it. Medians were used before and made the check flaky: the residuals of a `tiny` run fall
+in two clusters about 15 ms apart (when a request catches the engine loop's wake-up, on the live side's clock),
+and a median of 13 jumped between them from run to run (mean TTFT 0.1-12.0 % off over ten recordings; the
+middle mean on the same ten 0.1-7.6 %, docs/traces.md).
 
 Boundary: pure conversion (plus reading the JSON file in `load_models`).
 """
@@ -88,7 +92,7 @@ class LivePathOverheads:
     iteration_s: float
     """Per decode iteration: added to eq. 2's fixed cost d0."""
     requests: int
-    """Requests the medians were taken over."""
+    """Requests the middle means were taken over."""
     cold_start_s: float = 0.0
     """Once, at the start: a hold before the cluster takes in its first requests (`hold_start`)."""
     first_request_s: float = 0.0
@@ -106,7 +110,7 @@ class LivePathOverheads:
             raise ValueError(f"live_path.requests must be >= 1, got {self.requests}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "method": "median residuals of the recording against an uncharged replay; "
+        return {**dataclasses.asdict(self), "method": "middle-half means of the residuals of the recording against an uncharged replay; "
                 "cold_start_s + first_request_s: the first request's residual beyond request_s, before and after its "
                 "prefill started"}  # fmt: skip
 
@@ -124,6 +128,17 @@ class LivePathOverheads:
 def decode_iterations(output_tokens: int, t_acc: float) -> int:
     """Decode iterations that produce `output_tokens` at `t_acc` accepted tokens per iteration."""
     return max(1, math.ceil(output_tokens / t_acc - 1e-9))
+
+
+def middle_mean(values: Sequence[float]) -> float:
+    """The mean of the middle half of `values`: a quarter of them (at least one once there are three) dropped
+    at each end. Robust to a few slow requests like a median, and steadier than one when the residuals fall in
+    two clusters (a median of a dozen jumps from one cluster to the other with a single request)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("the middle mean of no values")
+    cut = max(1, len(ordered) // 4) if len(ordered) >= 3 else 0
+    return statistics.fmean(ordered[cut : len(ordered) - cut])
 
 
 def calibrate_overheads(
@@ -146,7 +161,7 @@ def calibrate_overheads(
                    for s in charged_iterations if s.request_id in rows]  # fmt: skip
     if not per_iteration or not per_request:
         raise ValueError("no recorded request with its TTFT and E2E was replayed: nothing to calibrate on")
-    request_s = max(0.0, statistics.median(per_request))
+    request_s = max(0.0, middle_mean(per_request))
     replayed = {s.request_id: s for s in charged_iterations if s.request_id in rows}
     first_id = first_request(rows[rid] for rid in replayed)
     hold = rest = 0.0
@@ -157,7 +172,7 @@ def calibrate_overheads(
         hold = excess if waited is None else min(excess, max(0.0, float(waited) - (first.prefill_start - first.queued)))
         rest = excess - hold
     return LivePathOverheads(
-        request_s=request_s, iteration_s=max(0.0, statistics.median(per_iteration)), requests=len(per_request),
+        request_s=request_s, iteration_s=max(0.0, middle_mean(per_iteration)), requests=len(per_request),
         cold_start_s=hold, first_request_s=rest,
     )  # fmt: skip
 

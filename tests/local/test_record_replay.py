@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -26,7 +27,7 @@ from evolving_infra.local.presets import PRESETS, PresetName
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.sim.recorded import (
     LivePathOverheads, ModelsFileError, calibrate_overheads, charge_records, count_from_due, decode_iterations,
-    hold_start, load_models, profile_with_models,
+    hold_start, load_models, middle_mean, profile_with_models,
 )  # fmt: skip
 from evolving_infra.sim.records import RequestRecord
 from evolving_infra.sim.run import simulate
@@ -106,6 +107,30 @@ def _record(rid: str, issued: float, ttft: float, decode: float, output: int = 1
                          decode_node="n1", queued=issued, prefill_start=issued, first_token=issued + ttft,
                          finish=issued + ttft + decode, prompt_tokens=500, cached_tokens=0, fetched_tokens=0,
                          output_tokens=output)  # fmt: skip
+
+
+@given(values=st.lists(st.floats(-1.0, 1.0), min_size=3, max_size=40), slow=st.floats(1.0, 1e6))
+def test_the_middle_mean_ignores_a_slow_request_and_stays_within_the_middle(values: list[float], slow: float) -> None:
+    """Like a median, the middle mean lies between the middle half's ends and does not move when one value
+    (the largest) becomes arbitrarily slow; equal values give back that value."""
+    ordered = sorted(values)
+    cut = max(1, len(ordered) // 4)
+    got = middle_mean(values)
+    assert ordered[cut] - 1e-12 <= got <= ordered[len(ordered) - cut - 1] + 1e-12
+    assert middle_mean(ordered[:-1] + [max(ordered[-1], slow)]) == pytest.approx(got, abs=1e-12)
+    assert middle_mean([values[0]] * len(values)) == pytest.approx(values[0], abs=1e-12)
+
+
+def test_the_middle_mean_does_not_jump_between_two_clusters() -> None:
+    """Thirteen residuals in two clusters 15 ms apart (a `tiny` run's): one request moving across moves the
+    median by most of the gap, the middle mean by at most a seventh of it."""
+    fast, slow = [0.010 + 0.0005 * i for i in range(7)], [0.025 + 0.0005 * i for i in range(6)]
+    moved = fast[:-1] + [fast[-1] + 0.015] + slow
+    median_jump = statistics.median(moved) - statistics.median(fast + slow)
+    middle_jump = middle_mean(moved) - middle_mean(fast + slow)
+    assert median_jump >= 0.8 * 0.015 - 1e-12 and 0 < middle_jump <= 0.015 / 7 + 1e-12
+    with pytest.raises(ValueError, match="no values"):
+        middle_mean([])
 
 
 @given(
