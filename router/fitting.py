@@ -132,6 +132,20 @@ class PrefillWork(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class FitQuality:
+    """How one phase's frozen fit did: its mean relative error on the warmup iterations it held out, and how
+    many iterations it was fitted on and checked on (`PhaseFit`'s diagnostics, kept with the model)."""
+
+    held_out_error: float | None
+    train_samples: int
+    held_out_samples: int
+
+    @classmethod
+    def of(cls, fit: PhaseFit) -> FitQuality:
+        return cls(fit.held_out_error, fit.train_samples, fit.held_out_samples)
+
+
+@dataclass(frozen=True, slots=True)
 class FittedNodeModel:
     """Frozen coefficients of one node plus its remeasured t̄_n and f_n: what planner and router evaluate.
 
@@ -144,6 +158,10 @@ class FittedNodeModel:
     decode: DecodeCoefficients | None
     usage: UsageCounts = field(default_factory=UsageCounts)
     unidentified: tuple[str, ...] = ()
+    prefill_quality: FitQuality | None = None
+    """The prefill fit's held-out diagnostics; None when the phase was not fitted on this node."""
+    decode_quality: FitQuality | None = None
+    """The decode fit's held-out diagnostics; None when the phase was not fitted on this node."""
 
     def __post_init__(self) -> None:
         if self.prefill is not None and self.usage.t_bar is None:
@@ -314,7 +332,11 @@ class ModelFitter:
         if result is None or result.samples != self.samples or result.usage != self._usage:
             result = self.fit(split_seed)
         self._frozen = True
-        return FittedNodeModel(self.node, result.prefill, result.decode, result.usage, result.unidentified)
+        return FittedNodeModel(
+            self.node, result.prefill, result.decode, result.usage, result.unidentified,
+            None if result.prefill is None else FitQuality.of(result.prefill_fit),
+            None if result.decode is None else FitQuality.of(result.decode_fit),
+        )  # fmt: skip
 
     def _check_open(self) -> None:
         if self._frozen:

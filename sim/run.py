@@ -13,6 +13,7 @@ Boundary: orchestration; the CLI prints and writes files (`evolving_infra.cli.si
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -180,5 +181,28 @@ def _stats(state: ClusterState, now: float, events: int, reason: str) -> dict[st
         "bind_waits": s.bind_waits,
         "reservation_waits": s.reservation_waits,
         "fit_messages": list(s.fit_messages),
+        "fitted_models": fitted_model_quality(state),
         "disaggregated_at": state.disaggregated_at,
     }
+
+
+def fitted_model_quality(state: ClusterState) -> dict[str, Any]:
+    """The frozen warmup fits' held-out errors (mean relative error on the warmup iterations each fit held out):
+    per node and phase, and the median and largest over the nodes that fitted the phase themselves (a borrowed
+    phase has none). Empty when the models came from the profile."""
+    fitted = getattr(state.control.models, "fitted", {}) if state.control is not None else {}
+    nodes: dict[str, dict[str, float | int | None]] = {}
+    for node, model in sorted(fitted.items()):
+        row: dict[str, float | int | None] = {}
+        for phase, quality in (("prefill", model.prefill_quality), ("decode", model.decode_quality)):
+            if quality is not None:
+                row[f"{phase}_held_out_error"] = quality.held_out_error
+                row[f"{phase}_samples"] = quality.train_samples
+        nodes[str(node)] = row
+    out: dict[str, Any] = {"nodes": nodes}
+    for phase in ("prefill", "decode"):
+        errors = sorted(e for row in nodes.values() if (e := row.get(f"{phase}_held_out_error")) is not None)
+        if errors:
+            out[f"{phase}_held_out_error_median"] = float(statistics.median(errors))
+            out[f"{phase}_held_out_error_max"] = float(errors[-1])
+    return out

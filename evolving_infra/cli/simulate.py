@@ -256,3 +256,8 @@ def _table(result: SimResult, wall: float) -> None:
     splits = ", ".join(f"{s} {share:.0%}" for s, share in m.split_share.items())
     console.print(f"switches: {m.switches} (mean {_fmt(m.mean_switch_s, 1)} s); splits: {splits or '-'}; "
                   f"prefill queue balance: {_fmt(m.queue_balance_ratio)}")
+    fits = m.extra.get("simulation", {}).get("fitted_models", {})
+    errors = [f"{phase} {100 * fits[f'{phase}_held_out_error_median']:.1f} % (max {100 * fits[f'{phase}_held_out_error_max']:.1f} %)"
+              for phase in ("prefill", "decode") if f"{phase}_held_out_error_median" in fits]  # fmt: skip
+    if errors:
+        console.print(f"fitted models' held-out error, median over nodes: {'; '.join(errors)}")

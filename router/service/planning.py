@@ -35,6 +35,7 @@ import grpc
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.router.core import PushCounts
 from evolving_infra.router.core.control import ControlEffect, ModelsFrozen, PlannerDecided, SwitchOrder, record_json
+from evolving_infra.router.fitting import FitQuality
 from evolving_infra.router.planner import CandidateVerdict, OursDiagnostics, PlannerDecision, SwitchMode
 from evolving_infra.router.service.backend import LiveRouter
 
@@ -162,11 +163,21 @@ def fitted_models(router: LiveRouter, at: datetime) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"node": node, "fittedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
         if model.prefill is not None:
             c = model.prefill
-            entry["prefill"] = {"c0": c.c0, "c1": c.c1, "c2": c.c2, "c3": c.c3}
+            entry["prefill"] = {"c0": c.c0, "c1": c.c1, "c2": c.c2, "c3": c.c3, **_quality(model.prefill_quality)}
         if model.decode is not None:
             dc = model.decode
-            entry["decode"] = {"d0": dc.d0, "d1": dc.d1, "d2": dc.d2}
+            entry["decode"] = {"d0": dc.d0, "d1": dc.d1, "d2": dc.d2, **_quality(model.decode_quality)}
         out.append(entry)
+    return out
+
+
+def _quality(quality: FitQuality | None) -> dict[str, Any]:
+    """A fit's `heldOutError` and `samples` (the iterations it was fitted on); nothing for a borrowed phase."""
+    if quality is None:
+        return {}
+    out: dict[str, Any] = {"samples": quality.train_samples}
+    if quality.held_out_error is not None:
+        out["heldOutError"] = quality.held_out_error
     return out
 
 

@@ -19,6 +19,7 @@ from evolving_infra.node_agent.profile import HardwareProfile
 from evolving_infra.node_agent.profiles import builtin_profiles, load_profile
 from evolving_infra.router.fitting import (
     CoefficientStatus,
+    FitQuality,
     FitResult,
     FitStatus,
     FittedNodeModel,
@@ -403,6 +404,59 @@ def test_frozen_model_evaluates_equations_3_and_4_and_refuses_new_samples() -> N
     truth = itermodel.prefill_request_time(profile.prefill.coefficients(), work, model.t_bar, model.f_restore)
     assert model.prefill_request_time(work) == pytest.approx(truth, rel=0.07)
     assert model.decode_iteration_time(16) == pytest.approx(profile.decode_time(16), rel=0.07)
+
+
+def test_a_frozen_model_keeps_its_fits_held_out_diagnostics() -> None:
+    """The model the warmup freezes carries each phase's held-out error and sample counts, as the last fit had
+    them; with 5 % noise the error is that of the noise, not 0."""
+    profile = load_profile("glm-5.2-4xgb300-tp4")
+    records, _ = collocated_warmup(profile, seconds=60.0, seed=3)
+    fitter = fitter_for(profile)
+    for record in records:
+        fitter.observe(record)
+    fit = fitter.fit()
+    model = fitter.freeze()
+    assert model.prefill_quality == FitQuality.of(fit.prefill_fit)
+    assert model.decode_quality == FitQuality.of(fit.decode_fit)
+    for quality, seen in ((model.prefill_quality, fit.samples[0]), (model.decode_quality, fit.samples[1])):
+        assert quality is not None and quality.held_out_error is not None
+        assert 0.01 < quality.held_out_error < 0.07
+        assert quality.train_samples + quality.held_out_samples == seen and quality.held_out_samples > 0
+
+
+def test_a_borrowed_phase_carries_no_diagnostics_and_the_status_entry_fits_the_crd() -> None:
+    """A node that saw too few prefill iterations borrows another node's prefill model but not its held-out
+    error; the router's `status.fittedModels` entries validate against the CR's status schema, with
+    `heldOutError` and `samples` for the phases each node fitted itself."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from evolving_infra.operator.status import FittedModel
+    from evolving_infra.router.core.models import freeze_all
+    from evolving_infra.router.service.planning import fitted_models
+
+    profile = load_profile("glm-5.2-4xgb300-tp4")
+    records, reports = collocated_warmup(profile, seconds=60.0, seed=3)
+    full = fitter_for(profile)
+    for record in records:
+        full.observe(record)
+    for _, cached, restored in reports:
+        full.observe_request(cached, restored)
+    decode_only = ModelFitter(NodeId("p1"), profile.decode.k, profile.decode.experts, profile.decode.t_fwd)
+    for batch in range(1, 21):
+        decode_only.observe(IterationRecord(NodeId("p1"), Phase.DECODE, 0.0, profile.decode_time(batch) * (1.0 + 0.01 * (batch % 3)), decode_batch=batch))
+    models, messages = freeze_all({NodeId("p0"): full, NodeId("p1"): decode_only})
+    assert messages == ["p1: prefill model borrowed from p0"]
+    assert models[NodeId("p1")].prefill_quality is None and models[NodeId("p1")].decode_quality is not None
+    router = SimpleNamespace(control=SimpleNamespace(models=SimpleNamespace(fitted=models)))
+    entries = {e["node"]: e for e in fitted_models(router, datetime(2026, 12, 5, tzinfo=UTC))}  # type: ignore[arg-type]
+    for entry in entries.values():
+        FittedModel.model_validate(entry)
+    own = models[NodeId("p0")].prefill_quality
+    assert own is not None
+    assert entries["p0"]["prefill"]["heldOutError"] == own.held_out_error and entries["p0"]["prefill"]["samples"] == own.train_samples
+    assert "heldOutError" not in entries["p1"]["prefill"] and "samples" not in entries["p1"]["prefill"]
+    assert entries["p1"]["decode"]["samples"] == 20 - models[NodeId("p1")].decode_quality.held_out_samples  # type: ignore[union-attr]
 
 
 def test_frozen_model_serves_the_planner_and_router_protocols() -> None:

@@ -72,6 +72,30 @@ def test_same_seed_gives_the_same_run_bit_for_bit() -> None:
     assert rows(c) != rows(a)  # the noise stream depends on the seed
 
 
+def test_a_fitted_run_reports_each_fits_held_out_error() -> None:
+    """The metrics carry each node's frozen fit's held-out error (none for a phase borrowed from another node)
+    and their median and largest; with 5 % noise the fits are not exact. Profile models report none."""
+    trace = workload_trace("putnam", 8, 3)
+    settings: dict[str, Any] = {"nodes": 3, "split": "2P1D", "agents": 5, "warmup_s": 120.0, "duration_s": 40.0, "seed": 7}
+    sim = simulate(build_config("evolving", noise=0.05, **settings), trace).metrics.extra["simulation"]
+    fits = sim["fitted_models"]
+    assert sorted(fits["nodes"]) == ["n0", "n1", "n2"]
+    for phase in ("prefill", "decode"):
+        borrowed = {m.split(":")[0] for m in sim["fit_messages"] if f"{phase} model borrowed" in m}
+        errors = []
+        for node, row in fits["nodes"].items():
+            assert (f"{phase}_held_out_error" in row) == (node not in borrowed), (node, row)
+            if node not in borrowed:
+                errors.append(row[f"{phase}_held_out_error"])
+                assert row[f"{phase}_samples"] >= 4
+        assert all(0.005 < e < 0.15 for e in errors), errors
+        assert fits[f"{phase}_held_out_error_max"] == max(errors)
+        assert min(errors) <= fits[f"{phase}_held_out_error_median"] <= max(errors)
+    assert any("prefill model borrowed" in m for m in sim["fit_messages"])  # this run has a borrowed phase
+    static = simulate(build_config("best-static", **settings), trace).metrics.extra["simulation"]
+    assert static["fitted_models"] == {"nodes": {}}
+
+
 def test_a_run_to_completion_serves_every_request_of_the_trace_once() -> None:
     trace = tiny_trace(agents=3, steps=4)
     result = run(trace, "cache-aware", agents=2)
