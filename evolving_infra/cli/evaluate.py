@@ -385,6 +385,7 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
     decided = [d for d in m.get("planner_switch_decisions") or []
                if d.get("outcome") == "switch" and window.get("start", 0.0) <= d["at"] < window.get("end", 0.0)]
     share = m.get("split_share") or {}
+    fits = (m.get("simulation") or {}).get("fitted_models") or {}
     return {
         "x": o.get("throughput_rps"), "ttft": o["ttft_s"].get("mean"), "ttft_p95": o["ttft_s"].get("p95"),
         "e2e": o["e2e_s"].get("mean"), "e2e_p95": o["e2e_s"].get("p95"), "pause": o.get("mean_pause_s"),
@@ -395,6 +396,7 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
         "uncached": o.get("uncached_tokens_per_request"), "n_branch": o.get("little_n_branch"),
         "final_split": max(share, key=lambda k: share[k]) if share else None,
         "wall_s": record.get("wall_s"),
+        "fit_prefill": fits.get("prefill_held_out_error_median"), "fit_decode": fits.get("decode_held_out_error_median"),
         "short": (record.get("sim_end_s") or 0.0) < record["spec"]["warmup_s"] + record["spec"]["duration_s"],
     }
 
@@ -462,8 +464,8 @@ def render_evaluation(records: Iterable[Mapping[str, Any]]) -> str:
         out.append("")
         out.append("| system | X req/s | mean E2E s | P95 TTFT s | mean TTFT s | lost KV reuse % | KV hit % "
                    "| switches (s/switch); decided in window / in run | most time at "
-                   "| paper X / E2E / switches / lost % | wall s |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                   "| paper X / E2E / switches / lost % | held-out model error P / D % | wall s |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         paper = PAPER_C.get((workload, agents), {})
         for r in rs:
             system = r["spec"]["system"]
@@ -482,7 +484,7 @@ def render_evaluation(records: Iterable[Mapping[str, Any]]) -> str:
             name = f"{label} (trace ran out)" if s["short"] else label
             out.append(f"| {name} | {_f(s['x'])} | {_f(s['e2e'], 1)} | {_f(s['ttft_p95'], 1)} | {_f(s['ttft'], 1)} "
                        f"| {_pct(s['lost'])} | {_pct(s['hit'])} | {switches} | {s['final_split'] or '-'} | {ref} "
-                       f"| {_f(s['wall_s'], 0)} |")
+                       f"| {_pct(s['fit_prefill'])} / {_pct(s['fit_decode'])} | {_f(s['wall_s'], 0)} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -103,6 +103,19 @@ def test_planner_decisions_are_counted_in_and_before_the_window() -> None:
     assert "; 1 / 3 |" in render_evaluation([r])
 
 
+def test_the_fitted_models_held_out_error_is_shown_where_the_run_fitted_them() -> None:
+    """The medians over nodes of the frozen fits' held-out errors (prefill / decode), '-' for runs on the
+    profile's models or cached before the metrics carried them."""
+    fitted = record("cc", 90, "evolving", 5.5, 8.0)
+    fitted["metrics"]["simulation"] = {"fitted_models": {"nodes": {}, "prefill_held_out_error_median": 0.041,
+                                                         "decode_held_out_error_median": 0.0625}}
+    text = render_evaluation([fitted, record("cc", 90, "dynamo", 4.0, 10.0)])
+    evolving = next(line for line in text.splitlines() if line.startswith("| evolving |"))
+    dynamo = next(line for line in text.splitlines() if line.startswith("| dynamo |"))
+    assert "| 4.10 / 6.25 | 42 |" in evolving and "| - / - | 42 |" in dynamo
+    assert "held-out model error P / D %" in text
+
+
 def test_summarize_picks_the_split_held_longest() -> None:
     s = summarize(record("cc", 90, "dynamo", 2.0, 30.0, share={"4P5D": 0.3, "3P6D": 0.7}))
     assert s["final_split"] == "3P6D" and s["x"] == 2.0 and s["ttft_p95"] == 4.25
