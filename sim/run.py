@@ -190,7 +190,7 @@ def fitted_model_quality(state: ClusterState) -> dict[str, Any]:
     """The frozen warmup fits' held-out errors (mean relative error on the warmup iterations each fit held out):
     per node and phase, and the median and largest over the nodes that fitted the phase themselves (a borrowed
     phase has none). Empty when the models came from the profile."""
-    fitted = getattr(state.control.models, "fitted", {}) if state.control is not None else {}
+    fitted = state.control.models.fitted if state.control is not None else {}
     nodes: dict[str, dict[str, float | int | None]] = {}
     for node, model in sorted(fitted.items()):
         row: dict[str, float | int | None] = {}

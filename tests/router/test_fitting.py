@@ -376,7 +376,8 @@ def test_bad_fitter_settings_are_refused() -> None:
 # --- the frozen model: eqs. 3 and 4, remeasured t̄_n and f_n ------------------------------------------------
 
 
-def frozen_glm() -> tuple[HardwareProfile, ModelFitter, FittedNodeModel]:
+def warmed_glm() -> tuple[HardwareProfile, ModelFitter]:
+    """A GLM-5.2 node's fitter after a minute of collocated warmup, not frozen."""
     profile = load_profile("glm-5.2-4xgb300-tp4")
     records, reports = collocated_warmup(profile, seconds=60.0, seed=3)
     fitter = fitter_for(profile)
@@ -384,6 +385,11 @@ def frozen_glm() -> tuple[HardwareProfile, ModelFitter, FittedNodeModel]:
         fitter.observe(record)
     for _, cached, restored in reports:
         fitter.observe_request(cached, restored)
+    return profile, fitter
+
+
+def frozen_glm() -> tuple[HardwareProfile, ModelFitter, FittedNodeModel]:
+    profile, fitter = warmed_glm()
     return profile, fitter, fitter.freeze()
 
 
@@ -409,11 +415,7 @@ def test_frozen_model_evaluates_equations_3_and_4_and_refuses_new_samples() -> N
 def test_a_frozen_model_keeps_its_fits_held_out_diagnostics() -> None:
     """The model the warmup freezes carries each phase's held-out error and sample counts, as the last fit had
     them; with 5 % noise the error is that of the noise, not 0."""
-    profile = load_profile("glm-5.2-4xgb300-tp4")
-    records, _ = collocated_warmup(profile, seconds=60.0, seed=3)
-    fitter = fitter_for(profile)
-    for record in records:
-        fitter.observe(record)
+    _, fitter = warmed_glm()
     fit = fitter.fit()
     model = fitter.freeze()
     assert model.prefill_quality == FitQuality.of(fit.prefill_fit)
@@ -435,13 +437,7 @@ def test_a_borrowed_phase_carries_no_diagnostics_and_the_status_entry_fits_the_c
     from evolving_infra.router.core.models import freeze_all
     from evolving_infra.router.service.planning import fitted_models
 
-    profile = load_profile("glm-5.2-4xgb300-tp4")
-    records, reports = collocated_warmup(profile, seconds=60.0, seed=3)
-    full = fitter_for(profile)
-    for record in records:
-        full.observe(record)
-    for _, cached, restored in reports:
-        full.observe_request(cached, restored)
+    profile, full = warmed_glm()
     decode_only = ModelFitter(NodeId("p1"), profile.decode.k, profile.decode.experts, profile.decode.t_fwd)
     for batch in range(1, 21):
         decode_only.observe(IterationRecord(NodeId("p1"), Phase.DECODE, 0.0, profile.decode_time(batch) * (1.0 + 0.01 * (batch % 3)), decode_batch=batch))

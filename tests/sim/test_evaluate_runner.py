@@ -18,11 +18,9 @@ from evolving_infra.cli.evaluate import (
     RunSpec,
     build_parser,
     matrix,
-    render_calibration,
-    render_evaluation,
-    summarize,
     trace_agents,
 )
+from evolving_infra.evaluation.tables import render_calibration, render_evaluation, summarize
 from evolving_infra.evaluation.protocol import PROTOCOL_MATRICES
 
 

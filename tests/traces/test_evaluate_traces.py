@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evolving_infra.cli.evaluate import main, render_evaluation, run_spec, trace_runs
+from evolving_infra.cli.evaluate import main, run_spec, trace_runs
+from evolving_infra.evaluation.tables import render_evaluation
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "sample-agents.jsonl"
 PROFILE = "glm-5.2-4xgb300-tp4"
