@@ -274,6 +274,10 @@ class AgentReplayer:
         """Open loop: agents that arrived and wait for admission."""
         return len(self._admission)
 
+    def waiting_arrivals(self) -> list[float]:
+        """Open loop: the arrival times of the agents waiting for admission, longest-waiting first."""
+        return [self._arrived[agent] for agent in self._admission]
+
     @property
     def finished_agents(self) -> int:
         return self._finished

@@ -21,12 +21,14 @@ from typing import Any
 
 from evolving_infra.node_agent.profiles import load_profile
 from evolving_infra.sim import quiet
+from evolving_infra.sim.admission import admission_summary
 from evolving_infra.sim.cluster import build_cluster, initial_commands
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.export import write_metrics_json, write_requests_jsonl
 from evolving_infra.sim.kernel import Kernel, Progress, StopReason
 from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
 from evolving_infra.sim.records import NodeSpan, RequestRecord, ScoreWindow, SplitRecord, SwitchRecord
+from evolving_infra.sim.replay import ReplayKind
 from evolving_infra.sim.spans import close_span
 from evolving_infra.sim.state import ClusterState
 from evolving_infra.traces.content import PageLabels
@@ -183,7 +185,17 @@ def _stats(state: ClusterState, now: float, events: int, reason: str) -> dict[st
         "fit_messages": list(s.fit_messages),
         "fitted_models": fitted_model_quality(state),
         "disaggregated_at": state.disaggregated_at,
+        **_admission(state, now),
     }
+
+
+def _admission(state: ClusterState, now: float) -> dict[str, Any]:
+    """Open loop only (closed-loop metrics stay as they were): D.3's admission figures over the scored window."""
+    if state.replayer.mode.kind is not ReplayKind.OPEN_LOOP:
+        return {}
+    end = now if state.cfg.scored_end is None else min(now, state.cfg.scored_end)
+    start = min(state.cfg.warmup_s, end)
+    return {"admission": admission_summary(state.admissions, state.replayer.waiting_arrivals(), start, end)}
 
 
 def fitted_model_quality(state: ClusterState) -> dict[str, Any]:

@@ -35,7 +35,13 @@ NODES = 9
 PLANNER_START = "6P3D"
 """The paper starts Dynamo, Arrow and ours from 6P3D (sections 3 and 6.1)."""
 STATIONARY = (("cc", 90), ("cc", 108), ("cc", 126), ("putnam", 224), ("osworld", 128))
-OPEN_LOOP_RATES = (0.5, 0.75, 1.0, 1.25, 1.5)
+PAPER_OPEN_LOOP_RATES = (0.5, 0.75, 1.0, 1.25, 1.5)
+"""Appendix D.3's arrival rates (agents per minute)."""
+OPEN_LOOP_RATES = (*PAPER_OPEN_LOOP_RATES, 1.75, 2.0, 2.5, 3.0)
+"""D.3's rates and beyond: the generated CC agents are shorter-lived than the paper's traced ones (at 1 agent/min
+about 45 are active against the paper's cap of 258, and the cluster serves about half of what it serves closed
+loop at 126 agents; docs/evaluation.md), so at the paper's rates no system reaches its limit; the sweep goes on
+until each one misses a target."""
 OPEN_LOOP_CAP = 258
 ABLATIONS: dict[str, tuple[tuple[str, Any], ...]] = {
     "evolving": (),
@@ -290,30 +296,41 @@ def _oracle(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> 
     return window_oracle(series, *_span(variants))
 
 
+def admitted_fraction(record: Mapping[str, Any]) -> float | None:
+    """The share of the window's arriving agents an open-loop run admitted (None: not recorded, i.e. cached
+    before the simulator reported it, or no agent arrived)."""
+    admission = record["metrics"].get("simulation", {}).get("admission")
+    return None if admission is None else admission.get("admitted_fraction")
+
+
 def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
-    """Open-loop runs: per system and rate whether D.3's targets hold (seed means), and the rate sustained."""
+    """Open-loop runs: per system and rate whether D.3's targets hold (seed means; TTFT P50 / P95 / E2E P50, and
+    the admitted share where below 100 %), and the rate sustained."""
     runs: dict[str, dict[float, list[dict[str, float | None]]]] = {}
     for r in records:
         spec = r["spec"]
         if spec.get("arrival_rate") is None:
             continue
-        runs.setdefault(spec.get("label") or spec["system"], {}).setdefault(spec["arrival_rate"], []).append(figures(r))
+        row = {**figures(r), "admitted": admitted_fraction(r)}
+        runs.setdefault(spec.get("label") or spec["system"], {}).setdefault(spec["arrival_rate"], []).append(row)
     if not runs:
         return ""
-    lines = ["| system | " + " | ".join(f"{rate:g}/min" for rate in OPEN_LOOP_RATES) + " | sustained |",
-             "|---|" + "---|" * (len(OPEN_LOOP_RATES) + 1)]  # fmt: skip
+    rates = sorted({*PAPER_OPEN_LOOP_RATES, *(rate for by_rate in runs.values() for rate in by_rate)})
+    lines = ["| system | " + " | ".join(f"{rate:g}/min" for rate in rates) + " | sustained |",
+             "|---|" + "---|" * (len(rates) + 1)]  # fmt: skip
     for system, by_rate in sorted(runs.items()):
         ok: dict[float, bool] = {}
         cells = []
-        for rate in OPEN_LOOP_RATES:
+        for rate in rates:
             fs = by_rate.get(rate)
             if not fs:
                 cells.append("-")
                 continue
-            mean = {k: _mean([f[k] for f in fs]) for k in ("ttft_p50", "ttft_p95", "e2e_p50")}
-            ok[rate] = sustains(mean)
+            mean = {k: _mean([f[k] for f in fs]) for k in ("ttft_p50", "ttft_p95", "e2e_p50", "admitted")}
+            ok[rate] = sustains(mean, admitted=mean["admitted"])
+            admitted = "" if mean["admitted"] is None or mean["admitted"] >= 1.0 else f" ({mean['admitted']:.0%} in)"
             cells.append(("**" if ok[rate] else "") + f"{_f(mean['ttft_p50'])} / {_f(mean['ttft_p95'])} / "
-                         f"{_f(mean['e2e_p50'])}" + ("**" if ok[rate] else ""))  # fmt: skip
+                         f"{_f(mean['e2e_p50'])}{admitted}" + ("**" if ok[rate] else ""))  # fmt: skip
         held = sustained_rate(ok)
         lines.append(f"| {system} | " + " | ".join(cells) + f" | {'-' if held is None else f'{held:g}/min'} |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolving_infra.cli.evaluate import BEST_SPLIT, RunSpec, completion_series, matrix, run_spec
-from evolving_infra.evaluation.protocol import ABLATIONS, render_protocol
+from evolving_infra.evaluation.protocol import ABLATIONS, render_protocol, render_sweep
 from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
 from evolving_infra.evaluation.stats import mean_interval
 
@@ -107,6 +107,25 @@ def test_a_rate_is_sustained_only_below_every_target_and_with_every_lower_rate()
     assert sustained_rate({0.5: False}) is None
 
 
+def test_the_sweep_table_marks_the_sustained_rates_and_counts_admission() -> None:
+    def run(rate: float, p95: float, admitted: float | None) -> dict[str, Any]:
+        out = record("evolving", "4P5D", 3.0)
+        out["spec"]["arrival_rate"] = rate
+        out["metrics"]["overall"]["ttft_s"]["p95"] = p95
+        if admitted is not None:
+            out["metrics"]["simulation"] = {"admission": {"admitted_fraction": admitted}}
+        return out
+
+    # 0.5 met (admission not recorded: not checked), 1 met, 2 within the latency targets but 60 % admitted, 3 slow
+    table = render_sweep([run(0.5, 3.0, None), run(1.0, 14.0, 1.0), run(2.0, 10.0, 0.6), run(3.0, 40.0, 1.0)])
+    header, _, row = table.splitlines()
+    assert "| 1.5/min |" in header and "| 2/min |" in header and "| 3/min |" in header  # D.3's rates and the rest
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[0] == "evolving" and cells[-1] == "1/min"
+    assert cells[1] == "**0.5 / 3.0 / 6.0**" and cells[3] == "**0.5 / 14.0 / 6.0**"
+    assert "(60% in)" in table and "**0.5 / 10.0" not in table and "**0.5 / 40.0" not in table
+
+
 def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
     specs = matrix("protocol", 1800.0, 3600.0, 0)
     assert len(set(specs)) == len(specs) and all(s.warmup_s == 1800.0 and s.duration_s == 3600.0 for s in specs)
@@ -117,7 +136,8 @@ def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
         assert searched == set(all_splits(9))
         systems = {s.label or s.system for s in specs if (s.workload, s.agents) == (workload, agents)}
         assert {"evolving", "dynamo", "arrow", "cache-aware", "cache-aware -pool"} <= systems
-    assert {s.arrival_rate for s in specs if s.arrival_rate} == {0.5, 0.75, 1.0, 1.25, 1.5}
+    rates = {s.arrival_rate for s in specs if s.arrival_rate}
+    assert {0.5, 0.75, 1.0, 1.25, 1.5} <= rates and max(rates) >= 2 * 1.5  # D.3's rates, and on to twice the last
     shift = [s for s in specs if s.period_s is not None]
     assert {s.split for s in shift if s.system == "best-static"} == set(all_splits(9)) and shift[0].profile.startswith("kimi")
     labels = {s.label for s in specs if s.workload == "cc" and s.agents == 126}
