@@ -305,7 +305,8 @@ def admitted_fraction(record: Mapping[str, Any]) -> float | None:
 
 def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
     """Open-loop runs: per system and rate whether D.3's targets hold (seed means; TTFT P50 / P95 / E2E P50, and
-    the admitted share where below 100 %), and the rate sustained."""
+    the admitted share where below 100 %), and the rate sustained (the highest with every lower rate of the
+    table run and sustained: a rate not run, D.3's included, caps it)."""
     runs: dict[str, dict[float, list[dict[str, float | None]]]] = {}
     for r in records:
         spec = r["spec"]
@@ -324,6 +325,7 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
         for rate in rates:
             fs = by_rate.get(rate)
             if not fs:
+                ok[rate] = False  # not run: no rate above it counts as sustained
                 cells.append("-")
                 continue
             mean = {k: _mean([f[k] for f in fs]) for k in ("ttft_p50", "ttft_p95", "e2e_p50", "admitted")}

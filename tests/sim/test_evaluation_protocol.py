@@ -116,14 +116,20 @@ def test_the_sweep_table_marks_the_sustained_rates_and_counts_admission() -> Non
             out["metrics"]["simulation"] = {"admission": {"admitted_fraction": admitted}}
         return out
 
-    # 0.5 met (admission not recorded: not checked), 1 met, 2 within the latency targets but 60 % admitted, 3 slow
-    table = render_sweep([run(0.5, 3.0, None), run(1.0, 14.0, 1.0), run(2.0, 10.0, 0.6), run(3.0, 40.0, 1.0)])
+    # 0.5 met (admission not recorded: not checked), 0.75 to 1.5 met, 2 within the latency targets but 60 %
+    # admitted, 3 slow
+    met = [run(0.5, 3.0, None), *(run(rate, 14.0, 1.0) for rate in (0.75, 1.0, 1.25, 1.5))]
+    table = render_sweep([*met, run(2.0, 10.0, 0.6), run(3.0, 40.0, 1.0)])
     header, _, row = table.splitlines()
     assert "| 1.5/min |" in header and "| 2/min |" in header and "| 3/min |" in header  # D.3's rates and the rest
     cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert cells[0] == "evolving" and cells[-1] == "1/min"
+    assert cells[0] == "evolving" and cells[-1] == "1.5/min"
     assert cells[1] == "**0.5 / 3.0 / 6.0**" and cells[3] == "**0.5 / 14.0 / 6.0**"
     assert "(60% in)" in table and "**0.5 / 10.0" not in table and "**0.5 / 40.0" not in table
+    # a rate not run (here 0.75) caps the sustained rate: nothing above it is claimed
+    gap = render_sweep([met[0], *met[2:]]).splitlines()[2]
+    assert gap.split("|")[-2].strip() == "0.5/min"
+    assert render_sweep([run(2.0, 10.0, 1.0)]).splitlines()[2].split("|")[-2].strip() == "-"
 
 
 def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
