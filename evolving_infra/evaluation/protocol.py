@@ -312,7 +312,7 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
         spec = r["spec"]
         if spec.get("arrival_rate") is None:
             continue
-        row = {**figures(r), "admitted": admitted_fraction(r)}
+        row = {**figures(r), "admitted": admitted_fraction(r), "prefill": mean_prefill_nodes(r)}
         runs.setdefault(spec.get("label") or spec["system"], {}).setdefault(spec["arrival_rate"], []).append(row)
     if not runs:
         return ""
@@ -335,7 +335,24 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
                          f"{_f(mean['e2e_p50'])}{admitted}" + ("**" if ok[rate] else ""))  # fmt: skip
         held = sustained_rate(ok)
         lines.append(f"| {system} | " + " | ".join(cells) + f" | {'-' if held is None else f'{held:g}/min'} |")
+    lines += ["", "Prefill nodes over the scored window (time-weighted mean; seed means):", "",
+              "| system | " + " | ".join(f"{rate:g}/min" for rate in rates) + " |", "|---|" + "---|" * len(rates)]
+    for system, by_rate in sorted(runs.items()):
+        means = [_mean([f["prefill"] for f in by_rate.get(rate, ())]) for rate in rates]
+        lines.append(f"| {system} | " + " | ".join(_f(v) for v in means) + " |")
     return "\n".join(lines)
+
+
+_PURE_SPLIT = re.compile(r"^(\d+)P(\d+)D$")
+
+
+def mean_prefill_nodes(record: Mapping[str, Any]) -> float | None:
+    """The time-weighted mean number of prefill nodes over the scored window, from the run's split shares (the
+    splits with every node disaggregated; None when the run has none)."""
+    share = record["metrics"].get("split_share") or {}
+    held = [(int(m.group(1)), w) for split, w in share.items() if (m := _PURE_SPLIT.match(split)) and w > 0]
+    total = sum(w for _, w in held)
+    return sum(p * w for p, w in held) / total if total > 0 else None
 
 
 def _f(v: float | None) -> str:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolving_infra.cli.evaluate import BEST_SPLIT, RunSpec, completion_series, matrix, run_spec
-from evolving_infra.evaluation.protocol import ABLATIONS, render_protocol, render_sweep
+from evolving_infra.evaluation.protocol import ABLATIONS, mean_prefill_nodes, render_protocol, render_sweep
 from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
 from evolving_infra.evaluation.stats import mean_interval
 
@@ -120,7 +120,7 @@ def test_the_sweep_table_marks_the_sustained_rates_and_counts_admission() -> Non
     # admitted, 3 slow
     met = [run(0.5, 3.0, None), *(run(rate, 14.0, 1.0) for rate in (0.75, 1.0, 1.25, 1.5))]
     table = render_sweep([*met, run(2.0, 10.0, 0.6), run(3.0, 40.0, 1.0)])
-    header, _, row = table.splitlines()
+    header, _, row = table.splitlines()[:3]
     assert "| 1.5/min |" in header and "| 2/min |" in header and "| 3/min |" in header  # D.3's rates and the rest
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[0] == "evolving" and cells[-1] == "1.5/min"
@@ -130,6 +130,18 @@ def test_the_sweep_table_marks_the_sustained_rates_and_counts_admission() -> Non
     gap = render_sweep([met[0], *met[2:]]).splitlines()[2]
     assert gap.split("|")[-2].strip() == "0.5/min"
     assert render_sweep([run(2.0, 10.0, 1.0)]).splitlines()[2].split("|")[-2].strip() == "-"
+
+
+def test_the_sweep_shows_the_time_weighted_prefill_nodes_of_each_rate() -> None:
+    out = record("evolving", "4P5D", 3.0)
+    out["spec"]["arrival_rate"] = 2.0
+    # a quarter of the window collocated-warming (not counted), then 4P5D for a quarter and 1P8D for half
+    out["metrics"]["split_share"] = {"0P1D+8C": 0.25, "4P5D": 0.25, "1P8D": 0.5, "3P6D": 0.0}
+    assert mean_prefill_nodes(out) == pytest.approx((4 * 0.25 + 1 * 0.5) / 0.75)
+    table = render_sweep([out])
+    assert table.splitlines()[-1] == "| evolving | - | - | - | - | - | 2.0 |"
+    out["metrics"]["split_share"] = {"9C": 1.0}
+    assert mean_prefill_nodes(out) is None
 
 
 def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
