@@ -51,7 +51,8 @@ ABLATIONS: dict[str, tuple[tuple[str, Any], ...]] = {
     "evolving -adaptation": (("planner", "static"),),
     "evolving -async fetch": (("data_plane", "hicache-loadback"),),
 }
-"""Section 6.4: each component of ours off in turn (SimConfig overrides of the `evolving` preset)."""
+"""Section 6.4: each component of ours off in turn (SimConfig overrides of the `evolving` preset); the `ablations`
+matrix also starts ours from 3P6D, 5P4D and 6P3D (figure 8a: sensitivity to the initial split)."""
 PROTOCOL_MATRICES = ("stationary", "search", "shift", "open-loop", "ablations", "thunderagent", "protocol")
 
 
@@ -91,6 +92,8 @@ def protocol_matrix(name: str, make: Callable[..., Any], best: Mapping[str, str]
         for label, sim in ABLATIONS.items():
             add("cc", 126, "evolving", "4P5D", sim=sim, label="" if label == "evolving" else label)
         add("cc", 126, "best-static", "4P5D")
+        for split in ("3P6D", "5P4D", "6P3D"):  # figure 8a: ours from other initial splits
+            add("cc", 126, "evolving", split)
     if name in ("thunderagent", "protocol"):
         add("cc", 126, "cache-aware", "4P5D", sim=(("eviction", "lru"), ("data_plane", "hicache-loadback"),
                                                    ("shared_pool", False), ("decode_reservation", "at-routing")),

@@ -160,6 +160,8 @@ def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
     assert {s.split for s in shift if s.system == "best-static"} == set(all_splits(9)) and shift[0].profile.startswith("kimi")
     labels = {s.label for s in specs if s.workload == "cc" and s.agents == 126}
     assert {k for k in ABLATIONS if k != "evolving"} <= labels and any(s.system == "thunderagent" for s in specs)
+    starts = {s.split for s in matrix("ablations", 1800.0, 3600.0, 0) if s.system == "evolving" and not s.label}
+    assert starts == {"3P6D", "4P5D", "5P4D", "6P3D"}  # figure 8a: ours from four initial splits
     assert len({s.key() for s in specs}) == len(specs)  # every run has its own cache file
 
 
