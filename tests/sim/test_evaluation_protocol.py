@@ -246,3 +246,15 @@ def test_a_shift_group_shows_each_periods_rate_and_the_planners_switches() -> No
     assert "| static 5P4D | 5P4D | 1.00 | 1.00 | 1.00 |  |" in lines
     stationary = [record("evolving", "6P3D", 1.0, finished=[1, 2, 3])]
     assert "each scored period" not in render_protocol(stationary, BEST_SPLIT)
+
+
+def test_the_ratio_column_compares_with_ours_from_one_initial_split() -> None:
+    """A group holding ours from several initial splits (figure 8a) compares with ours from the paper's start,
+    not with their mean; without that start, with the split that has the most runs."""
+    both = [record("evolving", "6P3D", 6.0), record("evolving", "4P5D", 8.0), record("best-static", "4P5D", 5.0)]
+    text = render_protocol(both, BEST_SPLIT)
+    assert "ours (from 6P3D) / this (X)" in text
+    assert "| best-static (searched) | 4P5D (searched over 1; D.1: 4P5D) | 1 | 5.00 |" in text
+    assert text.split("best-static (searched)")[1].splitlines()[0].rstrip().endswith("| 1.20 |")  # 6.0 / 5.0
+    alone = render_protocol([both[1], both[2]], BEST_SPLIT)
+    assert "ours (from 4P5D) / this (X)" in alone and "| 1.60 |" in alone
