@@ -1,12 +1,12 @@
 """Admission of open-loop agents (appendix D.3): of the agents arriving in the scored window, how many a run
 admitted by the window's end and how long they waited, from the (arrival, start) pairs the driver records and
-the arrivals still waiting when the run stopped.
+the arrivals still waiting when the run stopped (`AgentReplayer.admissions`).
 
 D.3 counts a rate as sustained only if at least 90 % of the arriving agents are admitted (at most 258 active).
 An agent counts as admitted when it started by the window's end; one still waiting then, or started after it,
 does not. Waits are start - arrival of the admitted ones.
 
-Boundary: pure arithmetic over the recorded pairs; recording them is `sim.flow`'s, the targets are
+Boundary: pure arithmetic over the recorded pairs; recording them is the replayer's, the targets are
 `evaluation.search`'s.
 """
 

@@ -44,7 +44,7 @@ from evolving_infra.sim.kernel import Cancel, Command, Event, Priority, StopRun
 from evolving_infra.sim.links import Flow, FlowKind, Landed, LinkModel
 from evolving_infra.sim.pause import ProgramRecord
 from evolving_infra.sim.records import RequestRecord
-from evolving_infra.sim.replay import AgentFinished, AgentStarted, BranchEnded, Effect, IssueRequest, ReplayKind
+from evolving_infra.sim.replay import AgentFinished, AgentStarted, BranchEnded, Effect, IssueRequest
 from evolving_infra.sim.state import ClusterState, SimNode, SimRequest, Stage, absorb, apply_counts, kick
 from evolving_infra.sim.views import decode_need, kv_room_tokens
 
@@ -62,8 +62,6 @@ def react(state: ClusterState, effects: list[Effect], now: float) -> list[Comman
         elif isinstance(effect, BranchEnded):
             apply_counts(state, state.core.end_branch(BranchId(effect.branch), now))
         elif isinstance(effect, AgentStarted):
-            if state.replayer.mode.kind is ReplayKind.OPEN_LOOP:
-                state.admissions.append((effect.arrived, effect.at))
             if state.pause is not None:
                 state.programs[effect.agent] = ProgramRecord()
         elif isinstance(effect, AgentFinished):

@@ -225,6 +225,8 @@ class AgentReplayer:
         self._arrived: dict[str, float] = {}
         self._active: set[str] = set()
         self._admission: deque[str] = deque()
+        self._admitted: list[tuple[float, float]] = []
+        """Open loop: (arrival, start) of every agent started, in start order (appendix D.3's admission)."""
         self._next_agent = 0
         self._finished = 0
         self._issued = 0
@@ -274,9 +276,10 @@ class AgentReplayer:
         """Open loop: agents that arrived and wait for admission."""
         return len(self._admission)
 
-    def waiting_arrivals(self) -> list[float]:
-        """Open loop: the arrival times of the agents waiting for admission, longest-waiting first."""
-        return [self._arrived[agent] for agent in self._admission]
+    def admissions(self) -> tuple[list[tuple[float, float]], list[float]]:
+        """Open loop: (arrival, start) of every agent started so far, and the arrival times of the agents still
+        waiting for admission, longest-waiting first (closed loop: both empty)."""
+        return list(self._admitted), [self._arrived[agent] for agent in self._admission]
 
     @property
     def finished_agents(self) -> int:
@@ -415,7 +418,9 @@ class AgentReplayer:
         else:
             cap = self._mode.max_active
             while self._admission and (cap is None or len(self._active) < cap):
-                self._start_agent(self._runs[self._admission.popleft()].agent, at, out)
+                agent = self._runs[self._admission.popleft()].agent
+                self._admitted.append((self._arrived[agent.agent], at))
+                self._start_agent(agent, at, out)
 
     def _start_agent(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
         self._active.add(agent.agent)

@@ -163,8 +163,6 @@ class ClusterState:
     parked: deque[SimRequest] = field(default_factory=deque)
     """Requests with no node accepting prefill right now (retried when a switch or relaunch completes)."""
     programs: dict[str, Any] = field(default_factory=dict)
-    admissions: list[tuple[float, float]] = field(default_factory=list)
-    """Open loop: (arrival, start) of every admitted agent, for D.3's admission target (`sim.admission`)."""
     held: dict[str, list[SimRequest]] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
     switches: list[SwitchRecord] = field(default_factory=list)

@@ -30,6 +30,7 @@ from typing import Any
 
 from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
 from evolving_infra.evaluation.stats import mean_interval
+from evolving_infra.router.planner.split import parse_split
 
 NODES = 9
 PLANNER_START = "6P3D"
@@ -356,14 +357,15 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-_PURE_SPLIT = re.compile(r"^(\d+)P(\d+)D$")
-
-
 def mean_prefill_nodes(record: Mapping[str, Any]) -> float | None:
     """The time-weighted mean number of prefill nodes over the scored window, from the run's split shares (the
     splits with every node disaggregated; None when the run has none)."""
-    share = record["metrics"].get("split_share") or {}
-    held = [(int(m.group(1)), w) for split, w in share.items() if (m := _PURE_SPLIT.match(split)) and w > 0]
+    held = []
+    for split, w in (record["metrics"].get("split_share") or {}).items():
+        try:
+            held.append((parse_split(split)[0], w))
+        except ValueError:  # a split with collocated nodes (warmup): not counted
+            continue
     total = sum(w for _, w in held)
     return sum(p * w for p, w in held) / total if total > 0 else None
 

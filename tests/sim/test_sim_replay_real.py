@@ -10,7 +10,7 @@ import pytest
 
 from evolving_infra.sim.metrics import compute_run_metrics
 from evolving_infra.sim.records import RequestRecord, ScoreWindow
-from evolving_infra.sim.replay import AgentReplayer, IssueRequest, ReplayMode
+from evolving_infra.sim.replay import AgentReplayer, AgentStarted, IssueRequest, ReplayMode
 from evolving_infra.sim.replay_loop import ReplayLog, run_replay
 from evolving_infra.sim.replay_plan import RequestSpec
 from evolving_infra.traces.loader import load_trace
@@ -40,6 +40,20 @@ def test_replay_of_a_loaded_trace_keeps_its_invariants(
     log = run_replay(replayer, service_s)
     check_replay(loaded, mode, replayer, log)
     assert len(log.completed) == len(loaded.requests) > 50
+
+
+def test_the_replayer_records_each_open_loop_admission_as_its_agent_starts(loaded: Trace) -> None:
+    """`admissions()` (appendix D.3's admission figures) holds the (arrival, start) of every AgentStarted effect,
+    waits included; closed loop records none."""
+    replayer = AgentReplayer(loaded, ReplayMode.open_loop(max_active=1))
+    log = run_replay(replayer, service_s)
+    started = [(e.arrived, e.at) for e in log.effects if isinstance(e, AgentStarted)]
+    admitted, waiting = replayer.admissions()
+    assert admitted == started and len(started) == len(loaded.agents) and not waiting
+    assert any(at > arrived for arrived, at in admitted)  # one at a time: later arrivals waited
+    closed = AgentReplayer(loaded, ReplayMode.closed_loop(2))
+    run_replay(closed, service_s)
+    assert closed.admissions() == ([], [])
 
 
 def _records(log: ReplayLog, cached: Callable[[RequestSpec], int]) -> list[RequestRecord]:
