@@ -195,7 +195,8 @@ def _admission(state: ClusterState, now: float) -> dict[str, Any]:
         return {}
     end = now if state.cfg.scored_end is None else min(now, state.cfg.scored_end)
     start = min(state.cfg.warmup_s, end)
-    return {"admission": admission_summary(*state.replayer.admissions(), start, end)}
+    admitted, waiting = state.replayer.admissions()
+    return {"admission": admission_summary(admitted, waiting, start, end)}
 
 
 def fitted_model_quality(state: ClusterState) -> dict[str, Any]:
