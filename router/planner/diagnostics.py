@@ -46,7 +46,8 @@ class SliceDiagnostics:
 
 @dataclass(frozen=True, slots=True)
 class CandidateDiagnostics:
-    """One candidate prefill count: the nodes it moves, its per-slice gains and its verdict."""
+    """One candidate prefill count: the nodes it moves, its per-slice gains and its verdict; `history`: how many of
+    the gains (the last ones) were evaluated on slices measured while this prefill count ran earlier."""
 
     prefill_count: int
     split: str
@@ -57,6 +58,7 @@ class CandidateDiagnostics:
     threshold: float | None
     verdict: CandidateVerdict
     chosen: bool = False
+    history: int = 0
 
 
 @dataclass(frozen=True, slots=True)

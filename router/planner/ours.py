@@ -9,12 +9,22 @@ At the end of each planning window (T_win = 600 s of m = 10 slices of 60 s by de
 4. a candidate qualifies if ḡ > 2σ/√m, σ the sample standard deviation of its g_i over the m usable slices
    (m >= 2); switch to the qualified candidate with the largest ḡ, in place.
 
+Beyond the paper (`history_s`; docs/planner.md, "Evidence from a split that ran"): eq. 5 evaluates every candidate
+on the w̄_i and q̄_i measured under the current split, but both move with the split (with fewer prefill nodes:
+longer queues, more prefixes evicted while queued, more of the prefix restored from host memory), so the model
+can favour B on A's slices and A on B's, and the planner then alternates between A and B. The planner keeps the
+usable slices of the last window each prefill count ran (for `history_s`) and, when that count is a candidate
+again, adds the gains g_i = Θ(candidate) - Θ(current) evaluated on those slices to the current window's: a split
+it left is judged on what was measured under it too, and the significance test runs over all of them.
+
 Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
 over at least two usable slices; every decision lists every candidate with its verdict and every slice with
 its use and the current split's Θ. Slices that start before (last switch end + cooldown) are not used, so the
-window evaluated after a switch holds only data of the new split.
+window evaluated after a switch holds only data of the new split. With `history_s = 0` nothing is kept between
+decisions (the paper's rule).
 
-Boundary: pure; the window slices and node models come in the observation.
+Boundary: pure; the window slices and node models come in the observation; the only state kept is the usable
+slices (w̄_i, q̄_i) of the last window of each prefill count that ran (at most `window.slices` each).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from evolving_infra.router.planner.split import (
     prefill_nodes,
 )
 from evolving_infra.router.planner.throughput import split_throughput
-from evolving_infra.router.planner.window import WindowConfig
+from evolving_infra.router.planner.window import MeanWork, WindowConfig
 
 
 class DecodeDemand(str, Enum):
@@ -70,7 +80,8 @@ class OursSettings:
     """window: T_win and its slices (decisions every T_win); cooldown_s: no decision, and no slice used, until
     this long after the last switch completed; min_prefill / min_decode: bounds of a candidate split;
     significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2); decode_demand: what q̄ counts
-    (`DecodeDemand`)."""
+    (`DecodeDemand`); history_s: how long the usable slices of a split that ran stay evidence about it when it is
+    a candidate again (0: only the current window, the paper's rule)."""
 
     window: WindowConfig = field(default_factory=WindowConfig)
     cooldown_s: float = 120.0
@@ -78,8 +89,11 @@ class OursSettings:
     min_decode: int = 1
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
+    history_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.history_s) and self.history_s >= 0):
+            raise ValueError(f"history_s must be a finite number >= 0, got {self.history_s}")
         if not self.cooldown_s >= 0:
             raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
         if self.min_prefill < 0 or self.min_decode < 0:
@@ -94,11 +108,42 @@ class _Split:
     decode: tuple[NodeId, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """One usable slice of a window: its bounds, w̄_i and q̄_i."""
+
+    start: float
+    end: float
+    work: MeanWork
+    q_bar: float
+
+
 class OursPlanner:
     """Eq. 5/6 planner with the E.3 outer loop. See the module docstring for the rule."""
 
     def __init__(self, settings: OursSettings | None = None) -> None:
         self._settings = settings or OursSettings()
+        self._ran: dict[int, tuple[_Measured, ...]] = {}  # prefill count -> usable slices of its last window
+
+    def evidence(self, now: float) -> dict[int, int]:
+        """Prefill count -> how many slices measured while it ran still count as evidence about it at `now`."""
+        return {p: n for p in sorted(self._ran) if (n := len(self._kept(p, now)))}
+
+    def _kept(self, prefill_count: int, now: float) -> tuple[_Measured, ...]:
+        horizon = now - self._settings.history_s
+        return tuple(m for m in self._ran.get(prefill_count, ()) if m.end >= horizon)
+
+    def _remember(self, prefill_count: int, used: list[_Measured], now: float) -> None:
+        """Keep the current window's usable slices as what was measured under `prefill_count` (the latest
+        `window.slices` of them); forget what is older than `history_s`."""
+        if self._settings.history_s <= 0:
+            return
+        if used:
+            starts = {m.start for m in used}
+            kept = [m for m in self._kept(prefill_count, now) if m.start not in starts] + used
+            self._ran[prefill_count] = tuple(sorted(kept, key=lambda m: m.start)[-self._settings.window.slices :])
+        for p in [p for p in self._ran if not self._kept(p, now)]:
+            del self._ran[p]
 
     @property
     def name(self) -> PlannerName:
@@ -135,6 +180,7 @@ class OursPlanner:
         splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
 
         slice_diags: list[SliceDiagnostics] = []
+        measured: list[_Measured] = []
         gains: dict[int, list[float]] = {p: [] for p in counts}
         with_backlog = cfg.decode_demand is DecodeDemand.WITH_PREFILL_BACKLOG
         for s in observation.slices:
@@ -165,10 +211,22 @@ class OursPlanner:
                 )
             )
             if finite:
+                measured.append(_Measured(s.start, s.end, work, q_bar))
                 for p, theta in thetas.items():
                     gains[p].append(theta - now_tp.theta)
 
-        candidates = [self._judge(p, phases, observation.move_costs, gains[p]) for p in counts]
+        # A candidate that ran within history_s is also judged on the slices measured while it ran.
+        history: dict[int, int] = {}
+        for p, c in splits.items():
+            for m in self._kept(p, now):
+                then = split_throughput(base.prefill, base.decode, observation.models, m.work, m.q_bar).theta
+                theta = split_throughput(c.prefill, c.decode, observation.models, m.work, m.q_bar).theta
+                if math.isfinite(then) and math.isfinite(theta):
+                    gains[p].append(theta - then)
+                    history[p] = history.get(p, 0) + 1
+        self._remember(len(base.prefill), measured, now)
+
+        candidates = [self._judge(p, phases, observation.move_costs, gains[p], history.get(p, 0)) for p in counts]
         qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
         cur_p = len(base.prefill)
         if not qualified:
@@ -180,14 +238,15 @@ class OursPlanner:
         candidates = [
             CandidateDiagnostics(
                 c.prefill_count, c.split, c.moved, c.gains, c.mean_gain, c.std_error, c.threshold, c.verdict,
-                chosen=c is best,
+                chosen=c is best, history=c.history,
             )
             for c in candidates
         ]
         diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
+        earlier = f", {best.history} of them measured while {best.split} ran" if best.history else ""
         reason = (
             f"switch {current} -> {best.split}: mean gain {best.mean_gain:.4g} req/s > "
-            f"{cfg.significance:g} standard errors ({best.threshold:.4g}) over {len(best.gains)} slices"
+            f"{cfg.significance:g} standard errors ({best.threshold:.4g}) over {len(best.gains)} slices{earlier}"
         )
         return PlannerDecision(targets[best.prefill_count], SwitchMode.IN_PLACE, Outcome.SWITCH, reason, diag)
 
@@ -197,6 +256,7 @@ class OursPlanner:
         phases: dict[NodeId, Phase],
         move_costs: dict[NodeId, float],
         gains: list[float],
+        history: int = 0,
     ) -> CandidateDiagnostics:
         moved = nodes_to_move(phases, prefill_count, move_costs)
         target = format_split(fewest_changes_split(phases, prefill_count, move_costs))
@@ -204,13 +264,16 @@ class OursPlanner:
         mean = statistics.fmean(gains) if gains else None
         if m < 2:
             return CandidateDiagnostics(
-                prefill_count, target, moved, tuple(gains), mean, None, None, CandidateVerdict.TOO_FEW_SLICES
+                prefill_count, target, moved, tuple(gains), mean, None, None, CandidateVerdict.TOO_FEW_SLICES,
+                history=history,
             )
         assert mean is not None
         std_error = statistics.stdev(gains) / math.sqrt(m)
         threshold = self._settings.significance * std_error
         verdict = CandidateVerdict.QUALIFIED if mean > threshold else CandidateVerdict.BELOW_THRESHOLD
-        return CandidateDiagnostics(prefill_count, target, moved, tuple(gains), mean, std_error, threshold, verdict)
+        return CandidateDiagnostics(
+            prefill_count, target, moved, tuple(gains), mean, std_error, threshold, verdict, history=history
+        )
 
     @staticmethod
     def _hold(outcome: Outcome, reason: str, diag: OursDiagnostics) -> PlannerDecision:

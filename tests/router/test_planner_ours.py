@@ -3,10 +3,13 @@ diagnostics for every candidate and slice."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
 from evolving_infra.core.types import NodeId, Phase, Work
@@ -30,6 +33,7 @@ from evolving_infra.router.planner import (
     format_split,
     split_throughput,
 )
+from evolving_infra.router.planner.split import fewest_changes_split
 
 NODES = [NodeId(f"n{i}") for i in range(9)]
 MODEL = CoefficientNodeModel(
@@ -266,3 +270,129 @@ def test_move_cost_hint_picks_which_nodes_move() -> None:
     moved = {c.prefill_count: c.moved for c in diag_of(decision.diagnostics).candidates}
     assert moved[3] == ("n2",) and moved[2] == ("n1", "n2") and moved[1] == ("n0", "n1", "n2")
     assert moved[5] == ("n4",)  # equal costs: lowest node id first
+
+
+# -- evidence from a split that ran (history_s) -------------------------------------------------------------------
+# Under the current split the planner measures w̄ and q̄, and eq. 5 rates every candidate on them; but they move
+# with the split. WORK_AT_3P is what a window at 3P6D measures (eq. 5 then favours 2P7D by ~1.1 req/s), WORK_AT_2P
+# what the window at 2P7D measures after the move (more uncached tokens per request, fewer requests in decode:
+# eq. 5 now favours 3P6D by ~0.25 req/s). The paper's rule goes back and forth between them.
+WORK_AT_3P, Q_AT_3P = Work(t_uc=1000, t_c=60_000, t_out=300, t_acc=1.8), 120.0
+WORK_AT_2P, Q_AT_2P = Work(t_uc=2500, t_c=60_000, t_out=400, t_acc=1.8), 90.0
+
+
+def window_at(work: Work, q_bar: float, end: float, seed: int = 7) -> tuple[SliceStats, ...]:
+    return record_window(jitter(work), lambda i: 30, lambda i: q_bar, seed=seed, end=end)
+
+
+def test_the_paper_rule_alternates_when_each_split_measures_a_workload_that_favours_the_other() -> None:
+    planner = OursPlanner(OursSettings(history_s=0.0))
+    first = planner.decide(observe(3, window_at(WORK_AT_3P, Q_AT_3P, NOW)), NOW)
+    assert first.target is not None and format_split(first.target) == "2P7D"
+    later = NOW + 1200.0
+    back = planner.decide(observe(2, window_at(WORK_AT_2P, Q_AT_2P, later), last_switch_end=NOW + 5.0), later)
+    assert back.target is not None and format_split(back.target) == "3P6D"
+    assert planner.evidence(later) == {}  # history_s = 0 keeps nothing
+
+
+def test_a_split_it_left_is_judged_on_the_slices_measured_while_it_ran() -> None:
+    planner = OursPlanner()  # default history_s = 3600
+    first = planner.decide(observe(3, window_at(WORK_AT_3P, Q_AT_3P, NOW)), NOW)
+    assert first.target is not None and format_split(first.target) == "2P7D"
+    assert planner.evidence(NOW) == {3: 10}
+    later = NOW + 1200.0
+    hold = planner.decide(observe(2, window_at(WORK_AT_2P, Q_AT_2P, later), last_switch_end=NOW + 5.0), later)
+    assert hold.outcome is Outcome.HOLD, hold.reason
+    back = {c.prefill_count: c for c in diag_of(hold.diagnostics).candidates}[3]
+    assert back.history == 10 and len(back.gains) == 20
+    assert sum(back.gains[:10]) > 0 > sum(back.gains[10:])  # this window favours 3P6D, the one measured at 3P6D not
+    assert back.mean_gain is not None and back.mean_gain < 0
+    # Candidates that never ran are judged on the current window alone.
+    assert all(c.history == 0 and len(c.gains) == 10 for c in diag_of(hold.diagnostics).candidates if c.prefill_count != 3)
+    assert planner.evidence(later) == {2: 10, 3: 10}
+
+
+def test_a_real_shift_still_moves_back_past_the_evidence() -> None:
+    planner = OursPlanner()
+    planner.decide(observe(3, window_at(WORK_AT_3P, Q_AT_3P, NOW)), NOW)
+    later = NOW + 1200.0
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    decision = planner.decide(observe(2, window_at(heavy, 90.0, later), last_switch_end=NOW + 5.0), later)
+    assert decision.outcome is Outcome.SWITCH and decision.target is not None
+    assert sum(1 for p in decision.target.values() if p is Phase.PREFILL) > 3
+    chosen = next(c for c in diag_of(decision.diagnostics).candidates if c.chosen)
+    assert chosen.verdict is CandidateVerdict.QUALIFIED
+
+
+def test_evidence_expires_after_history_s() -> None:
+    planner = OursPlanner(OursSettings(history_s=900.0))
+    planner.decide(observe(3, window_at(WORK_AT_3P, Q_AT_3P, NOW)), NOW)
+    assert planner.evidence(NOW + 360.0) == {3: 10}  # the first slice ended at NOW - 540
+    assert planner.evidence(NOW + 900.0) == {3: 1}  # each slice counts for history_s after it ended
+    assert planner.evidence(NOW + 901.0) == {}
+    later = NOW + 1200.0  # too late: the paper's rule again, and it goes back
+    back = planner.decide(observe(2, window_at(WORK_AT_2P, Q_AT_2P, later), last_switch_end=NOW + 5.0), later)
+    assert back.target is not None and format_split(back.target) == "3P6D"
+    assert all(c.history == 0 for c in diag_of(back.diagnostics).candidates)
+
+
+def test_history_s_is_validated_and_reachable_by_name() -> None:
+    with pytest.raises(ValueError, match="history_s"):
+        OursSettings(history_s=-1.0)
+    with pytest.raises(ValueError, match="history_s"):
+        OursSettings(history_s=math.inf)
+    from evolving_infra.router.planner.registry import make_planner
+
+    planner = make_planner("ours", history_s=0)
+    assert isinstance(planner, OursPlanner) and planner.settings.history_s == 0
+
+
+_WORKS = st.builds(
+    Work,
+    t_uc=st.integers(200, 30_000),
+    t_c=st.integers(0, 120_000),
+    t_out=st.integers(50, 3_000),
+    t_acc=st.sampled_from([1.0, 1.8, 2.5]),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    work_a=_WORKS, work_b=_WORKS, q_a=st.floats(5.0, 200.0), q_b=st.floats(5.0, 200.0),
+    split_a=st.integers(1, 8), split_b=st.integers(1, 8), gap=st.floats(600.0, 5000.0),
+)
+def test_a_candidate_gains_are_this_window_then_the_slices_measured_while_it_ran(
+    work_a: Work, work_b: Work, q_a: float, q_b: float, split_a: int, split_b: int, gap: float
+) -> None:
+    """Whatever two windows measure, at the second decision a candidate's gains are those of a planner without
+    memory on this window, followed (if the candidate ran within history_s) by Θ(candidate) - Θ(current) recomputed
+    here on every slice of the first window; a stateless planner's decision is the paper's rule on this window."""
+    window_a, later = window_at(work_a, q_a, NOW), NOW + gap
+    window_b = window_at(work_b, q_b, later, seed=11)
+    planner = OursPlanner()
+    planner.decide(observe(split_a, window_a), NOW)
+    decision = planner.decide(observe(split_b, window_b), later)
+    fresh = OursPlanner(OursSettings(history_s=0.0)).decide(observe(split_b, window_b), later)
+    mine = {c.prefill_count: c for c in diag_of(decision.diagnostics).candidates}
+    theirs = {c.prefill_count: c for c in diag_of(fresh.diagnostics).candidates}
+    assert mine.keys() == theirs.keys()
+    kept = [s for s in window_a if s.end >= later - 3600.0] if split_a != split_b else []
+    for p, c in mine.items():
+        assert c.gains[: len(theirs[p].gains)] == theirs[p].gains
+        if p == split_a and kept:
+            target = fewest_changes_split(split_of(split_b), p, {})
+            cand_p = [n for n in NODES if target[n] is Phase.PREFILL]
+            cand_d = [n for n in NODES if target[n] is Phase.DECODE]
+            expected = []
+            for s in kept:
+                work = s.mean_work
+                assert work is not None and s.mean_decode_requests is not None
+                q = s.mean_decode_requests + (s.mean_prefill_backlog or 0.0)
+                now_theta = split_throughput(NODES[:split_b], NODES[split_b:], MODELS, work, q).theta
+                expected.append(split_throughput(cand_p, cand_d, MODELS, work, q).theta - now_theta)
+            assert c.history == len(kept)
+            assert c.gains[len(theirs[p].gains) :] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+        else:
+            assert c.history == 0 and c.gains == theirs[p].gains
+    if all(c.history == 0 for c in mine.values()):
+        assert (decision.outcome, decision.target) == (fresh.outcome, fresh.target)
