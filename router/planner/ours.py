@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from evolving_infra.core.types import NodeId, Phase
@@ -235,13 +235,7 @@ class OursPlanner:
             reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices)"
             return self._hold(Outcome.HOLD, reason, diag)
         best = max(qualified, key=lambda c: (c.mean_gain or 0.0, -abs(c.prefill_count - cur_p), -c.prefill_count))
-        candidates = [
-            CandidateDiagnostics(
-                c.prefill_count, c.split, c.moved, c.gains, c.mean_gain, c.std_error, c.threshold, c.verdict,
-                chosen=c is best, history=c.history,
-            )
-            for c in candidates
-        ]
+        candidates = [replace(c, chosen=c is best) for c in candidates]
         diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
         earlier = f", {best.history} of them measured while {best.split} ran" if best.history else ""
         reason = (
