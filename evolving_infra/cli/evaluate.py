@@ -433,8 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, variants in seed_groups(records).items():
             workload, agents, rate, period, warmup, duration = key
             stem = f"{workload}-{agents}" + (f"-r{rate:g}" if rate is not None else "") + f"-w{warmup:g}-d{duration:g}"
-            group = [min(rs, key=lambda r: r["spec"]["seed"]) for rs in variants.values()]
-            for path in plot_group(group, Path(args.plots), stem):
+            for path in plot_group(variants, Path(args.plots), stem):
                 print(f"wrote {path}", file=sys.stderr)
     if args.table == "protocol":
         print(render_protocol(records, BEST_SPLIT))

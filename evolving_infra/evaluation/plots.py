@@ -1,13 +1,15 @@
-"""PNG figures of a group of cached evaluation runs: throughput over time, the split over time, and scored
-throughput, latency and lost KV reuse per system.
+"""PNG figures of a group of cached evaluation runs: throughput over time, the split over time (one seed, named
+in the title), and scored throughput, latency and lost KV reuse per system (the mean over seeds with its 95 %
+interval, beside the paper's figure where tables C.1, C.3 or D.1 give one).
 
 Boundary: reads cached run records (their `series`, `split_timeline` and scored figures) and writes PNG files;
-computes nothing the records do not hold.
+computes nothing but means and intervals over seeds (`bars`, a pure function).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,54 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from evolving_infra.evaluation.protocol import figures  # noqa: E402
+from evolving_infra.evaluation.stats import mean_interval  # noqa: E402
+from evolving_infra.evaluation.tables import BEST_SPLIT, PAPER_C, PAPER_CONCURRENCY, PAPER_D1  # noqa: E402
+
+BAR_FIGURES = (("x", "X req/s", 1.0), ("e2e", "mean E2E s", 1.0), ("ttft_p95", "P95 TTFT s", 1.0),
+               ("lost", "lost KV reuse %", 100.0))  # fmt: skip
+"""The scored figures of the bar chart: (key of `protocol.figures`, title, scale)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One variant's bar for one figure: the mean over its seeds, the 95 % half-width (None below two seeds), the
+    number of seeds, and the paper's figure for the same system and setting (None where the paper gives none)."""
+
+    mean: float | None
+    half: float | None
+    seeds: int
+    paper: float | None
+
+
+def paper_figure(record: Mapping[str, Any], key: str) -> float | None:
+    """The paper's figure `key` for the system and setting of `record`: tables C.1/C.3 for ours, Dynamo and Arrow
+    (by workload and concurrency), table D.1 for the best static split at SGLang's split and the lowest
+    concurrency. None for relabelled variants (ablations, other engines) and for figures the tables lack."""
+    spec = record["spec"]
+    if spec.get("label") or spec.get("arrival_rate") is not None or spec.get("period_s") is not None:
+        return None
+    workload, agents, system = spec["workload"], spec["agents"], spec["system"]
+    if system == "best-static":
+        if spec["split"] != BEST_SPLIT.get(workload) or agents != PAPER_CONCURRENCY.get(workload):
+            return None
+        return PAPER_D1.get(workload, {}).get(key)
+    return PAPER_C.get((workload, agents), {}).get(system, {}).get(key)
+
+
+def bars(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Bar]]:
+    """Per variant name ("system (split)") and figure key: its `Bar` over the variant's seeds (runs without the
+    figure are left out of its mean)."""
+    out: dict[str, dict[str, Bar]] = {}
+    for (label, split), runs in sorted(variants.items()):
+        per: dict[str, Bar] = {}
+        for key, _title, scale in BAR_FIGURES:
+            have = [v * scale for v in (figures(r)[key] for r in runs) if v is not None]
+            iv = mean_interval(have) if have else None
+            paper = paper_figure(runs[0], key)
+            per[key] = Bar(iv.mean if iv else None, iv.half if iv else None, len(have),
+                           paper * scale if paper is not None else None)  # fmt: skip
+        out[f"{label} ({split})"] = per
+    return out
 
 
 def _name(record: Mapping[str, Any]) -> str:
@@ -25,16 +75,29 @@ def _name(record: Mapping[str, Any]) -> str:
     return f"{spec.get('label') or spec['system']} ({spec['split']})"
 
 
-def plot_group(records: Sequence[Mapping[str, Any]], out: Path, stem: str, window_s: float = 600.0) -> list[Path]:
-    """Three PNGs for one group of runs (same workload and window): `{stem}-throughput.png` (requests finished
-    per `window_s`, per run), `{stem}-split.png` (prefill nodes over time) and `{stem}-figures.png` (X, mean E2E,
-    P95 TTFT and lost KV reuse per run)."""
+def _end(record: Mapping[str, Any]) -> float:
+    """When the run's record ends: its completion series' span, else the warmup plus the scored window."""
+    series = record.get("series")
+    if series and series.get("finished"):
+        return len(series["finished"]) * float(series["bucket_s"])
+    spec = record["spec"]
+    return float(spec["warmup_s"]) + float(spec["duration_s"])
+
+
+def plot_group(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]], out: Path, stem: str,
+               window_s: float = 600.0) -> list[Path]:  # fmt: skip
+    """Three PNGs for one group of runs (same workload and window; `variants` as `protocol.seed_groups` gives
+    them): `{stem}-throughput.png` (requests finished per `window_s`) and `{stem}-split.png` (prefill nodes over
+    time), each of every variant's lowest seed, and `{stem}-figures.png` (X, mean E2E, P95 TTFT and lost KV reuse
+    per variant: mean over seeds, 95 % interval as error bars, the paper's figure as a black mark)."""
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    runs = sorted(records, key=_name)
+    runs = sorted((min(rs, key=lambda r: r["spec"]["seed"]) for rs in variants.values() if rs), key=_name)
     if not runs:
         return paths
     warmup = float(runs[0]["spec"]["warmup_s"])
+    seeds = sorted({int(r["spec"]["seed"]) for r in runs})
+    one_seed = f"seed {seeds[0]}" if len(seeds) == 1 else "lowest seed per system"
 
     fig, ax = plt.subplots(figsize=(8, 3.4))
     for r in runs:
@@ -49,6 +112,7 @@ def plot_group(records: Sequence[Mapping[str, Any]], out: Path, stem: str, windo
     ax.axvspan(0, warmup, color="0.9", label="warmup")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"finished req/s per {window_s:g} s")
+    ax.set_title(f"{stem}: throughput over time ({one_seed})", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     paths.append(out / f"{stem}-throughput.png")
@@ -56,31 +120,41 @@ def plot_group(records: Sequence[Mapping[str, Any]], out: Path, stem: str, windo
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 3.0))
-    for r in runs:
+    for i, r in enumerate(runs):
+        nudge = 0.04 * (i - (len(runs) - 1) / 2)  # equal paths stay visible side by side
         timeline = r["metrics"].get("split_timeline") or []
         pts = [(float(p["at"]), int(str(p["split"]).split("P")[0])) for p in timeline if "P" in str(p["split"])]
         if pts:
-            ax.step([t for t, _ in pts], [n for _, n in pts], where="post", label=_name(r))
+            pts.append((max(pts[-1][0], _end(r)), pts[-1][1]))  # the last split holds to the end of the run
+            ax.step([t for t, _ in pts], [n + nudge for _, n in pts], where="post", label=_name(r))
     ax.axvspan(0, warmup, color="0.9")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("prefill nodes")
+    ax.set_title(f"{stem}: prefill nodes over time, systems that switch ({one_seed}; lines nudged apart)",
+                 fontsize=9)  # fmt: skip
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     paths.append(out / f"{stem}-split.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    names = [_name(r) for r in runs]
-    figs = [figures(r) for r in runs]
-    fig, axes = plt.subplots(1, 4, figsize=(12, 3.4))
-    for ax, (key, title, scale) in zip(axes, (("x", "X req/s", 1.0), ("e2e", "mean E2E s", 1.0),
-                                             ("ttft_p95", "P95 TTFT s", 1.0), ("lost", "lost KV reuse %", 100.0)),
-                                       strict=True):  # fmt: skip
-        ax.barh(names, [(f[key] or 0.0) * scale for f in figs])
+    table = bars(variants)
+    names = list(table)
+    fig, axes = plt.subplots(1, len(BAR_FIGURES), figsize=(12, 3.6))
+    for ax, (key, title, _scale) in zip(axes, BAR_FIGURES, strict=True):
+        cells = [table[n][key] for n in names]
+        ax.barh([f"{n}, {table[n]['x'].seeds} seed{'s' if table[n]['x'].seeds != 1 else ''}" for n in names],
+                [c.mean or 0.0 for c in cells],
+                xerr=[c.half or 0.0 for c in cells], error_kw={"elinewidth": 0.8, "capsize": 2})  # fmt: skip
+        marks = [(c.paper, i) for i, c in enumerate(cells) if c.paper is not None]
+        if marks:
+            ax.plot([p for p, _ in marks], [i for _, i in marks], "kx", markersize=6, label="paper")
+            ax.legend(fontsize=6, loc="lower right")
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="y", labelsize=6)
         if ax is not axes[0]:
             ax.set_yticklabels([])
+    fig.suptitle(f"{stem}: mean over each system's seeds, 95 % interval (x: the paper's figure)", fontsize=9)
     fig.tight_layout()
     paths.append(out / f"{stem}-figures.png")
     fig.savefig(paths[-1], dpi=110)

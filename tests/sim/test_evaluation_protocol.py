@@ -208,14 +208,48 @@ def test_the_completion_series_counts_each_finished_request_once() -> None:
 
 def test_the_plots_of_a_group_are_written(tmp_path: Any) -> None:
     from evolving_infra.evaluation.plots import plot_group
+    from evolving_infra.evaluation.protocol import seed_groups
 
-    recs = [record("best-static", s, 1.0, finished=[3, 4, 5]) for s in ("2P7D", "6P3D")]
+    recs = [record("best-static", s, 1.0 + seed, seed, finished=[3, 4, 5]) for s in ("2P7D", "6P3D") for seed in (0, 1)]
     for r in recs:
         r["series"]["bucket_s"] = 60.0
         r["metrics"]["split_timeline"] = [{"at": 0.0, "split": "9C"}, {"at": 600.0, "split": r["spec"]["split"]}]
-    paths = plot_group(recs, tmp_path, "cc-90")
+    (variants,) = seed_groups(recs).values()
+    paths = plot_group(variants, tmp_path, "cc-90")
     assert [p.name for p in paths] == ["cc-90-throughput.png", "cc-90-split.png", "cc-90-figures.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_the_bar_chart_shows_the_mean_over_seeds_its_interval_and_the_papers_figure() -> None:
+    """Each bar is the mean over the variant's seeds with its 95 % half-width; the paper's mark comes from tables
+    C.1/C.3 for ours and Dynamo at that concurrency, from D.1 for the best static split only at SGLang's split and
+    the lowest concurrency, and never for a relabelled variant."""
+    from evolving_infra.evaluation.plots import bars
+    from evolving_infra.evaluation.protocol import seed_groups
+    from evolving_infra.evaluation.tables import PAPER_C, PAPER_D1
+
+    recs = [record("evolving", "6P3D", x, seed) for seed, x in enumerate((6.0, 6.4, 6.2))]
+    recs += [record("dynamo", "6P3D", 4.0, 0), record("best-static", "4P5D", 5.0, 0),
+             record("best-static", "3P6D", 5.1, 0), record("evolving", "4P5D", 5.5, 0, label="evolving -adaptation")]
+    recs[0]["metrics"]["overall"]["lost_kv_reuse"] = 0.04  # the others 0.01
+    (variants,) = seed_groups(recs).values()
+    table = bars(variants)
+    ours = table["evolving (6P3D)"]
+    iv = mean_interval([6.0, 6.4, 6.2])
+    assert ours["x"].seeds == 3 and ours["x"].mean == pytest.approx(iv.mean) and ours["x"].half == pytest.approx(iv.half)
+    assert ours["lost"].mean == pytest.approx(100 * (0.04 + 0.01 + 0.01) / 3)  # in percent, like the tables
+    assert ours["x"].paper == PAPER_C[("cc", 90)]["evolving"]["x"]
+    assert ours["lost"].paper == pytest.approx(100 * PAPER_C[("cc", 90)]["evolving"]["lost"])
+    assert ours["ttft_p95"].paper is None  # C.1/C.3 give no P95 TTFT
+    assert table["dynamo (6P3D)"]["x"].half is None and table["dynamo (6P3D)"]["x"].paper == 2.48
+    assert table["best-static (4P5D)"]["e2e"].paper == PAPER_D1["cc"]["e2e"]  # D.1's split at CC 90
+    assert table["best-static (3P6D)"]["x"].paper is None
+    assert all(b.paper is None for b in table["evolving -adaptation (4P5D)"].values())
+    at_126 = [record("best-static", "4P5D", 5.0, 0, agents=126), record("evolving", "6P3D", 6.0, 0, agents=126)]
+    (variants,) = seed_groups(at_126).values()
+    table = bars(variants)
+    assert table["best-static (4P5D)"]["x"].paper is None  # D.1 is the lowest concurrency only
+    assert table["evolving (6P3D)"]["x"].paper == PAPER_C[("cc", 126)]["evolving"]["x"]
 
 
 def test_a_shift_group_shows_each_periods_rate_and_the_planners_switches() -> None:
