@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from evolving_infra.evaluation.protocol import figures  # noqa: E402
 from evolving_infra.evaluation.stats import mean_interval  # noqa: E402
-from evolving_infra.evaluation.tables import BEST_SPLIT, PAPER_C, PAPER_CONCURRENCY, PAPER_D1  # noqa: E402
+from evolving_infra.evaluation.tables import paper_figure  # noqa: E402
 
 BAR_FIGURES = (("x", "X req/s", 1.0), ("e2e", "mean E2E s", 1.0), ("ttft_p95", "P95 TTFT s", 1.0),
                ("lost", "lost KV reuse %", 100.0))  # fmt: skip
@@ -39,21 +39,6 @@ class Bar:
     paper: float | None
 
 
-def paper_figure(record: Mapping[str, Any], key: str) -> float | None:
-    """The paper's figure `key` for the system and setting of `record`: tables C.1/C.3 for ours, Dynamo and Arrow
-    (by workload and concurrency), table D.1 for the best static split at SGLang's split and the lowest
-    concurrency. None for relabelled variants (ablations, other engines) and for figures the tables lack."""
-    spec = record["spec"]
-    if spec.get("label") or spec.get("arrival_rate") is not None or spec.get("period_s") is not None:
-        return None
-    workload, agents, system = spec["workload"], spec["agents"], spec["system"]
-    if system == "best-static":
-        if spec["split"] != BEST_SPLIT.get(workload) or agents != PAPER_CONCURRENCY.get(workload):
-            return None
-        return PAPER_D1.get(workload, {}).get(key)
-    return PAPER_C.get((workload, agents), {}).get(system, {}).get(key)
-
-
 def bars(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Bar]]:
     """Per variant name ("system (split)") and figure key: its `Bar` over the variant's seeds (runs without the
     figure are left out of its mean)."""
@@ -63,7 +48,7 @@ def bars(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> dic
         for key, _title, scale in BAR_FIGURES:
             have = [v * scale for v in (figures(r)[key] for r in runs) if v is not None]
             iv = mean_interval(have) if have else None
-            paper = paper_figure(runs[0], key)
+            paper = paper_figure(runs[0]["spec"], key)
             per[key] = Bar(iv.mean if iv else None, iv.half if iv else None, len(have),
                            paper * scale if paper is not None else None)  # fmt: skip
         out[f"{label} ({split})"] = per

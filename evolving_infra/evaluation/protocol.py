@@ -30,6 +30,7 @@ from typing import Any
 
 from evolving_infra.evaluation.search import all_splits, best_split, sustained_rate, sustains, window_oracle
 from evolving_infra.evaluation.stats import mean_interval
+from evolving_infra.evaluation.tables import paper_figure
 from evolving_infra.router.planner.split import parse_split
 
 NODES = 9
@@ -166,6 +167,14 @@ def reference_split(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any
     return PLANNER_START if PLANNER_START in runs else max(sorted(runs), key=lambda split: runs[split])
 
 
+def _paper(spec: Mapping[str, Any]) -> str:
+    """The paper's X and mean E2E for a run's setting (`tables.paper_figure`), or "-" where it gives neither."""
+    x, e2e = paper_figure(spec, "x"), paper_figure(spec, "e2e")
+    if x is None and e2e is None:
+        return "-"
+    return f"{'-' if x is None else f'{x:.2f}'} / {'-' if e2e is None else f'{e2e:.1f}'}"
+
+
 def render_protocol(records: Iterable[Mapping[str, Any]], paper_split: Mapping[str, str]) -> str:
     """One table per group: every variant's figures (mean ± 95 % interval over seeds), the best static split
     searched among the `best-static` runs (its split and table D.1's), ratios of ours to each row."""
@@ -182,27 +191,31 @@ def render_protocol(records: Iterable[Mapping[str, Any]], paper_split: Mapping[s
         out.append("")
         ref = reference_split(variants)
         out.append("| system | split | seeds | X req/s | mean E2E s | mean TTFT s | P95 TTFT s | lost KV reuse % "
-                   f"| ours{f' (from {ref})' if ref else ''} / this (X) |")  # fmt: skip
-        out.append("|---|---|---|---|---|---|---|---|---|")
+                   f"| paper X / E2E | ours{f' (from {ref})' if ref else ''} / this (X) |")  # fmt: skip
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
         ours = _mean([figures(r)["x"] for r in variants.get(("evolving", ref or ""), ())])
         rows: list[tuple[str, str, list[Mapping[str, Any]]]] = []
+        papers: list[str] = []
         for (label, split), rs in sorted(variants.items()):
             if label == "best-static":
                 continue
             rows.append((label, split, list(rs)))
+            papers.append(_paper(rs[0]["spec"]))
         if best is not None:
             split = best[0]
             paper = paper_split.get(workload)
             note = f"{split} (searched over {sum(1 for l, _ in variants if l == 'best-static')}; D.1: {paper or '-'})"
             rows.append(("best-static (searched)", note, list(variants[("best-static", split)])))
-        for label, split, rs in rows:
+            spec = variants[("best-static", split)][0]["spec"]
+            papers.append(_paper({**spec, "split": paper}) if paper else "-")  # D.1 gives SGLang's split's figures
+        for (label, split, rs), paper_cell in zip(rows, papers, strict=True):
             f = [figures(r) for r in rs]
             x = _mean([v["x"] for v in f])
             ratio = f"{ours / x:.2f}" if ours is not None and x else "-"
             out.append(f"| {label} | {split} | {len(rs)} | {_cell([v['x'] for v in f])} "
                        f"| {_cell([v['e2e'] for v in f], digits=1)} | {_cell([v['ttft'] for v in f], digits=1)} "
                        f"| {_cell([v['ttft_p95'] for v in f], digits=1)} | {_cell([v['lost'] for v in f], 100.0)} "
-                       f"| {ratio} |")  # fmt: skip
+                       f"| {paper_cell} | {ratio} |")  # fmt: skip
         if best is not None and len([1 for l, _ in variants if l == "best-static"]) > 1:
             xs = {s: _mean([figures(r)["x"] for r in rs]) for (l, s), rs in variants.items() if l == "best-static"}
             out.append("")

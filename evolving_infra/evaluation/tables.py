@@ -50,6 +50,21 @@ SYSTEMS = ("evolving", "dynamo", "best-static", "arrow")
 """The systems of the runner's matrices, in the tables' order."""
 
 
+def paper_figure(spec: Mapping[str, Any], key: str) -> float | None:
+    """The paper's figure `key` (`x`, `e2e`, `ttft_p95`, `lost`, ...) for the system and setting of a run's
+    `spec`: tables C.1/C.3 for ours, Dynamo and Arrow (by workload and concurrency), table D.1 for the best static
+    split at SGLang's split and the lowest concurrency. None for relabelled variants (ablations, other engines),
+    open-loop and shift runs, and figures the tables lack."""
+    if spec.get("label") or spec.get("arrival_rate") is not None or spec.get("period_s") is not None:
+        return None
+    workload, agents, system = spec["workload"], spec["agents"], spec["system"]
+    if system == "best-static":
+        if spec["split"] != BEST_SPLIT.get(workload) or agents != PAPER_CONCURRENCY.get(workload):
+            return None
+        return PAPER_D1.get(workload, {}).get(key)
+    return PAPER_C.get((workload, agents), {}).get(system, {}).get(key)
+
+
 def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
     """The figures the tables show, from one cached record (`None` where the run has no value)."""
     m = record["metrics"]

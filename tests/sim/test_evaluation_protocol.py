@@ -62,6 +62,29 @@ def test_the_searched_best_static_row_is_the_best_mean_over_seeds_and_shows_the_
     assert "Best static search (mean X req/s per split): 2P7D 5.20, 3P6D 5.15, 4P5D 5.15" in text
 
 
+def test_the_protocol_table_shows_the_papers_figures_beside_each_row() -> None:
+    """Ours and Dynamo get tables C.1/C.3's X and mean E2E at their concurrency; the searched best static row gets
+    D.1's (SGLang's split) at the lowest concurrency only; relabelled variants and other concurrencies get none."""
+    from evolving_infra.evaluation.tables import PAPER_C, PAPER_D1
+
+    def cells(text: str, prefix: str) -> list[str]:
+        row = next(line for line in text.splitlines() if line.startswith(prefix))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    recs = [record("evolving", "6P3D", 6.0), record("dynamo", "6P3D", 4.0), record("best-static", "3P6D", 5.5),
+            record("evolving", "4P5D", 5.0, label="evolving -adaptation")]
+    text = render_protocol(recs, BEST_SPLIT)
+    assert "| paper X / E2E |" in text
+    c = PAPER_C[("cc", 90)]
+    assert cells(text, "| evolving | 6P3D")[-2] == f"{c['evolving']['x']:.2f} / {c['evolving']['e2e']:.1f}"
+    assert cells(text, "| dynamo | 6P3D")[-2] == f"{c['dynamo']['x']:.2f} / {c['dynamo']['e2e']:.1f}"
+    assert cells(text, "| best-static (searched)")[-2] == f"{PAPER_D1['cc']['x']:.2f} / {PAPER_D1['cc']['e2e']:.1f}"
+    assert cells(text, "| evolving -adaptation")[-2] == "-"
+    at_108 = render_protocol([record("best-static", "3P6D", 5.5, agents=108), record("arrow", "6P3D", 1.0, agents=108)],
+                             BEST_SPLIT)  # fmt: skip
+    assert cells(at_108, "| best-static (searched)")[-2] == "-" and cells(at_108, "| arrow |")[-2] == "-"
+
+
 def test_the_per_window_oracle_takes_the_best_split_of_every_window() -> None:
     series = {"2P7D": [9, 10, 3, 1], "6P3D": [2, 4, 8, 9]}
     oracle = window_oracle(series, 600.0, 600.0, 2400.0, 600.0)
