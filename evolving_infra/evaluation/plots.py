@@ -1,6 +1,7 @@
 """PNG figures of a group of cached evaluation runs: throughput over time, the split over time (one seed, named
 in the title), and scored throughput, latency and lost KV reuse per system (the mean over seeds with its 95 %
-interval, beside the paper's figure where tables C.1, C.3 or D.1 give one).
+interval, beside the paper's figure where tables C.1, C.3 or D.1 give one); and the open-loop sweep (appendix
+D.3): each system's latency figures, admitted share and prefill nodes against the arrival rate, with D.3's limits.
 
 Boundary: reads cached run records (their `series`, `split_timeline` and scored figures) and writes PNG files;
 computes nothing but means and intervals over seeds (`bars`, a pure function).
@@ -19,7 +20,8 @@ matplotlib.use("Agg")  # files only, never a window
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from evolving_infra.evaluation.protocol import figures  # noqa: E402
+from evolving_infra.evaluation.protocol import figures, sweep_means  # noqa: E402
+from evolving_infra.evaluation.search import D3_TARGETS  # noqa: E402
 from evolving_infra.evaluation.stats import mean_interval  # noqa: E402
 from evolving_infra.evaluation.tables import paper_figure  # noqa: E402
 
@@ -117,7 +119,8 @@ def plot_group(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]], 
     ax.set_ylabel("prefill nodes")
     ax.set_title(f"{stem}: prefill nodes over time, systems that switch ({one_seed}; lines nudged apart)",
                  fontsize=9)  # fmt: skip
-    ax.legend(fontsize=6, ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # no run of the group switched: an empty plot, no legend
+        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     paths.append(out / f"{stem}-split.png")
     fig.savefig(paths[-1], dpi=110)
@@ -145,3 +148,38 @@ def plot_group(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]], 
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+SWEEP_PANELS = (("ttft_p50", "TTFT P50 s", D3_TARGETS["ttft_p50"]), ("ttft_p95", "TTFT P95 s", D3_TARGETS["ttft_p95"]),
+                ("e2e_p50", "E2E P50 s", D3_TARGETS["e2e_p50"]), ("admitted", "agents admitted %", 90.0),
+                ("prefill", "mean prefill nodes", None))  # fmt: skip
+"""The sweep figure's panels: (key of `protocol.sweep_means`, title, D.3's limit drawn as a dashed line)."""
+
+
+def plot_sweep(records: Sequence[Mapping[str, Any]], out: Path, stem: str) -> list[Path]:
+    """`{stem}-sweep.png` for the open-loop runs among `records`: per system, each panel of `SWEEP_PANELS` against
+    the arrival rate (seed means; the latency axes logarithmic). No file when no open-loop run is given."""
+    means = sweep_means(records)
+    if not means:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(SWEEP_PANELS), figsize=(15, 3.4))
+    for ax, (key, title, limit) in zip(axes, SWEEP_PANELS, strict=True):
+        for system, by_rate in means.items():
+            pts = [(rate, v[key] * (100.0 if key == "admitted" else 1.0)) for rate, v in by_rate.items()
+                   if v[key] is not None]  # fmt: skip
+            if pts:
+                ax.plot([r for r, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=system)
+        if limit is not None:
+            ax.axhline(limit, color="k", linestyle="--", linewidth=0.8)
+        if key in ("ttft_p50", "ttft_p95", "e2e_p50"):
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("agents / min", fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{stem}: open-loop sweep (seed means; dashed: appendix D.3's limit)", fontsize=9)
+    fig.tight_layout()
+    path = out / f"{stem}-sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

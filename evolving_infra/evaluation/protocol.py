@@ -330,10 +330,14 @@ def admitted_fraction(record: Mapping[str, Any]) -> float | None:
     return None if admission is None else admission.get("admitted_fraction")
 
 
-def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
-    """Open-loop runs: per system and rate whether D.3's targets hold (seed means; TTFT P50 / P95 / E2E P50, and
-    the admitted share where below 100 %), and the rate sustained (the highest with every lower rate of the
-    table run and sustained: a rate not run, D.3's included, caps it)."""
+SWEEP_FIGURES = ("ttft_p50", "ttft_p95", "e2e_p50", "admitted", "prefill")
+"""What the sweep shows per system and rate: D.3's three latency figures, the admitted share and the mean number
+of prefill nodes."""
+
+
+def sweep_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[float, list[dict[str, float | None]]]]:
+    """Open-loop runs by system (label) and arrival rate: each run's figures, admitted share and mean prefill
+    nodes (closed-loop runs are left out)."""
     runs: dict[str, dict[float, list[dict[str, float | None]]]] = {}
     for r in records:
         spec = r["spec"]
@@ -341,6 +345,20 @@ def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
             continue
         row = {**figures(r), "admitted": admitted_fraction(r), "prefill": mean_prefill_nodes(r)}
         runs.setdefault(spec.get("label") or spec["system"], {}).setdefault(spec["arrival_rate"], []).append(row)
+    return runs
+
+
+def sweep_means(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[float, dict[str, float | None]]]:
+    """Per system and rate the seed means of `SWEEP_FIGURES` (None where no seed has the figure)."""
+    return {system: {rate: {k: _mean([f[k] for f in fs]) for k in SWEEP_FIGURES} for rate, fs in sorted(by.items())}
+            for system, by in sorted(sweep_runs(records).items())}  # fmt: skip
+
+
+def render_sweep(records: Iterable[Mapping[str, Any]]) -> str:
+    """Open-loop runs: per system and rate whether D.3's targets hold (seed means; TTFT P50 / P95 / E2E P50, and
+    the admitted share where below 100 %), and the rate sustained (the highest with every lower rate of the
+    table run and sustained: a rate not run, D.3's included, caps it)."""
+    runs = sweep_runs(records)
     if not runs:
         return ""
     rates = sorted({*PAPER_OPEN_LOOP_RATES, *(rate for by_rate in runs.values() for rate in by_rate)})

@@ -167,6 +167,50 @@ def test_the_sweep_shows_the_time_weighted_prefill_nodes_of_each_rate() -> None:
     assert mean_prefill_nodes(out) is None
 
 
+def test_the_sweep_means_are_per_system_and_rate_over_seeds_and_its_plot_is_written(tmp_path: Any) -> None:
+    from evolving_infra.evaluation.plots import plot_sweep
+    from evolving_infra.evaluation.protocol import sweep_means
+
+    def run(system: str, rate: float, seed: int, p95: float, admitted: float) -> dict[str, Any]:
+        out = record(system, "4P5D", 3.0, seed)
+        out["spec"]["arrival_rate"] = rate
+        out["metrics"]["overall"]["ttft_s"]["p95"] = p95
+        out["metrics"]["simulation"] = {"admission": {"admitted_fraction": admitted}}
+        out["metrics"]["split_share"] = {"4P5D": 1.0}
+        return out
+
+    recs = [run("evolving", 1.0, 0, 4.0, 1.0), run("evolving", 1.0, 1, 8.0, 0.8), run("best-static", 2.0, 0, 20.0, 1.0),
+            record("evolving", "6P3D", 5.0)]  # a closed-loop run: not part of the sweep
+    means = sweep_means(recs)
+    assert set(means) == {"evolving", "best-static"} and set(means["evolving"]) == {1.0}
+    assert means["evolving"][1.0]["ttft_p95"] == pytest.approx(6.0) and means["evolving"][1.0]["admitted"] == pytest.approx(0.9)
+    assert means["best-static"][2.0]["prefill"] == pytest.approx(4.0) and means["best-static"][2.0]["ttft_p50"] == 0.5
+    paths = plot_sweep(recs, tmp_path, "cc-258")
+    assert [p.name for p in paths] == ["cc-258-sweep.png"] and paths[0].stat().st_size > 1000
+    assert plot_sweep([record("evolving", "6P3D", 5.0)], tmp_path / "none", "cc-90") == []
+
+
+def test_render_with_plots_writes_each_groups_figures_and_the_sweep(tmp_path: Any) -> None:
+    import json
+
+    from evolving_infra.cli.evaluate import main
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    closed = [record("evolving", "6P3D", 5.0, seed, finished=[1, 2]) for seed in (0, 1)]
+    opened = []
+    for rate in (1.0, 2.0):
+        r = record("best-static", "4P5D", 3.0, finished=[1, 2])
+        r["spec"]["arrival_rate"] = rate
+        opened.append(r)
+    for i, r in enumerate([*closed, *opened]):
+        (cache / f"r{i}.json").write_text(json.dumps(r))
+    assert main(["render", "--cache", str(cache), "--table", "protocol", "--plots", str(tmp_path / "plots")]) == 0
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert "cc-90-w600-d1200-figures.png" in names and "cc-90-r1-w600-d1200-split.png" in names
+    assert "cc-90-w600-d1200-sweep.png" in names
+
+
 def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
     specs = matrix("protocol", 1800.0, 3600.0, 0)
     assert len(set(specs)) == len(specs) and all(s.warmup_s == 1800.0 and s.duration_s == 3600.0 for s in specs)
