@@ -166,8 +166,8 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], out: Path, stem: str) -> li
     fig, axes = plt.subplots(1, len(SWEEP_PANELS), figsize=(15, 3.4))
     for ax, (key, title, limit) in zip(axes, SWEEP_PANELS, strict=True):
         for system, by_rate in means.items():
-            pts = [(rate, v[key] * (100.0 if key == "admitted" else 1.0)) for rate, v in by_rate.items()
-                   if v[key] is not None]  # fmt: skip
+            scale = 100.0 if key == "admitted" else 1.0
+            pts = [(rate, value * scale) for rate, v in by_rate.items() if (value := v[key]) is not None]
             if pts:
                 ax.plot([r for r, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=system)
         if limit is not None:
