@@ -428,19 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = load_records(cache)
     if args.plots:
         from evolving_infra.evaluation.plots import plot_group, plot_sweep
-        from evolving_infra.evaluation.protocol import seed_groups
+        from evolving_infra.evaluation.protocol import seed_groups, sweep_groups
 
         for key, variants in seed_groups(records).items():
             workload, agents, rate, period, warmup, duration = key
             stem = f"{workload}-{agents}" + (f"-r{rate:g}" if rate is not None else "") + f"-w{warmup:g}-d{duration:g}"
             for path in plot_group(variants, Path(args.plots), stem):
                 print(f"wrote {path}", file=sys.stderr)
-        by_setting: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-        for r in records:
-            if r["spec"].get("arrival_rate") is not None:
-                spec = r["spec"]
-                by_setting.setdefault((spec["workload"], spec["agents"], spec["warmup_s"], spec["duration_s"]), []).append(r)
-        for (workload, agents, warmup, duration), rs in sorted(by_setting.items()):
+        for (workload, agents, warmup, duration), rs in sorted(sweep_groups(records).items()):
             for path in plot_sweep(rs, Path(args.plots), f"{workload}-{agents}-w{warmup:g}-d{duration:g}"):
                 print(f"wrote {path}", file=sys.stderr)
     if args.table == "protocol":

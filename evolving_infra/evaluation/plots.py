@@ -53,13 +53,17 @@ def bars(variants: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> dic
             paper = paper_figure(runs[0]["spec"], key)
             per[key] = Bar(iv.mean if iv else None, iv.half if iv else None, len(have),
                            paper * scale if paper is not None else None)  # fmt: skip
-        out[f"{label} ({split})"] = per
+        out[_variant_name(label, split)] = per
     return out
+
+
+def _variant_name(label: str, split: str) -> str:
+    return f"{label} ({split})"
 
 
 def _name(record: Mapping[str, Any]) -> str:
     spec = record["spec"]
-    return f"{spec.get('label') or spec['system']} ({spec['split']})"
+    return _variant_name(spec.get("label") or spec["system"], spec["split"])
 
 
 def _end(record: Mapping[str, Any]) -> float:
@@ -165,8 +169,8 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], out: Path, stem: str) -> li
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(SWEEP_PANELS), figsize=(15, 3.4))
     for ax, (key, title, limit) in zip(axes, SWEEP_PANELS, strict=True):
+        scale = 100.0 if key == "admitted" else 1.0
         for system, by_rate in means.items():
-            scale = 100.0 if key == "admitted" else 1.0
             pts = [(rate, value * scale) for rate, v in by_rate.items() if (value := v[key]) is not None]
             if pts:
                 ax.plot([r for r, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=system)

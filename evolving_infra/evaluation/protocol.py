@@ -348,6 +348,17 @@ def sweep_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[float, li
     return runs
 
 
+def sweep_groups(records: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], list[Mapping[str, Any]]]:
+    """Open-loop runs by (workload, agents, warmup, duration): the runs of one sweep, every rate and seed
+    together (closed-loop runs are left out)."""
+    out: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in records:
+        spec = r["spec"]
+        if spec.get("arrival_rate") is not None:
+            out.setdefault((spec["workload"], spec["agents"], spec["warmup_s"], spec["duration_s"]), []).append(r)
+    return out
+
+
 def sweep_means(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[float, dict[str, float | None]]]:
     """Per system and rate the seed means of `SWEEP_FIGURES` (None where no seed has the figure)."""
     return {system: {rate: {k: _mean([f[k] for f in fs]) for k in SWEEP_FIGURES} for rate, fs in sorted(by.items())}
