@@ -1,4 +1,5 @@
-"""Shared test settings: hypothesis profiles sized for a 2-core machine, and the `live` mark.
+"""Shared test settings: hypothesis profiles sized for a 2-core machine, the `live` mark, and `install_plain`
+(a plain, non-editable install of the package built outside the repository).
 
 `HYPOTHESIS_PROFILE=thorough` runs many more examples locally; the default keeps the suite fast.
 
@@ -11,7 +12,11 @@ other jobs competed at equal priority: a 10 % bound on the replay's TTFT, a swit
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,3 +57,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if rel.startswith(_LIVE):
             item.add_marker(pytest.mark.live)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _install_plain(target: Path) -> None:
+    """`pip install --no-deps --target target/site REPO`, built under `target` rather than in the repository's
+    `build/`: two such installs at once (pytest-xdist workers) would race on that shared folder ("File exists"),
+    and a stale one there would bring back modules deleted since."""
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target / "site")]
+    if importlib.util.find_spec("setuptools") is not None:
+        install.append("--no-build-isolation")  # faster, and needs no index when setuptools is at hand
+    extra = target / "setup-extra.cfg"
+    extra.write_text(f"[build]\nbuild_base = {target / 'build'}\n")
+    env = {**os.environ, "DIST_EXTRA_CONFIG": str(extra)}
+    subprocess.run([*install, str(REPO)], check=True, cwd=target, env=env)
+
+
+@pytest.fixture(scope="session")
+def install_plain() -> Callable[[Path], None]:
+    """Installs the package plainly into `TARGET/site` (see `_install_plain`)."""
+    return _install_plain

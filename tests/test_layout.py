@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,10 @@ def test_editable_install_maps_component_folders() -> None:
 
 
 @pytest.fixture(scope="module")
-def plain_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def plain_install(tmp_path_factory: pytest.TempPathFactory, install_plain: Callable[[Path], None]) -> Path:
     target = tmp_path_factory.mktemp("plain")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(REPO)],
-        check=True,
-        cwd=target,
-    )
-    return target
+    install_plain(target)
+    return target / "site"
 
 
 def _clean_env(path: Path) -> dict[str, str]:

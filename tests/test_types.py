@@ -8,9 +8,9 @@ package must type-check without errors; the strict per-module flags must reach t
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,17 +24,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def plain_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def plain_install(tmp_path_factory: pytest.TempPathFactory, install_plain: Callable[[Path], None]) -> Path:
     """A plain install of the package (the approach of `test_layout.py`); its parent holds mypy's cache."""
     target = tmp_path_factory.mktemp("typed")
-    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target / "site")]
-    if importlib.util.find_spec("setuptools") is not None:
-        install.append("--no-build-isolation")  # faster, and needs no index when setuptools is at hand
-    # Build outside the repository: a stale `build/` folder there would bring back modules deleted since.
-    extra = target / "setup-extra.cfg"
-    extra.write_text(f"[build]\nbuild_base = {target / 'build'}\n")
-    env = {**os.environ, "DIST_EXTRA_CONFIG": str(extra)}
-    subprocess.run([*install, str(REPO)], check=True, cwd=target, env=env)
+    install_plain(target)
     return target / "site"
 
 
