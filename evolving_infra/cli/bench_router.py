@@ -10,6 +10,10 @@ bench router (one process, seeded workload built before timing):
   `route()` of one request that extends a random branch by a turn (directory lookup + one view per node + the
   policy + placement); the request is then forgotten, so the queues stay the same size. Latency is printed as
   wall clock and as thread CPU time (which leaves out preemption by other processes on a shared machine).
+  `--queue-max` sets the longest queue (each node gets 0 to that many queued requests); with `--reports N`, N random
+  prefill nodes report before each decision (their running prefill's remaining tokens drawn afresh, 1 to 8,192:
+  a new state, so those nodes' backlogs are computed again; the reports untimed, the decision timed), as nodes do
+  at every iteration.
 - HTTP overhead: the HTTP front end (`router/http`) with `FakeBackend` on 127.0.0.1, one streaming
   `/v1/completions` request at a time (a 2,000-token prompt as token ids, 16 output tokens), against calling the
   same backend's `complete()` directly; overhead per request = the difference of the means (same run).
@@ -58,6 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--branches", type=int, default=2000, help="agent contexts in the directory")
     p.add_argument("--decisions", type=int, default=2000, help="timed routing decisions")
     p.add_argument("--http-requests", type=int, default=400, help="timed HTTP requests (and as many direct calls)")
+    p.add_argument("--queue-max", type=int, default=8, help="queued requests per prefill node: 0 to this many")
+    p.add_argument("--reports", type=int, default=0, help="prefill nodes reporting progress before each decision")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-exact-counts", action="store_true",
                    help="keep the branch counts page by page (the oracle's form) instead of per run, to compare")
@@ -75,7 +81,8 @@ def _pages(tag: str, n: int) -> tuple[PageHash, ...]:
 
 
 def build_core(
-    prefill_nodes: int, prefixes: int, branches: int, rng: random.Random, *, page_exact_counts: bool = False
+    prefill_nodes: int, prefixes: int, branches: int, rng: random.Random, *, page_exact_counts: bool = False,
+    queue_max: int = 8,
 ) -> tuple[RouterCore, list[tuple[str, tuple[PageHash, ...]]]]:
     shape = shape_from_profile(load_profile(PROFILE))
     nodes = [NodeId(f"p{i:03d}") for i in range(prefill_nodes)] + [NodeId(f"d{i:02d}") for i in range(max(1, prefill_nodes // 3))]
@@ -111,7 +118,7 @@ def build_core(
     sent = 0
     for node in prefill:  # realistic queues: requests sent through the core, a running prefill and a report
         queued = []
-        for _ in range(rng.randint(0, 8)):
+        for _ in range(rng.randint(0, queue_max)):
             branch, path = rng.choice(contexts)
             req = _request(core, f"q{sent}", branch, path, rng)
             sent += 1
@@ -137,13 +144,25 @@ def _request(core: RouterCore, rid: str, branch: str, path: tuple[PageHash, ...]
 
 def bench_decisions(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    core, contexts = build_core(args.prefill_nodes, args.prefixes, args.branches, rng, page_exact_counts=args.page_exact_counts)
+    if args.queue_max < 0 or args.reports < 0:
+        raise SystemExit("bench router: --queue-max and --reports must be >= 0")
+    core, contexts = build_core(args.prefill_nodes, args.prefixes, args.branches, rng,
+                                page_exact_counts=args.page_exact_counts, queue_max=args.queue_max)  # fmt: skip
     requests = [_request(core, f"t{i}", *rng.choice(contexts), rng) for i in range(args.decisions)]
+    prefill = [n for n, t in core.nodes.items() if t.phase is Phase.PREFILL]
+    queued = {n: tuple(str(rid) for rid in core.nodes[n].sent) for n in prefill}
+    backlogs = getattr(core.router, "backlogs", None)
+    replays = backlogs.replays if backlogs is not None else 0
     latencies, cpu = [], []
     pushed = 0
     now = 1.0
     gc.collect()  # the setup's garbage is not the router's: do not time its collection
     for req in requests:
+        for node in rng.sample(prefill, min(args.reports, len(prefill))):  # progress reports (untimed)
+            track = core.nodes[node]
+            run = track.report_running[0]
+            running = RunningPrefill(run.request, rng.randint(1, 8192), run.context_tokens)  # its chunk's progress
+            track.record_report(now, (running,), queued[node])
         started, cpu_started = time.perf_counter(), time.thread_time()
         routed = core.route(req, now)
         cpu.append(time.thread_time() - cpu_started)
@@ -165,6 +184,8 @@ def bench_decisions(args: argparse.Namespace) -> dict[str, Any]:
         "decisions_per_cpu_s": len(cpu) / sum(cpu), "latency_cpu_p50_ms": 1e3 * cpu[len(cpu) // 2],
         "latency_cpu_p99_ms": p99(cpu),
         "mean_queue": statistics.fmean(len(t.sent) for t in core.nodes.values() if t.phase is Phase.PREFILL),
+        "queue_max": args.queue_max, "reports_per_decision": args.reports,
+        "queue_replays_per_decision": ((backlogs.replays - replays) / len(latencies)) if backlogs is not None else None,
         "count_updates_per_decision": pushed / len(latencies),
         "branch_counts": "pages" if core.branches.stats.page_exact else "runs", "branch_runs": core.branches.runs,
     }  # fmt: skip

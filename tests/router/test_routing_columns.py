@@ -2,7 +2,8 @@
 
 - `extend_backlog` is bit-identical to replaying the longer queue; `BacklogStore` answers what a fresh replay
   answers whatever the sequence of state changes.
-- `append_columns` equals `append_job` within the documented `APPEND_BOUND`.
+- `append_columns` equals `append_job` within the documented `APPEND_BOUND`; so does it on the rows `row_after`
+  computes in closed form from the jobs (their integer fields equal the replayed summary's).
 - `TtftRouter.route` over a `PrefillViewSet` (closed form, then exact re-pricing of the close nodes) chooses
   what the replay of every node's whole queue chooses, on random node states.
 - `PrefixMatch.columns` equals the per-node lookups and fetch plans.
@@ -35,10 +36,10 @@ from evolving_infra.router.routing import (
     append_job,
     replay_chunked_prefill,
 )
-from evolving_infra.router.routing.backlogs import APPEND_BOUND, BacklogStore, _row, append_columns
+from evolving_infra.router.routing.backlogs import APPEND_BOUND, BacklogStore, _row, append_columns, row_after
 from evolving_infra.router.routing.inputs import StaticViews
 from evolving_infra.router.routing.queue_replay import extend_backlog
-from evolving_infra.router.routing.ttft import _parts_jobs, _queued_job, backlog_jobs
+from evolving_infra.router.routing.ttft import _parts_jobs, _queued_job, _state_parts, backlog_jobs, state_source
 
 PAGE = 64
 
@@ -90,6 +91,56 @@ def test_closed_form_append_is_within_the_bound_of_the_replay(
         assert abs(finish[k] - exact.finish) <= APPEND_BOUND * (1.0 + abs(exact.finish))
 
 
+def assert_rows_agree(got: tuple[float, ...], replayed: tuple[float, ...]) -> None:
+    """A closed-form row against the replayed summary's: the integer fields equal, the times within the bound."""
+    assert got[:4] == replayed[:4] and got[6:] == replayed[6:]
+    for k in (4, 5):
+        assert abs(got[k] - replayed[k]) <= APPEND_BOUND * (1.0 + abs(replayed[k]))
+
+
+long_job_lists = st.lists(st.tuples(st.integers(1, 40_000), st.integers(0, 200_000), st.integers(0, 5_000)),
+                          max_size=60)  # fmt: skip
+
+
+@given(coefficients, long_job_lists, job_specs, st.integers(16, 16_384), st.integers(0, 60))
+def test_closed_form_rows_agree_with_the_replay(
+    coef: PrefillCoefficients, first: list[tuple[int, int, int]], more: list[tuple[int, int, int]], chunk: int,
+    cut: int,
+) -> None:  # fmt: skip
+    """`row_after` from nothing equals the replayed summary's row; so does one extended in closed form from a
+    replayed row, or from a closed-form row, by more jobs (the store's three ways to a row)."""
+    model = CoefficientPrefillModel(coef)
+    jobs, extra = jobs_of(first, "a"), jobs_of(more, "b")
+    replayed = _row(model, replay_chunked_prefill(model, jobs, chunk).backlog)
+    assert replayed is not None
+    assert_rows_agree(row_after(coef, None, jobs, chunk), replayed)
+    longer = _row(model, replay_chunked_prefill(model, jobs + extra, chunk).backlog)
+    assert longer is not None
+    assert_rows_agree(row_after(coef, replayed, extra, chunk), longer)
+    cut = min(cut, len(jobs))
+    assert_rows_agree(row_after(coef, row_after(coef, None, jobs[:cut], chunk), jobs[cut:] + extra, chunk), longer)
+
+
+@given(coefficients, long_job_lists, st.lists(st.tuples(st.integers(1, 300_000), st.integers(0, 300_000)),
+                                               min_size=1, max_size=6), st.integers(16, 16_384))  # fmt: skip
+def test_closed_form_rows_price_within_the_bound_of_the_replay(
+    coef: PrefillCoefficients, specs: list[tuple[int, int, int]], new: list[tuple[int, int]], chunk: int
+) -> None:
+    """`append_columns` on a row computed in closed form from the jobs prices within `APPEND_BOUND` of
+    `append_job` on the replayed summary (the slack the router's exact re-pricing relies on)."""
+    model = CoefficientPrefillModel(coef)
+    backlog = replay_chunked_prefill(model, jobs_of(specs), chunk).backlog
+    row = row_after(coef, None, jobs_of(specs), chunk)
+    uncached = np.array([uc for uc, _ in new], np.int64)
+    context = np.array([c for _, c in new], np.int64)
+    restore = context // 3
+    start, finish = append_columns(np.array([row] * len(new)), uncached, context, restore, chunk)
+    for k, (uc, c) in enumerate(new):
+        exact = append_job(model, backlog, ReplayJob(RequestId("n"), uc, c, c // 3))
+        assert abs(start[k] - exact.start) <= APPEND_BOUND * (1.0 + abs(exact.start))
+        assert abs(finish[k] - exact.finish) <= APPEND_BOUND * (1.0 + abs(exact.finish))
+
+
 def queued(rid: str, t_uc: int, t_c: int) -> QueuedPrefill:
     return QueuedPrefill(RequestId(rid), Work(t_uc=t_uc, t_c=t_c, t_out=10), min(t_c, 100))
 
@@ -120,9 +171,16 @@ def test_the_store_answers_what_a_fresh_replay_answers(steps: list[tuple[str, in
                                router_in_flight=(*queue, *unreported), state_age_s=age, model=model)  # fmt: skip
         router = TtftRouter(settings_)
         router.backlogs = store
-        kept = router._backlog(view)
+        replays = store.replays
+        entry = store.entry(view.node, state_source(view, settings_), model, _state_parts(view, state_source(view, settings_)))
         fresh = replay_chunked_prefill(model, backlog_jobs(view, settings_), 2048).backlog
-        assert kept == fresh
+        row = _row(model, fresh)
+        assert row is not None and entry.row is not None
+        assert_rows_agree(entry.row, row)
+        assert store.replays == replays  # a linear model's row needs no replay ...
+        kept = router._backlog(view)
+        assert kept == fresh  # ... and its summary, replayed when read, is the fresh replay's
+        assert store.replays <= replays + 1
 
 
 node_states = st.tuples(
