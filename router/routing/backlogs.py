@@ -168,8 +168,6 @@ class BacklogStore:
         self.replays = 0
         """Full replays of a node's queue (deferred ones counted when they run)."""
         self.extensions = 0
-        self.closed_forms = 0
-        """Rows computed in closed form from a node's whole queue (its replay deferred)."""
 
     def entry(self, node: NodeId, kind: object, model: PrefillNodeModel, parts: tuple[Sequence[object], ...]) -> _Entry:
         """The entry of `node` for state source `kind` with these parts, extended, computed or replayed as needed
@@ -186,7 +184,7 @@ class BacklogStore:
                 if len(after) >= len(before) and tuple(after[: len(before)]) == tuple(before):
                     jobs = [self._job_of(item) for item in after[len(before):]]
                     self.extensions += 1
-                    if hit.replayed or hit.row is None:
+                    if hit.replayed:  # (always, for a model without a row: its entries are replayed at once)
                         backlog = hit.backlog
                         for job in jobs:
                             backlog = extend_backlog(model, backlog, job)
@@ -202,7 +200,6 @@ class BacklogStore:
         if coef is None:
             entry = _Entry(model, parts, self._replayed(kind, model, parts), None)
         else:
-            self.closed_forms += 1
             row = row_after(coef, None, self._jobs_of(kind, parts), self.chunk_tokens)
             entry = _Entry(model, parts, None, row, self._deferred(kind, model, parts))
         entries[node] = entry
