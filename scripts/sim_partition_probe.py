@@ -5,8 +5,8 @@
 Runs `bench sim`'s configuration (CC, closed loop, the default split for the node count, profile models) and,
 every `--every` kernel events, prints one JSON line: simulated time, events, process CPU seconds, resident
 memory, requests finished, resident pages per tier over all nodes, eviction-order entries per tier (stale ones
-included), and the shallow sizes (`sys.getsizeof`: the hash tables themselves, not the page ints they share) of
-the engines' page tables in MiB. It stops once resident memory passes `--limit-mib` (or at `--duration`), then
+included), and the sizes of the engines' page tables in MiB, summed over the nodes (numpy arrays by `nbytes`,
+dicts by `sys.getsizeof`: the hash tables themselves, not the page ints they share). It stops once resident memory passes `--limit-mib` (or at `--duration`), then
 prints the KV directory's pages, runs and deep size, and the most numerous live object types. The figures are
 docs/benchmarks.md's "partition probe".
 
@@ -28,14 +28,15 @@ from evolving_infra.cli.bench_sim import bench_config, current_rss_mib
 from evolving_infra.sim.kernel import Progress
 from evolving_infra.sim.run import simulate, workload_stream
 
-TABLES = ("_parent", "_access", "_cached", "_pinned")
-
-
 class _Stop(Exception):
     pass
 
 
 def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
+    """One probe line. With the id tables (the default) a node's tables are: per tier the resident pages' parent
+    dict (`_parent`), the id arrays (state, last access, pin counts), the pins per owner and the eviction order's
+    entries (id and generation arrays, stale ones included); per node the id table (`PageIds`: hash -> id dict and
+    per-id arrays) and the branch counts (`_counts`). With the set tables (`TierPool`) their dicts and sets."""
     tables: Counter[str] = Counter()
     entries: Counter[str] = Counter()
     pages: Counter[str] = Counter()
@@ -44,17 +45,32 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
         if engine is None:
             continue
         pool = engine.pool
+        ids = pool.page_ids
         for name in ("l1", "l2"):
             tier = getattr(pool, name)
-            pages[name] += len(tier._parent)
-            for table in TABLES:
-                tables[table] += sys.getsizeof(getattr(tier, table))
-            order = tier._order
-            tables["order"] += sum(
-                sys.getsizeof(b.members) + (sys.getsizeof(b.order) if b.order else 0) for b in order._buckets.values()
-            )
-            entries[name] += order._size
-        tables["_depth"] += sys.getsizeof(pool._depth)  # one table shared by a node's two tiers
+            pages[name] += len(tier.resident_set())
+            if ids is None:  # the set tables
+                for table in ("_parent", "_access", "_cached", "_pinned"):
+                    tables[table] += sys.getsizeof(getattr(tier, table))
+                entries[name] += tier._order._size
+                continue
+            t = tier.t
+            tables["_parent"] += sys.getsizeof(tier._parent)
+            tables["tier arrays"] += t.state.nbytes + t.access.nbytes + t.pins.nbytes
+            tables["pins by owner"] += sum(sum(c.nbytes for c in chunks) for chunks in t._owner.values())
+            order_bytes = 0
+            n = 0
+            for bucket in t.order._buckets.values():
+                for chunk_ids, gens in bucket.chunks:
+                    order_bytes += chunk_ids.nbytes + gens.nbytes
+                    n += len(chunk_ids)
+            tables["order"] += order_bytes
+            entries[name] += n
+        if ids is not None:
+            tables["id dict"] += sys.getsizeof(ids._id)
+            tables["id arrays"] += sum(a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted))
+        else:
+            tables["_depth"] += sys.getsizeof(pool._depth)
         tables["counts"] += sys.getsizeof(pool._counts)
     return {
         "simulated_s": round(progress.now, 1), "events": progress.processed,

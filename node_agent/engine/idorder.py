@@ -2,6 +2,9 @@
 generations; a bucket is ordered only when victims reach it (its live ids in ascending (-depth, hash), the
 order of `evictindex.EvictionOrder` for the built-in policies); why ids, in `idpages`.
 
+Entries are kept as 32-bit ids and generations (8 bytes an entry, stale ones included: at partition scale the
+order holds tens of millions; `PageIds` keeps ids below 2^31 and generations modulo 2^32).
+
 Boundary: ordering only; the tier (`idpages.IdTier`) owns the state and access arrays this reads.
 """
 
@@ -16,12 +19,14 @@ import numpy.typing as npt
 
 from evolving_infra.core.eviction import BranchCountEviction, HostEvictionPolicy, LruEviction
 from evolving_infra.core.pages import PageHash
-from evolving_infra.node_agent.engine.pageids import CACHED, Ids, PageIds, distinct
+from evolving_infra.node_agent.engine.pageids import CACHED, Gens, Ids, PageIds, distinct
 
 if TYPE_CHECKING:
     from evolving_infra.node_agent.engine.idpages import IdTier
 
 Key = tuple[float, ...]
+Entries = npt.NDArray[np.int32]
+"""Ids as the order keeps them (see the module docstring)."""
 
 
 def rank(page: PageHash, depth: int) -> int:
@@ -33,7 +38,7 @@ class _Bucket:
     __slots__ = ("chunks", "ordered")
 
     def __init__(self) -> None:
-        self.chunks: list[tuple[Ids, Ids]] = []  # (ids, their generations when entered)
+        self.chunks: list[tuple[Entries, Gens]] = []  # (ids, their generations when entered)
         self.ordered = False  # chunks is one chunk of distinct ids in eviction order
 
 
@@ -61,11 +66,11 @@ class IdOrder:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
             heapq.heappush(self._keys, key)
-        bucket.chunks.append((ids, self._ids.gen[ids]))
+        bucket.chunks.append((ids.astype(np.int32), self._ids.gen[ids]))
         bucket.ordered = False
         self._entries += len(ids)
 
-    REBUILD_FACTOR = 8
+    REBUILD_FACTOR = 4
     REBUILD_FLOOR = 4096
     """Entries are rebuilt from the tier's cached ids once they exceed REBUILD_FACTOR x the cached ids plus
     REBUILD_FLOOR (ids re-entered under a newer key leave their old entries behind until a victim search reaches
@@ -110,10 +115,16 @@ class IdOrder:
             if (times == times[0]).all():
                 self._add(self.key_of(counted, float(times[0])), part)
                 continue
-            for when in np.unique(times).tolist():
-                self._add(self.key_of(counted, when), part[times == when])
+            # one chunk per distinct time, in ascending time, each keeping the ids' order (a stable sort: a
+            # rebuild meets thousands of distinct times, where one mask per time cost a pass each)
+            by_time = np.argsort(times, kind="stable")
+            part, times = part[by_time], times[by_time]
+            cut = np.flatnonzero(times[1:] != times[:-1]) + 1
+            starts = np.concatenate(([0], cut)).tolist()
+            for lo, hi, when in zip(starts, [*starts[1:], len(part)], times[starts].tolist()):
+                self._add(self.key_of(counted, when), part[lo:hi])
 
-    def _live(self, key: Key, ids: Ids, gens: Ids) -> npt.NDArray[np.bool_]:
+    def _live(self, key: Key, ids: Entries, gens: Gens) -> npt.NDArray[np.bool_]:
         tier, pages = self._tier, self._ids
         live: npt.NDArray[np.bool_] = (
             (pages.gen[ids] == gens) & (tier.state[ids] == CACHED) & (tier.access[ids] == key[-1])
@@ -122,7 +133,7 @@ class IdOrder:
             live &= pages.counted[ids] == (key[0] > 0)
         return live
 
-    def _order(self, key: Key, bucket: _Bucket) -> Ids:
+    def _order(self, key: Key, bucket: _Bucket) -> Entries:
         """The bucket's live ids in eviction order (kept as its one chunk)."""
         if len(bucket.chunks) == 1:
             ids, gens = bucket.chunks[0]
@@ -144,7 +155,7 @@ class IdOrder:
 
     def victims(self, n: int, exclude: Ids | None = None) -> Ids:
         """The first `n` cached ids not in `exclude` in ascending (key, -depth, hash), taken out of the order."""
-        out: list[Ids] = []
+        out: list[Entries] = []
         need = n
         keep: list[Key] = []
         while self._keys and need > 0:
@@ -168,7 +179,7 @@ class IdOrder:
                 del self._buckets[key]
         for key in keep:
             heapq.heappush(self._keys, key)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
 
     def floor(self, pages: set[PageHash], now: float, depths: dict[PageHash, int]) -> tuple[Key, int]:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from enum import IntEnum
 from itertools import repeat
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from evolving_infra.node_agent.engine.idpages import IdTier
 
 Ids = npt.NDArray[np.int64]
+Gens = npt.NDArray[np.uint32]
+"""Generations of ids (modulo 2^32: an entry of an id freed and reused 2^32 times since would pass for live, which no
+run comes near)."""
+MAX_IDS = 2**31 - 1
+"""Ids a node's table may hand out (the eviction order keeps them as 32-bit ints)."""
 
 class PageState(IntEnum):
     """A page's state in one tier, as stored in `IdTier.state` (one byte per id)."""
@@ -34,7 +39,10 @@ class PageState(IntEnum):
 ABSENT, PINNED, CACHED = int(PageState.ABSENT), int(PageState.PINNED), int(PageState.CACHED)  # plain ints: fast numpy compares
 
 
-def distinct(ids: Ids) -> Ids:
+_IdArray = TypeVar("_IdArray", npt.NDArray[np.int64], npt.NDArray[np.int32])
+
+
+def distinct(ids: _IdArray) -> _IdArray:
     """`ids` without repeats, sorted (a sort and a mask: numpy's hash-based `unique` costs ~10x more here)."""
     if len(ids) < 2:
         return ids.copy()
@@ -55,7 +63,7 @@ class PageIds:
         self._id: dict[PageHash, int] = {}
         self.hashes = np.zeros(capacity, dtype=np.uint64)
         self.depth = np.zeros(capacity, dtype=np.int64)
-        self.gen = np.zeros(capacity, dtype=np.int64)
+        self.gen = np.zeros(capacity, dtype=np.uint32)
         self.holders = np.zeros(capacity, dtype=np.int8)
         self.counted = np.zeros(capacity, dtype=np.bool_)
         self._free: list[int] = []
@@ -69,7 +77,9 @@ class PageIds:
         size = len(self.hashes)
         if need <= size:
             return
-        new = max(need, 2 * size)
+        if need > MAX_IDS:
+            raise OverflowError(f"a node's page ids are limited to {MAX_IDS:,} pages held at once, {need:,} needed")
+        new = min(max(need, 2 * size), MAX_IDS)
         for name in ("hashes", "depth", "gen", "holders", "counted"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)

@@ -9,6 +9,7 @@ same order). Both pools run with `check=True`, which also compares every evictio
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -261,6 +262,43 @@ def test_the_order_keeps_its_stale_entries_bounded() -> None:
         assert order._entries <= order.REBUILD_FACTOR * tier.t.cached + order.REBUILD_FLOOR
     assert order.rebuilds > 0
     assert tier.victims(3) == [chain[11], chain[10], chain[9]]  # the order is still the policy's: deepest first
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    times=st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=2, max_size=12),
+    counted=st.lists(st.booleans(), min_size=12, max_size=12),
+    lru=st.booleans(),
+)
+def test_entering_ids_of_many_times_makes_one_chunk_per_key_in_the_ids_order(
+    times: list[float], counted: list[bool], lru: bool
+) -> None:
+    """`IdOrder.enter` of ids last accessed at several times (as a rebuild enters them): one chunk per key, with
+    the key's ids in the order they were given, the keys in ascending order, and 32-bit entries whose
+    generations are the ids'."""
+    pool = KvPool(NodeId("n"), 16, 16, LruEviction() if lru else BranchCountEviction(), tables=PageTables.IDS)
+    tier = pool.l2
+    assert isinstance(tier, IdTierPool)
+    chain = CHAINS[1][: len(times)]
+    for i, page in enumerate(chain):
+        tier.insert(page, chain[i - 1] if i else None, times[i])
+    ids = tier._ids(chain)[::-1].copy()  # entered deepest first: not the ids' own order
+    t = tier.t
+    flagged = np.array([i for i in ids.tolist() if counted[i]], dtype=np.int64)
+    t.pages.set_counted(flagged, True)  # (the tier's own order re-enters them)
+    order = IdOrder(tier.policy, t.pages, t)
+    order.enter(ids)
+    expected: dict[tuple[float, ...], list[int]] = {}
+    for i in ids.tolist():
+        expected.setdefault(order.key_of(bool(counted[i]), float(t.access[i])), []).append(i)
+    got = {key: [c for chunk in bucket.chunks for c in chunk[0].tolist()] for key, bucket in order._buckets.items()}
+    assert got == expected
+    assert all(len(bucket.chunks) == 1 for bucket in order._buckets.values())
+    assert sorted(order._keys) == sorted(expected)
+    for bucket in order._buckets.values():
+        entries, gens = bucket.chunks[0]
+        assert entries.dtype == np.int32 and (gens == t.pages.gen[entries]).all()
+    assert order.victims(len(ids)).tolist() == tier.t.order.victims(len(ids)).tolist()  # the same order either way
 
 
 def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
