@@ -33,10 +33,11 @@ class _Stop(Exception):
 
 
 def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
-    """One probe line. With the id tables (the default) a node's tables are: per tier the resident pages' parent
-    dict (`_parent`), the id arrays (state, last access, pin counts), the pins per owner and the eviction order's
-    entries (id and generation arrays, stale ones included); per node the id table (`PageIds`: hash -> id dict and
-    per-id arrays) and the branch counts (`_counts`). With the set tables (`TierPool`) their dicts and sets."""
+    """One probe line. With the id tables (the default) a node's tables are: per tier the id arrays (state, last
+    access, pin counts), the pins per owner and the eviction order's entries (id and generation arrays, stale ones
+    included); per node the id table (`PageIds`: hash -> id dict and per-id arrays: hash, depth, generation,
+    holders, counted flag, parent) and the branch counts (`_counts`). With the set tables (`TierPool`) their dicts
+    and sets."""
     tables: Counter[str] = Counter()
     entries: Counter[str] = Counter()
     pages: Counter[str] = Counter()
@@ -55,7 +56,6 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
                 entries[name] += tier._order._size
                 continue
             t = tier.t
-            tables["_parent"] += sys.getsizeof(tier._parent)
             tables["tier arrays"] += t.state.nbytes + t.access.nbytes + t.pins.nbytes
             tables["pins by owner"] += sum(sum(c.nbytes for c in chunks) for chunks in t._owner.values())
             order_bytes = 0
@@ -68,7 +68,9 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
             entries[name] += n
         if ids is not None:
             tables["id dict"] += sys.getsizeof(ids._id)
-            tables["id arrays"] += sum(a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted))
+            tables["id arrays"] += sum(
+                a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted, ids.parent, ids.rooted)
+            )
         else:
             tables["_depth"] += sys.getsizeof(pool._depth)
         tables["counts"] += sys.getsizeof(pool._counts)

@@ -79,6 +79,10 @@ class IdTier:
     def free(self) -> int:
         return self.capacity - self.resident - len(self._writing) - self._n_reserved
 
+    def holds_id(self, i: int) -> bool:
+        """Whether the page with id `i` (a current id) is resident here."""
+        return i < len(self.state) and bool(self.state[i] != ABSENT)
+
     def holds(self, ids: Ids) -> npt.NDArray[np.bool_]:
         """Per id of `ids` (-1: a page no tier holds), whether it is resident here."""
         known = (ids >= 0) & (ids < len(self.state))

@@ -2,11 +2,12 @@
 today's prefill and decode schedulers use `IdTier` before any caller keeps ids; `TierPool` (`PageTables.SETS`,
 or `EVOLVING_INFRA_PAGE_TABLES=sets`) stays as its oracle and for policies without coarse keys.
 
-What each table becomes: the resident pages and their parents stay a dict keyed by hash (`_parent`, as in
-`TierPool`: the admission walks test membership in it, and KV events need parents); last access, pinned or
-cached state, pin counts, pins per owner and the eviction order live in an `IdTier` over the node's
-`PageIds` (shared by both tiers: the depth of a page is its id's). Hashes are resolved to ids per call (one
-dict probe per page), so walks cost what they cost today; eviction and pins run over id arrays.
+What each table becomes: residency, last access, pinned or cached state, pin counts, pins per owner and the
+eviction order live in an `IdTier` over the node's `PageIds` (shared by both tiers: the depth and the parent of a
+page are its id's; a page's parent is a property of its content, the same in both tiers); the set of resident
+pages is a view over the tier's state array (`ResidentPages`: one id probe per page tested, bulk tests over
+arrays), so no table is kept per resident page and hash. Hashes are resolved to ids per call (one dict probe per
+page); eviction and pins run over id arrays.
 
 Exactness: every operation leaves the state `TierPool`'s would (resident pages, parents, last accesses, pins,
 free and in-use slots, depths) and chooses the same victims in the same order; pin touches are applied at once
@@ -22,12 +23,13 @@ Boundary: page accounting of one tier, as `tier`; the KV events and write-throug
 from __future__ import annotations
 
 import os
-from collections import deque
-from itertools import repeat
 from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
+from collections.abc import Set as AbstractSet
+from itertools import compress, repeat
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
 from evolving_infra.core.pages import PageHash
@@ -38,7 +40,7 @@ from evolving_infra.node_agent.engine.idpages import ABSENT, CACHED, PINNED, Ids
 from evolving_infra.node_agent.engine.tier import TierGauges
 from evolving_infra.node_agent.engine.tierruns import Owner, RunDepths
 
-__all__ = ["IdDepths", "IdTierPool", "PageTables", "page_tables"]
+__all__ = ["IdDepths", "IdTierPool", "PageTables", "ResidentPages", "page_tables"]
 
 ENV = "EVOLVING_INFRA_PAGE_TABLES"
 _NO_IDS: Ids = np.zeros(0, dtype=np.int64)
@@ -87,6 +89,67 @@ class IdDepths(Mapping[PageHash, int]):
         return self._ids._id.keys()
 
 
+class ResidentPages(AbstractSet[PageHash]):
+    """The pages one id tier holds, as a read-only set view over its state array (what `resident_set` gives where
+    `TierPool` gives its dict's keys): a membership test is one id probe; `isdisjoint`, `&` and `issuperset` with
+    a collection resolve it once and test the ids together; other set operations (`|`, `-`, comparisons) give
+    built-in sets."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: IdTierPool) -> None:
+        self._pool = pool
+
+    def __contains__(self, page: object) -> bool:
+        i = self._pool.ids._id.get(page)  # type: ignore[call-overload]  # (any hashable: not resident if no page)
+        return i is not None and self._pool.t.holds_id(i)
+
+    def __iter__(self) -> Iterator[PageHash]:
+        return iter(self._pool._hashes(self._pool._held_ids()))
+
+    def __len__(self) -> int:
+        return self._pool.t.resident
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[PageHash]) -> set[PageHash]:  # type: ignore[override]
+        return set(it)
+
+    def _held(self, pages: list[PageHash]) -> npt.NDArray[np.bool_]:
+        return self._pool.t.holds(self._pool.ids.lookup(pages))
+
+    def isdisjoint(self, other: Iterable[object]) -> bool:
+        pages = list(other)
+        return not pages or not self._held(pages).any()  # type: ignore[arg-type]  # (pages of other types: none held)
+
+    def issuperset(self, other: Iterable[object]) -> bool:
+        pages = list(other)
+        return not pages or bool(self._held(pages).all())  # type: ignore[arg-type]
+
+    def __and__(self, other: Iterable[object]) -> set[PageHash]:
+        pages = list(other)
+        return set(compress(pages, self._held(pages).tolist())) if pages else set()  # type: ignore[arg-type]
+
+    __rand__ = __and__
+
+
+class _Parents(Mapping[PageHash, "PageHash | None"]):
+    """The parent of each page one id tier holds (`parents`), read from the node's `PageIds`."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: IdTierPool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, page: PageHash) -> PageHash | None:
+        return self._pool.parent(page)
+
+    def __iter__(self) -> Iterator[PageHash]:
+        return iter(self._pool._resident)
+
+    def __len__(self) -> int:
+        return len(self._pool._resident)
+
+
 class IdTierPool:
     """One tier with `TierPool`'s methods, kept in an `IdTier` (see the module docstring)."""
 
@@ -100,7 +163,7 @@ class IdTierPool:
         self._counts = counts
         self.ids = ids
         self.t = IdTier(tier.value, capacity, policy, ids)
-        self._parent: dict[PageHash, PageHash | None] = {}
+        self._resident = ResidentPages(self)
         self._peer: IdTierPool | None = None
         self._gauges = TierGauges(capacity, capacity, 0, 0, 0)
 
@@ -121,14 +184,16 @@ class IdTierPool:
     def _resident_ids(self, pages: Collection[PageHash]) -> Ids:
         """Ids of `pages` (repeats kept), every one resident here."""
         ids = np.fromiter(map(self.ids._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
-        if len(ids) and not self.t.holds(ids).all():
-            missing = min(set(pages) - self._parent.keys())
+        held = self.t.holds(ids)
+        if len(ids) and not held.all():
+            missing = min(compress(pages, (~held).tolist()))
             raise PoolInvariantError(f"{self.tier.value}: cannot pin page {missing:#x}: not resident")
         return ids
 
     # --- queries -------------------------------------------------------------------------------------
     def contains(self, page: PageHash) -> bool:
-        return page in self._parent
+        i = self.ids._id.get(page)
+        return i is not None and self.t.holds_id(i)
 
     def is_writing(self, page: PageHash) -> bool:
         return page in self.t._writing
@@ -137,25 +202,33 @@ class IdTierPool:
         return self.t._writing.get(page)
 
     def parent(self, page: PageHash) -> PageHash | None:
-        return self._parent[page]
+        i = self.ids._id.get(page)
+        if i is None or not self.t.holds_id(i):
+            raise KeyError(page)
+        return self.ids.parent_of(i)
 
     def pins(self, page: PageHash) -> int:
-        if page not in self._parent:
+        i = self.ids._id.get(page)
+        if i is None or not self.t.holds_id(i):
             return 0
-        return int(self.t.pins[self.ids._id[page]])
+        return int(self.t.pins[i])
+
+    def _held_ids(self, state: int | None = None) -> Ids:
+        """The ids resident here (in `state`, PINNED or CACHED, where given), ascending."""
+        s = self.t.state
+        return np.flatnonzero(s != ABSENT if state is None else s == state)
 
     def resident(self) -> frozenset[PageHash]:
-        return frozenset(self._parent)
+        return frozenset(self._hashes(self._held_ids()))
 
-    def resident_set(self) -> KeysView[PageHash]:
-        return self._parent.keys()
+    def resident_set(self) -> ResidentPages:
+        return self._resident
 
     def writing_set(self) -> KeysView[PageHash]:
         return self.t._writing.keys()
 
     def pinned_pages(self) -> frozenset[PageHash]:
-        state, get = self.t.state, self.ids._id.__getitem__
-        return frozenset(p for p in self._parent if state[get(p)] == PINNED)
+        return frozenset(self._hashes(self._held_ids(PINNED)))
 
     def pinned_by(self, owner: Owner) -> frozenset[PageHash]:
         ids = self.t.pinned_ids(owner)
@@ -201,11 +274,10 @@ class IdTierPool:
         return free + cached - self._cached_among(exclude) < n
 
     def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
-        state, access, get = self.t.state, self.t.access, self.ids._id.__getitem__
-        for page in self._parent:
-            i = get(page)
-            if state[i] == CACHED and page not in exclude:
-                yield HostPage(page, counts.get(page, 0), float(access[i]))
+        cached = self._held_ids(CACHED)
+        for page, when in zip(self._hashes(cached), self.t.access[cached].tolist()):
+            if page not in exclude:
+                yield HostPage(page, counts.get(page, 0), when)
 
     @property
     def writing(self) -> int:
@@ -245,8 +317,9 @@ class IdTierPool:
 
     # --- access and pins -----------------------------------------------------------------------------
     def touch(self, page: PageHash, now: float) -> None:
-        if page in self._parent:
-            self.t.touch(np.array([self.ids._id[page]], dtype=np.int64), now)
+        i = self.ids._id.get(page)
+        if i is not None and self.t.holds_id(i):
+            self.t.touch(np.array([i], dtype=np.int64), now)
 
     def touch_all(self, pages: set[PageHash], now: float) -> None:
         if pages:
@@ -274,7 +347,8 @@ class IdTierPool:
         return float(self.t.access[self.ids._id[page]])
 
     def last_accesses(self) -> dict[PageHash, float]:
-        return {page: self.last_access(page) for page in self._parent}
+        held = self._held_ids()
+        return dict(zip(self._hashes(held), self.t.access[held].tolist()))
 
     # --- in-use slots --------------------------------------------------------------------------------
     def reserve(self, owner: Owner, n: int) -> None:
@@ -290,7 +364,7 @@ class IdTierPool:
         pages = list(pages)
         run = dict.fromkeys(pages, owner)
         writing = self.t._writing
-        if len(run) != len(pages) or not (self._parent.keys().isdisjoint(run) and writing.keys().isdisjoint(run)):
+        if len(run) != len(pages) or not (self._resident.isdisjoint(pages) and writing.keys().isdisjoint(run)):
             raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident or being written")
         if len(run) > self.free:
             raise PoolInvariantError(
@@ -315,7 +389,7 @@ class IdTierPool:
     ) -> None:  # fmt: skip
         """`TierPool.insert`: the slot from `source`'s writing slot for `page`, else `source`'s reservation,
         else (source None) a free slot; pinned by `pin_owner` if given."""
-        if page in self._parent:
+        if self.contains(page):
             raise PoolInvariantError(f"{self.tier.value}: page {page:#x} is already resident")
         t = self.t
         writer = t._writing.get(page)
@@ -346,7 +420,6 @@ class IdTierPool:
         else:  # slots of one owner, pinned by another: take the slots as the source's, then move the pins
             ids = t.insert_unchecked(items, now, source, slots=slots, pin=False, ids=known)
             t.pin(pin_owner, ids, now)
-        self._parent.update(items)
         return ids
 
     def insert_all(
@@ -354,7 +427,7 @@ class IdTierPool:
     ) -> None:
         if not items:
             return
-        if not self._parent.keys().isdisjoint(items):
+        if not self._resident.isdisjoint(items):
             raise PoolInvariantError(f"{self.tier.value}: a page of the run is already resident")
         writing = self.t._writing
         if slots != "writing" and not writing.keys().isdisjoint(items):
@@ -382,7 +455,7 @@ class IdTierPool:
         return self._place(items, now, owner, slots, owner, known)
 
     def parents(self) -> Mapping[PageHash, PageHash | None]:
-        return self._parent
+        return _Parents(self)
 
     def room_for_run(
         self, pages: set[PageHash], now: float, parents: Mapping[PageHash, PageHash | None] | None = None,
@@ -390,7 +463,8 @@ class IdTierPool:
     ) -> tuple[set[PageHash], list[PageHash]] | None:  # fmt: skip
         """`TierRuns.room_for_run`; `missing`: the pages of `pages` this tier lacks, where the caller knows them."""
         if missing is None:
-            missing = pages.difference(self._parent)
+            listed = list(pages)
+            missing = set(compress(listed, (~self.t.holds(self.ids.lookup(listed))).tolist()))
         plan = self.t.room_for_run(pages, now, parents, missing)  # type: ignore[arg-type]  # read only
         if plan is None:
             return None
@@ -408,9 +482,9 @@ class IdTierPool:
         return plan[0], self._hashes(plan[1])
 
     def remove(self, page: PageHash) -> None:
-        if page not in self._parent:
+        i = self.ids._id.get(page)
+        if i is None or not self.t.holds_id(i):
             raise PoolInvariantError(f"{self.tier.value}: cannot remove page {page:#x}: not resident")
-        i = self.ids._id[page]
         if self.t.state[i] != CACHED:
             raise PoolInvariantError(
                 f"{self.tier.value}: refusing to evict pinned page {page:#x} ({self.pins(page)} pins)"
@@ -420,7 +494,7 @@ class IdTierPool:
     def remove_all(self, pages: Iterable[PageHash]) -> None:
         gone = set(pages)
         ids = self._known(gone)
-        if len(ids) != len(gone) or not gone <= self._parent.keys() or (self.t.state[ids] != CACHED).any():
+        if len(ids) != len(gone) or not self.t.holds(ids).all() or (self.t.state[ids] != CACHED).any():
             raise PoolInvariantError(f"{self.tier.value}: refusing to evict pages that are pinned or not resident")
         self.remove_victims(list(gone))
 
@@ -429,7 +503,6 @@ class IdTierPool:
         the same order, where the caller has them."""
         if ids is None:
             ids = self._ids(victims)
-        deque(map(self._parent.__delitem__, victims), maxlen=0)
         self.t.remove(ids)
 
     # --- invariants ----------------------------------------------------------------------------------
@@ -439,14 +512,12 @@ class IdTierPool:
         name = self.tier.value
         if t.free < 0:
             raise PoolInvariantError(f"{name}: free is negative ({t.free})")
-        get = self.ids.get
-        ids = [get(p) for p in self._parent]
-        if any(i is None for i in ids):
-            raise PoolInvariantError(f"{name}: resident pages without an id")
-        held = np.flatnonzero(t.state != ABSENT)
-        if sorted(ids) != held.tolist():  # type: ignore[type-var]
+        held = self._held_ids()
+        if len(held) != t.resident or (self.ids.holders[held] < 1).any():
             raise PoolInvariantError(f"{name}: the resident pages differ from the ids held")
-        if set(t._writing) & self._parent.keys():
+        if len(held) and self.ids.lookup(self._hashes(held)).tolist() != held.tolist():
+            raise PoolInvariantError(f"{name}: resident ids whose pages resolve to other ids")
+        if not self._resident.isdisjoint(t._writing):
             raise PoolInvariantError(f"{name}: pages both resident and being written")
         counted = np.zeros(len(t.state), dtype=np.int64)
         for owner in list(t._owner):

@@ -206,7 +206,10 @@ class KvPool:
                 self._evict_one(tier, page, now)
             return victims
         # The run at once, with the same state as page by page.
-        parent_of = pool.parents()
+        if ids is not None and self._ids is not None:  # (id tables) the victims' parents from their ids at once
+            parent_of: Mapping[PageHash, PageHash | None] = dict(zip(victims, self._ids.parents_of(ids)))
+        else:
+            parent_of = pool.parents()
         self._write_through(victims, chosen, parent_of, plan, now, ids)
         if plan[0]:
             self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), plan[0], now)

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from enum import IntEnum
 from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
@@ -66,6 +67,10 @@ class PageIds:
         self.gen = np.zeros(capacity, dtype=np.uint32)
         self.holders = np.zeros(capacity, dtype=np.int8)
         self.counted = np.zeros(capacity, dtype=np.bool_)
+        # a page's parent (the page before it in its chain) is a property of its content, the same wherever it is
+        # stored: kept per id (0 and `rooted` for a first page) rather than per resident page and tier
+        self.parent = np.zeros(capacity, dtype=np.uint64)
+        self.rooted = np.zeros(capacity, dtype=np.bool_)
         self._free: list[int] = []
         self._next = 0
         self.tiers: list[IdTier] = []  # the tiers over these ids (a count flip moves cached pages in each)
@@ -80,7 +85,7 @@ class PageIds:
         if need > MAX_IDS:
             raise OverflowError(f"a node's page ids are limited to {MAX_IDS:,} pages held at once, {need:,} needed")
         new = min(max(need, 2 * size), MAX_IDS)
-        for name in ("hashes", "depth", "gen", "holders", "counted"):
+        for name in ("hashes", "depth", "gen", "holders", "counted", "parent", "rooted"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:size] = old
@@ -122,6 +127,19 @@ class PageIds:
         gens[known] = self.gen[ids[known]]
         return gens
 
+    def parent_of(self, i: int) -> PageHash | None:
+        """The parent of the page with id `i` (None for a first page)."""
+        return None if self.rooted[i] else PageHash(int(self.parent[i]))
+
+    def parents_of(self, ids: Ids) -> list[PageHash | None]:
+        """The parents of the pages with `ids`, in order (None for first pages)."""
+        out: list[PageHash | None] = self.parent[ids].tolist()
+        rooted = self.rooted[ids]
+        if rooted.any():
+            for j in np.flatnonzero(rooted).tolist():
+                out[j] = None
+        return out
+
     def hash_of(self, ids: Ids) -> list[PageHash]:
         return cast("list[PageHash]", self.hashes[ids].tolist())  # (PageHash is int at run time: no per-item call)
 
@@ -139,6 +157,8 @@ class PageIds:
         pid = self._id.get(parent) if parent is not None else None
         self.depth[i] = 0 if pid is None else self.depth[pid] + 1
         self.hashes[i] = page
+        self.parent[i] = 0 if parent is None else parent
+        self.rooted[i] = parent is None
         self.holders[i] = 0
         self.counted[i] = page in self.counts
         self._id[page] = i
@@ -166,7 +186,7 @@ class PageIds:
         if fresh:
             ids = self._block(k)
             self.depth[ids] = np.arange(base, base + k)
-            self._fill(ids, pages)
+            self._fill(ids, pages, parents)
             return ids
         ids = self.lookup(pages) if ids is None else ids.copy()
         new = np.flatnonzero(ids < 0)
@@ -178,7 +198,8 @@ class PageIds:
         for lo, hi in stretches(new):  # each but a first one follows a known page
             at = int(depth[ids[lo - 1]]) + 1 if lo else base
             depth[ids[lo:hi]] = np.arange(at, at + hi - lo)
-        self._fill(fresh_ids, [pages[j] for j in new.tolist()])
+        where = new.tolist()
+        self._fill(fresh_ids, [pages[j] for j in where], [parents[j] for j in where])
         return ids
 
     def _block(self, k: int) -> Ids:
@@ -194,10 +215,21 @@ class PageIds:
             self._grow(self._next)
         return ids
 
-    def _fill(self, ids: Ids, pages: list[PageHash]) -> None:
-        """New `ids` (depths set) become those of `pages`."""
+    def _fill(self, ids: Ids, pages: list[PageHash], parents: list[PageHash | None]) -> None:
+        """New `ids` (depths set) become those of `pages`, whose parents are `parents`."""
         k = len(pages)
-        self.hashes[ids] = np.fromiter(pages, dtype=np.uint64, count=k)
+        hashes = np.fromiter(pages, dtype=np.uint64, count=k)
+        self.hashes[ids] = hashes
+        if k and parents[1:] == pages[:-1]:  # a chain (the usual case): the parents are the hashes shifted by one
+            first = parents[0]
+            self.parent[ids[1:]] = hashes[:-1]
+            self.parent[ids[0]] = 0 if first is None else first
+            self.rooted[ids] = False
+            self.rooted[ids[0]] = first is None
+        else:
+            rooted = np.fromiter(map(is_, parents, repeat(None)), dtype=np.bool_, count=k)
+            self.rooted[ids] = rooted
+            self.parent[ids] = np.fromiter((0 if p is None else p for p in parents), dtype=np.uint64, count=k)
         self.holders[ids] = 0
         counts = self.counts
         self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False

@@ -3,7 +3,8 @@
 `admit_prompt` (a decode's received prompt: the pages L1 holds pinned, room made, the rest stored), `gpu_walk`
 and `host_walk` (a prefill's walks over its reusable prefix, in L1 then L2, and L2 then its fetch plan) and
 `pin_walked` (the pins a walk found). With the id tables (`KvPool.page_ids`) a prompt is resolved to ids once,
-the walks are tier masks, and the pins take the kept ids; the walks keep the hashes below `IDS_WALK_MIN` pages.
+the walks are tier masks, and the pins take the kept ids (the id tables keep no hash-keyed set of resident pages
+to walk instead: `idpool.ResidentPages`).
 Either way the outcome is the walk over hashes (`tests/node_agent/test_engine_idpool.py` drives both table kinds
 through them).
 
@@ -28,10 +29,6 @@ from evolving_infra.node_agent.engine.kvpool import KvPool, Run
 from evolving_infra.node_agent.engine.tier import Owner
 
 _NO_IDS: Ids = np.zeros(0, dtype=np.int64)
-IDS_WALK_MIN = 128
-"""Prompts of at least this many pages take the id path of the admission walks (`gpu_walk`, `host_walk`); below
-it numpy's per-call costs exceed what the ids save (walk and pins, measured: equal at ~128 pages, the ids path
-1.5x faster at 1,024 and beyond)."""
 
 
 def received_pages(prompt: tuple[PageHash, ...], resident: Collection[PageHash] | int) -> Run:
@@ -154,7 +151,7 @@ def gpu_walk(pool: KvPool, prefix: tuple[PageHash, ...], known: Resolved | None 
     neither holds. With the id tables the pages are resolved once (`known`: what an earlier walk of the same
     prefix resolved), the walk is two masks, and the ids are kept for the pins (`pin_walked`)."""
     page_ids = pool.page_ids
-    if page_ids is None or len(prefix) < IDS_WALK_MIN:
+    if page_ids is None:
         in_l1: list[PageHash] = []
         loads: Run = []
         l1_has, l2_has = pool.l1.resident_set(), pool.l2.resident_set()
@@ -195,7 +192,7 @@ def host_walk(pool: KvPool, prefix: tuple[PageHash, ...], fetchable: Callable[[]
     table: Mapping[PageHash, object] | None = None
     fetch: list[PageHash] = []
     page_ids = pool.page_ids
-    if page_ids is None or len(prefix) > capacity or len(prefix) < IDS_WALK_MIN:
+    if page_ids is None or len(prefix) > capacity:
         pins: list[PageHash] = []
         in_l1, in_l2 = l1.resident_set(), l2.resident_set()
         capped = len(prefix) > capacity  # else the walk takes at most len(prefix) <= capacity pages

@@ -44,11 +44,9 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
 
 
 @pytest.fixture(autouse=True)
-def _id_walks_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The prompts here are short: the admission walks take their id path for any length (the hash path they take
-    below `IDS_WALK_MIN` is the one the set tables take)."""
-    monkeypatch.setattr(walks, "IDS_WALK_MIN", 0)
-    monkeypatch.setattr(walks, "KEEP_IDS_MIN", 0)  # (and a walk keeps its ids for the next walk of its prefix)
+def _walks_keep_ids_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompts here are short: a walk keeps its ids for the next walk of its prefix at any length."""
+    monkeypatch.setattr(walks, "KEEP_IDS_MIN", 0)
 
 OPS = st.lists(
     st.tuples(
@@ -299,6 +297,44 @@ def test_entering_ids_of_many_times_makes_one_chunk_per_key_in_the_ids_order(
         entries, gens = bucket.chunks[0]
         assert entries.dtype == np.int32 and (gens == t.pages.gen[entries]).all()
     assert order.victims(len(ids)).tolist() == tier.t.order.victims(len(ids)).tolist()  # the same order either way
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    stored=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 12)), max_size=4),
+    evicted=st.integers(0, 10),
+    probe=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 11)), max_size=14),
+)
+def test_the_resident_view_answers_as_the_set_of_resident_pages(
+    stored: list[tuple[int, int]], evicted: int, probe: list[tuple[int, int]]
+) -> None:
+    """`IdTierPool.resident_set()` (a view over the state array, no hash-keyed table) against the resident pages
+    as a built-in set: membership, size, iteration, `isdisjoint`, `&`, `issuperset`, `|`, and the parents of the
+    pages it holds (from the node's ids) against the chains they were stored with."""
+    pool = KvPool(NodeId("n"), 24, 24, BranchCountEviction(), tables=PageTables.IDS)
+    tier = pool.l2
+    assert isinstance(tier, IdTierPool)
+    for c, n in stored:
+        chain = CHAINS[c][:n]
+        run = {p: parent(c, i) for i, p in enumerate(chain) if not tier.contains(p)}
+        if run and tier.free >= len(run):
+            tier.insert_all(run, 1.0)
+    if evicted:
+        tier.remove_victims(tier.victims(min(evicted, tier.evictable())))
+    view, truth = tier.resident_set(), set(tier.resident())
+    assert len(view) == len(truth) == tier.t.resident and set(view) == truth
+    pages = [CHAINS[c][i] for c, i in probe]
+    assert [p in view for p in pages] == [p in truth for p in pages] and 7 not in view
+    assert view.isdisjoint(pages) == truth.isdisjoint(pages)
+    assert view & pages == truth & set(pages) and pages & view == truth & set(pages)
+    assert view.issuperset(pages) == truth.issuperset(pages)
+    assert view | set(pages) == truth | set(pages)
+    expected = {CHAINS[c][i]: parent(c, i) for c in range(3) for i in range(12)}
+    assert {p: tier.parent(p) for p in truth} == {p: expected[p] for p in truth} == dict(tier.parents())
+    missing = next((p for p in expected if p not in truth), None)
+    if missing is not None:
+        with pytest.raises(KeyError):
+            tier.parent(missing)
 
 
 def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
