@@ -57,6 +57,7 @@ from evolving_infra.core.pages import CountUpdates, PageHash
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids, PageIds
+from evolving_infra.node_agent.engine.pageids import MAX_IDS
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.kvoutbox import KvOutbox
 from evolving_infra.node_agent.engine.poolcounts import update_count_groups, update_counts
@@ -100,7 +101,7 @@ class KvPool:
         self.l1: TierPool
         self.l2: TierPool
         if self.tables is PageTables.IDS:  # the same interface over id arrays (`idpool`)
-            ids = PageIds(self._counts)
+            ids = PageIds(self._counts, limit=min(l1_pages + l2_pages, MAX_IDS))  # (ids live while a tier holds the page)
             self._ids: PageIds | None = ids
             self._depth = IdDepths(ids)  # type: ignore[assignment]  # read only here
             self.l1 = IdTierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, ids)  # type: ignore[assignment]

@@ -59,7 +59,13 @@ class PageIds:
     it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
     eviction order is recognised as stale."""
 
-    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024) -> None:
+    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024, limit: int = MAX_IDS) -> None:
+        """`limit`: the most pages the tiers over these ids can hold together (their capacities' sum): ids are
+        reused before new ones are made, so the arrays never need to grow past it."""
+        if not 1 <= limit <= MAX_IDS:
+            raise ValueError(f"the ids' limit must be between 1 and {MAX_IDS:,}, got {limit:,}")
+        self.limit = limit
+        capacity = min(capacity, limit)
         self.counts = {} if counts is None else counts  # the node's positive branch counts, by hash
         self._id: dict[PageHash, int] = {}
         self.hashes = np.zeros(capacity, dtype=np.uint64)
@@ -82,9 +88,9 @@ class PageIds:
         size = len(self.hashes)
         if need <= size:
             return
-        if need > MAX_IDS:
-            raise OverflowError(f"a node's page ids are limited to {MAX_IDS:,} pages held at once, {need:,} needed")
-        new = min(max(need, 2 * size), MAX_IDS)
+        if need > self.limit:
+            raise OverflowError(f"this node's page ids are limited to {self.limit:,} pages held at once, {need:,} needed")
+        new = min(max(need, 2 * size), self.limit)  # (doubling, but never past what the tiers can hold)
         for name in ("hashes", "depth", "gen", "holders", "counted", "parent", "rooted"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)

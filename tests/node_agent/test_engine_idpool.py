@@ -20,6 +20,7 @@ from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, walks
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder
+from evolving_infra.node_agent.engine.pageids import PageIds
 from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import TierPool
 
@@ -335,6 +336,27 @@ def test_the_resident_view_answers_as_the_set_of_resident_pages(
     if missing is not None:
         with pytest.raises(KeyError):
             tier.parent(missing)
+
+
+def test_the_ids_never_outgrow_what_the_tiers_can_hold() -> None:
+    """Ids live while a tier holds their page and are reused before new ones are made, so a node's id arrays stop
+    at its tiers' capacities together (not at the next doubling), and asking for more ids than that is refused."""
+    pool = KvPool(NodeId("n"), 5, 7, BranchCountEviction(), tables=PageTables.IDS)
+    ids = pool.page_ids
+    assert ids is not None and ids.limit == 12
+    for round_ in range(40):  # chains stored and evicted over and over through both tiers
+        chain = chain_hashes(f"r{round_}:{i}".encode() for i in range(4))
+        for tier in (Tier.HOST, Tier.GPU):
+            pool.make_room(tier, 4, float(round_))
+            pool.tier(tier).insert_all({p: (chain[i - 1] if i else None) for i, p in enumerate(chain)}, float(round_))
+        assert len(ids.hashes) <= 12 and len(pool.l1.t.state) <= 12  # type: ignore[attr-defined]
+    with pytest.raises(ValueError):
+        PageIds(limit=0)
+    small = PageIds(limit=3)
+    for i in range(3):
+        small.intern(PageHash(100 + i), None)
+    with pytest.raises(OverflowError):
+        small.intern(PageHash(200), None)
 
 
 def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
