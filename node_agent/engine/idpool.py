@@ -101,8 +101,7 @@ class ResidentPages(AbstractSet[PageHash]):
         self._pool = pool
 
     def __contains__(self, page: object) -> bool:
-        i = self._pool.ids._id.get(page)  # type: ignore[call-overload]  # (any hashable: not resident if no page)
-        return i is not None and self._pool.t.holds_id(i)
+        return self._pool.contains(page)  # type: ignore[arg-type]  # (any hashable: not resident if no page)
 
     def __iter__(self) -> Iterator[PageHash]:
         return iter(self._pool._hashes(self._pool._held_ids()))
@@ -114,20 +113,21 @@ class ResidentPages(AbstractSet[PageHash]):
     def _from_iterable(cls, it: Iterable[PageHash]) -> set[PageHash]:  # type: ignore[override]
         return set(it)
 
-    def _held(self, pages: list[PageHash]) -> npt.NDArray[np.bool_]:
+    def held(self, pages: list[PageHash]) -> npt.NDArray[np.bool_]:
+        """Per page of `pages`, whether the tier holds it (one lookup of them all)."""
         return self._pool.t.holds(self._pool.ids.lookup(pages))
 
     def isdisjoint(self, other: Iterable[object]) -> bool:
         pages = list(other)
-        return not pages or not self._held(pages).any()  # type: ignore[arg-type]  # (pages of other types: none held)
+        return not pages or not self.held(pages).any()  # type: ignore[arg-type]  # (pages of other types: none held)
 
     def issuperset(self, other: Iterable[object]) -> bool:
         pages = list(other)
-        return not pages or bool(self._held(pages).all())  # type: ignore[arg-type]
+        return not pages or bool(self.held(pages).all())  # type: ignore[arg-type]
 
     def __and__(self, other: Iterable[object]) -> set[PageHash]:
         pages = list(other)
-        return set(compress(pages, self._held(pages).tolist())) if pages else set()  # type: ignore[arg-type]
+        return set(compress(pages, self.held(pages).tolist())) if pages else set()  # type: ignore[arg-type]
 
     __rand__ = __and__
 
@@ -191,9 +191,13 @@ class IdTierPool:
         return ids
 
     # --- queries -------------------------------------------------------------------------------------
-    def contains(self, page: PageHash) -> bool:
+    def _resident_id(self, page: PageHash) -> int | None:
+        """The id of `page` if this tier holds it, else None."""
         i = self.ids._id.get(page)
-        return i is not None and self.t.holds_id(i)
+        return i if i is not None and self.t.holds_id(i) else None
+
+    def contains(self, page: PageHash) -> bool:
+        return self._resident_id(page) is not None
 
     def is_writing(self, page: PageHash) -> bool:
         return page in self.t._writing
@@ -202,16 +206,14 @@ class IdTierPool:
         return self.t._writing.get(page)
 
     def parent(self, page: PageHash) -> PageHash | None:
-        i = self.ids._id.get(page)
-        if i is None or not self.t.holds_id(i):
+        i = self._resident_id(page)
+        if i is None:
             raise KeyError(page)
         return self.ids.parent_of(i)
 
     def pins(self, page: PageHash) -> int:
-        i = self.ids._id.get(page)
-        if i is None or not self.t.holds_id(i):
-            return 0
-        return int(self.t.pins[i])
+        i = self._resident_id(page)
+        return 0 if i is None else int(self.t.pins[i])
 
     def _held_ids(self, state: int | None = None) -> Ids:
         """The ids resident here (in `state`, PINNED or CACHED, where given), ascending."""
@@ -317,8 +319,8 @@ class IdTierPool:
 
     # --- access and pins -----------------------------------------------------------------------------
     def touch(self, page: PageHash, now: float) -> None:
-        i = self.ids._id.get(page)
-        if i is not None and self.t.holds_id(i):
+        i = self._resident_id(page)
+        if i is not None:
             self.t.touch(np.array([i], dtype=np.int64), now)
 
     def touch_all(self, pages: set[PageHash], now: float) -> None:
@@ -464,7 +466,7 @@ class IdTierPool:
         """`TierRuns.room_for_run`; `missing`: the pages of `pages` this tier lacks, where the caller knows them."""
         if missing is None:
             listed = list(pages)
-            missing = set(compress(listed, (~self.t.holds(self.ids.lookup(listed))).tolist()))
+            missing = set(compress(listed, (~self._resident.held(listed)).tolist()))
         plan = self.t.room_for_run(pages, now, parents, missing)  # type: ignore[arg-type]  # read only
         if plan is None:
             return None
@@ -482,8 +484,8 @@ class IdTierPool:
         return plan[0], self._hashes(plan[1])
 
     def remove(self, page: PageHash) -> None:
-        i = self.ids._id.get(page)
-        if i is None or not self.t.holds_id(i):
+        i = self._resident_id(page)
+        if i is None:
             raise PoolInvariantError(f"{self.tier.value}: cannot remove page {page:#x}: not resident")
         if self.t.state[i] != CACHED:
             raise PoolInvariantError(
