@@ -36,7 +36,7 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
     """One probe line. With the id tables (the default) a node's tables are: per tier the id arrays (state, last
     access, pin counts), the pins per owner and the eviction order's entries (id and generation arrays, stale ones
     included); per node the id table (`PageIds`: hash -> id dict and per-id arrays: hash, depth, generation,
-    holders, counted flag, parent) and the branch counts (`_counts`). With the set tables (`TierPool`) their dicts
+    holders, counted flag, parent) and the branch counts (by id, and a dict for counted pages no tier holds). With the set tables (`TierPool`) their dicts
     and sets."""
     tables: Counter[str] = Counter()
     entries: Counter[str] = Counter()
@@ -71,9 +71,10 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
             tables["id arrays"] += sum(
                 a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted, ids.parent, ids.rooted)
             )
+            tables["counts"] += ids.count.nbytes + sys.getsizeof(ids.counts)  # by id, and by hash for unheld pages
         else:
             tables["_depth"] += sys.getsizeof(pool._depth)
-        tables["counts"] += sys.getsizeof(pool._counts)
+            tables["counts"] += sys.getsizeof(pool._counts)
     return {
         "simulated_s": round(progress.now, 1), "events": progress.processed,
         "cpu_s": round(time.process_time() - cpu0, 1), "rss_mib": round(current_rss_mib()),

@@ -153,14 +153,12 @@ class _Parents(Mapping[PageHash, "PageHash | None"]):
 class IdTierPool:
     """One tier with `TierPool`'s methods, kept in an `IdTier` (see the module docstring)."""
 
-    def __init__(self, tier: Tier, capacity: int, policy: HostEvictionPolicy, counts: dict[PageHash, int],
-                 ids: PageIds) -> None:  # fmt: skip
+    def __init__(self, tier: Tier, capacity: int, policy: HostEvictionPolicy, ids: PageIds) -> None:
         if capacity < 1:
             raise ValueError(f"{tier.value} tier needs a capacity of at least 1 page, got {capacity}")
         self.tier = tier
         self.capacity = capacity
         self.policy = policy
-        self._counts = counts
         self.ids = ids
         self.t = IdTier(tier.value, capacity, policy, ids)
         self._resident = ResidentPages(self)
@@ -275,7 +273,7 @@ class IdTierPool:
             return False
         return free + cached - self._cached_among(exclude) < n
 
-    def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
+    def candidates(self, counts: Mapping[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
         cached = self._held_ids(CACHED)
         for page, when in zip(self._hashes(cached), self.t.access[cached].tolist()):
             if page not in exclude:
@@ -299,11 +297,6 @@ class IdTierPool:
         i = self.ids.get(page)
         if i is not None and self.t.order.by_count and self.t.state[i] == CACHED:
             self.t.order.enter(np.array([i], dtype=np.int64))
-
-    def counts_changed(self, pages: Iterable[PageHash], flipped: Iterable[PageHash]) -> None:
-        """As `TierPool.counts_changed`, for this tier alone (a pool recounts both tiers at once with
-        `PageIds.recount`, which is what this calls)."""
-        self.ids.recount(flipped)
 
     @property
     def keyed_by_count(self) -> bool:

@@ -47,9 +47,11 @@ Boundary: page accounting only; which pages a request needs, and when, is decide
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from itertools import compress
 from dataclasses import dataclass, replace
+from itertools import compress
 from typing import cast
+
+import numpy as np
 
 from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent
@@ -60,7 +62,7 @@ from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.pageids import MAX_IDS
 from evolving_infra.node_agent.engine.idpool import IdDepths, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.kvoutbox import KvOutbox
-from evolving_infra.node_agent.engine.poolcounts import update_count_groups, update_counts
+from evolving_infra.node_agent.engine.poolcounts import checked_counts, checked_groups, update_counts
 from evolving_infra.node_agent.engine.tier import Owner, TierGauges, TierPool
 from evolving_infra.node_agent.engine.tierruns import RunDepths
 
@@ -94,22 +96,25 @@ class KvPool:
         tables: PageTables | None = None,
     ) -> None:
         self.node = node
-        self._counts: dict[PageHash, int] = {}
+        self._count_table: dict[PageHash, int] = {}  # the set tables' branch counts (with the id tables: `PageIds`)
+        self._counts: Mapping[PageHash, int] = self._count_table  # every positive count, read only
         self._depth: dict[PageHash, int] = {}  # pages either tier holds -> depth (shared by both)
         self._policies = {Tier.GPU: gpu_policy or LruEviction(), Tier.HOST: host_policy}
         self.tables = page_tables(self._policies.values()) if tables is None else tables
         self.l1: TierPool
         self.l2: TierPool
         if self.tables is PageTables.IDS:  # the same interface over id arrays (`idpool`)
-            ids = PageIds(self._counts, limit=min(l1_pages + l2_pages, MAX_IDS))  # (ids live while a tier holds the page)
+            ids = PageIds(limit=min(l1_pages + l2_pages, MAX_IDS))  # (ids live while a tier holds the page)
             self._ids: PageIds | None = ids
             self._depth = IdDepths(ids)  # type: ignore[assignment]  # read only here
-            self.l1 = IdTierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, ids)  # type: ignore[assignment]
-            self.l2 = IdTierPool(Tier.HOST, l2_pages, host_policy, self._counts, ids)  # type: ignore[assignment]
+            self._counts = ids.counts_view()  # (the counts live in `ids`: by id for held pages)
+            self.l1 = IdTierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], ids)  # type: ignore[assignment]
+            self.l2 = IdTierPool(Tier.HOST, l2_pages, host_policy, ids)  # type: ignore[assignment]
         else:
             self._ids = None
-            self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], self._counts, self._depth)
-            self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, self._counts, self._depth)
+            counts = self._count_table
+            self.l1 = TierPool(Tier.GPU, l1_pages, self._policies[Tier.GPU], counts, self._depth)
+            self.l2 = TierPool(Tier.HOST, l2_pages, host_policy, counts, self._depth)
         self.l1._peer, self.l2._peer = self.l2, self.l1
         events = self._events = KvOutbox(node)
         # its recorders bound once: called per residency change, on the simulator's hot path
@@ -132,23 +137,22 @@ class KvPool:
 
     # --- counts --------------------------------------------------------------------------------------
     def set_counts(self, updates: Mapping[PageHash, int]) -> None:
-        """Branch counts of host pages as the directory computes them; 0 forgets a page's count (`poolcounts`).
-        Updates that keep their stretches of one count (`CountUpdates`, the router's) are taken stretch by
-        stretch with the id tables when no page has two counts in them; otherwise as their dict."""
+        """Branch counts of host pages as the directory computes them; 0 forgets a page's count (`poolcounts`;
+        nothing changes when a count is not an int >= 0). With the id tables, updates that keep their stretches
+        of one count (`CountUpdates`, the router's) are taken stretch by stretch when no page has two counts in
+        them; otherwise as their dict."""
         ids = self._ids
-        if type(updates) is CountUpdates:
-            if ids is not None and (updates.consistent or updates.disjoint()):
-                new, gone = update_count_groups(self._counts, updates.groups)
-                if new:
-                    ids.recount(new, True)
-                if gone:
-                    ids.recount(gone, False)
-                return
-            updates = updates.as_dict()
-        flipped, counted = update_counts(self._counts, updates)
         if ids is not None:
-            ids.recount(flipped, counted)  # both tiers at once
+            if type(updates) is CountUpdates:
+                if updates.consistent or updates.disjoint():
+                    ids.set_count_groups(checked_groups(updates.groups))
+                    return
+                updates = updates.as_dict()
+            ids.set_counts(*checked_counts(updates))
             return
+        if type(updates) is CountUpdates:
+            updates = updates.as_dict()
+        flipped, _ = update_counts(self._count_table, updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
 
@@ -521,6 +525,14 @@ class KvPool:
             raise PoolInvariantError("the depth table differs from the pages the two tiers hold")
         if any(c <= 0 for c in self._counts.values()):
             raise PoolInvariantError("branch counts must be positive once stored")
+        ids = self._ids
+        if ids is not None:
+            held = np.zeros(ids._next, dtype=np.bool_)
+            held[ids.ids(list(self._depth))] = True
+            if (ids.counted[: ids._next] != (ids.count[: ids._next] > 0)).any() or ids.count[: ids._next][~held].any():
+                raise PoolInvariantError("the counted flags differ from the held pages' counts (or a free id kept one)")
+            if not ids.counts.keys().isdisjoint(self._depth.keys()):
+                raise PoolInvariantError("a held page's count is kept by hash, not by its id")
 
     def _after(self) -> None:
         if self.check:

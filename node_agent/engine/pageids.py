@@ -1,5 +1,5 @@
 """Dense page ids of one node (`PageIds`: hash <-> id while some tier holds the page, with depth, generation,
-holders and the counted flag per id) and the per-tier page states (`PageState`), for the id-array tiers of
+holders and the branch count per id; the counts of pages no tier holds in a small dict) and the per-tier page states (`PageState`), for the id-array tiers of
 `idpages` and their eviction order (`idorder`); why ids, in `idpages`.
 
 Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
@@ -8,9 +8,9 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import IntEnum
-from itertools import repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -57,22 +57,30 @@ def distinct(ids: _IdArray) -> _IdArray:
 class PageIds:
     """Page hash <-> dense id of one node, with per-id depth, generation and holder count (tiers holding
     it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
-    eviction order is recognised as stale."""
+    eviction order is recognised as stale.
+
+    The node's branch counts (page -> count > 0, pushed by the directory) live here too: a page some tier holds
+    keeps its count in `count` (and `counted`: count > 0) by id, a counted page no tier holds in the dict
+    `counts`; a count moves between the two as the page gets or loses its id. (The directory counts the pages
+    of the node's copies, so nearly every counted page is held: a dict entry per counted page cost ~45 bytes,
+    the id's count costs 4.) `counts_view()` reads them all as one mapping."""
 
     def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024, limit: int = MAX_IDS) -> None:
-        """`limit`: the most pages the tiers over these ids can hold together (their capacities' sum): ids are
-        reused before new ones are made, so the arrays never need to grow past it."""
+        """`counts`: branch counts of pages no tier holds yet (the dict is kept, and taken from as pages get
+        ids). `limit`: the most pages the tiers over these ids can hold together (their capacities' sum): ids
+        are reused before new ones are made, so the arrays never need to grow past it."""
         if not 1 <= limit <= MAX_IDS:
             raise ValueError(f"the ids' limit must be between 1 and {MAX_IDS:,}, got {limit:,}")
         self.limit = limit
         capacity = min(capacity, limit)
-        self.counts = {} if counts is None else counts  # the node's positive branch counts, by hash
+        self.counts = {} if counts is None else counts  # positive branch counts of pages no tier holds, by hash
         self._id: dict[PageHash, int] = {}
         self.hashes = np.zeros(capacity, dtype=np.uint64)
         self.depth = np.zeros(capacity, dtype=np.int64)
         self.gen = np.zeros(capacity, dtype=np.uint32)
         self.holders = np.zeros(capacity, dtype=np.int8)
-        self.counted = np.zeros(capacity, dtype=np.bool_)
+        self.count = np.zeros(capacity, dtype=np.int32)  # branch count of a held page (0: none)
+        self.counted = np.zeros(capacity, dtype=np.bool_)  # count > 0 (what the eviction orders read)
         # a page's parent (the page before it in its chain) is a property of its content, the same wherever it is
         # stored: kept per id (0 and `rooted` for a first page) rather than per resident page and tier
         self.parent = np.zeros(capacity, dtype=np.uint64)
@@ -91,7 +99,7 @@ class PageIds:
         if need > self.limit:
             raise OverflowError(f"this node's page ids are limited to {self.limit:,} pages held at once, {need:,} needed")
         new = min(max(need, 2 * size), self.limit)  # (doubling, but never past what the tiers can hold)
-        for name in ("hashes", "depth", "gen", "holders", "counted", "parent", "rooted"):
+        for name in ("hashes", "depth", "gen", "holders", "count", "counted", "parent", "rooted"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:size] = old
@@ -166,7 +174,9 @@ class PageIds:
         self.parent[i] = 0 if parent is None else parent
         self.rooted[i] = parent is None
         self.holders[i] = 0
-        self.counted[i] = page in self.counts
+        c = self.counts.pop(page, 0) if self.counts else 0  # (its count, if it had one, moves to the id)
+        self.count[i] = c
+        self.counted[i] = c > 0
         self._id[page] = i
         return i
 
@@ -238,40 +248,100 @@ class PageIds:
             self.parent[ids] = np.fromiter((0 if p is None else p for p in parents), dtype=np.uint64, count=k)
         self.holders[ids] = 0
         counts = self.counts
-        self.counted[ids] = np.fromiter(map(counts.__contains__, pages), dtype=np.bool_, count=k) if counts else False
+        if counts:  # (their counts, where they had one, move to the ids)
+            taken = np.fromiter(map(counts.pop, pages, repeat(0)), dtype=np.int64, count=k)
+            self.count[ids] = taken
+            self.counted[ids] = taken > 0
+        else:
+            self.count[ids] = 0
+            self.counted[ids] = False
         self._id.update(zip(pages, ids.tolist()))
 
-    def recount(self, pages: Iterable[PageHash], counted: bool | None = None) -> None:
-        """The counts of `pages` may have turned positive or 0 (`counts` already updated): the flags of those
-        some tier holds follow, and each tier re-enters its cached ids whose flag flipped. `counted`: whether
-        every one of `pages` is counted now (True) or none is (False), where the caller knows (else looked up)."""
-        if not isinstance(pages, Collection):
-            pages = list(pages)
+    def set_counts(self, pages: list[PageHash], values: Sequence[int]) -> None:
+        """Branch count `values[j]` (an int >= 0, checked by the caller; 0 forgets it) for `pages[j]` (each
+        page once); each tier re-enters its cached pages whose counted flag flipped (in the order of `pages`)."""
         n = len(pages)
         if not n:
             return
-        ids = np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=n)  # -1: no tier holds it
-        if counted is None:
-            now = np.fromiter(map(self.counts.__contains__, pages), dtype=np.bool_, count=n)
-        else:
-            now = np.full(n, counted, dtype=np.bool_)
+        ids = self.lookup(pages)
         held = ids >= 0
-        if not held.all():
-            ids, now = ids[held], now[held]
-        flip = now != self.counted[ids]
-        if flip.any():
-            ids = ids[flip]
-            self.counted[ids] = now[flip]
-            for tier in self.tiers:
-                tier.counted_flipped(ids)
+        given = np.asarray(values, dtype=np.int64)
+        if held.all():
+            unheld: list[int] = []
+        else:
+            unheld = np.flatnonzero(~held).tolist()
+            ids, given = ids[held], given[held]
+        if len(ids):
+            now = given > 0
+            flip = (self.count[ids] > 0) != now
+            self.count[ids] = given
+            if flip.any():
+                self._flip(ids[flip], now[flip])
+        if unheld:
+            counts = self.counts
+            for j in unheld:
+                if values[j]:
+                    counts[pages[j]] = values[j]
+                else:
+                    counts.pop(pages[j], None)
 
-    def set_counted(self, ids: Ids, counted: bool) -> None:
-        """The count of `ids` turned positive (True) or 0 (False); each tier re-enters its cached ids whose
-        flag flipped."""
-        flip = ids[self.counted[ids] != counted]
-        self.counted[flip] = counted
+    def set_count_groups(self, groups: Sequence[tuple[Sequence[PageHash], int]]) -> None:
+        """Stretches of pages with one count each (ints >= 0, checked by the caller), applied in order; a page
+        in two stretches must have one count in both. The tiers re-enter the cached pages that turned counted
+        (stretch by stretch, in order), then those that turned uncounted."""
+        new: list[Ids] = []
+        gone: list[Ids] = []
+        counts = self.counts
+        for stretch, c in groups:
+            pages = stretch if isinstance(stretch, list) else list(stretch)
+            if not pages:
+                continue
+            ids = self.lookup(pages)
+            held = ids >= 0
+            if not held.all():
+                unheld = list(compress(pages, (~held).tolist()))
+                ids = ids[held]
+                if c:
+                    counts.update(zip(unheld, repeat(c)))
+                elif counts:
+                    deque(map(counts.pop, unheld, repeat(None)), maxlen=0)
+            if len(ids):
+                had = self.count[ids] > 0
+                self.count[ids] = c
+                if c:
+                    if not had.all():
+                        new.append(ids[~had])
+                elif had.any():
+                    gone.append(ids[had])
+        for flipped, flag in ((new, True), (gone, False)):
+            if flipped:
+                ids = flipped[0] if len(flipped) == 1 else np.concatenate(flipped)
+                self._flip(ids, np.full(len(ids), flag))
+
+    def set_count(self, ids: Ids, count: int) -> None:
+        """Branch count `count` (>= 0) for the held pages `ids`; each tier re-enters its cached ids whose
+        counted flag flipped."""
+        flip = (self.count[ids] > 0) != (count > 0)
+        self.count[ids] = count
+        if flip.any():
+            self._flip(ids[flip], np.full(int(flip.sum()), count > 0))
+
+    def _flip(self, ids: Ids, now: npt.NDArray[np.bool_]) -> None:
+        self.counted[ids] = now
         for tier in self.tiers:
-            tier.counted_flipped(flip)
+            tier.counted_flipped(ids)
+
+    def counted_pages(self) -> list[PageHash]:
+        """Every page with a positive branch count: the held ones (by id), then the others."""
+        held = np.flatnonzero(self.count[: self._next] > 0)
+        return [*self.hash_of(held), *self.counts]
+
+    def count_of(self, page: PageHash) -> int:
+        i = self._id.get(page)
+        return self.counts.get(page, 0) if i is None else int(self.count[i])
+
+    def counts_view(self) -> CountsView:
+        return CountsView(self)
 
     def hold(self, ids: Ids) -> None:
         self.holders[ids] += 1
@@ -282,8 +352,39 @@ class PageIds:
         gone = ids[self.holders[ids] == 0]
         if len(gone):
             self.gen[gone] += 1
-            deque(map(self._id.__delitem__, self.hashes[gone].tolist()), maxlen=0)
+            hashes = self.hashes[gone].tolist()
+            deque(map(self._id.__delitem__, hashes), maxlen=0)
             self._free.extend(gone.tolist())
+            counted = self.counted[gone]
+            if counted.any():  # their counts stay, by hash, until the pages get ids again or are forgotten
+                self.counts.update(zip(compress(hashes, counted.tolist()), self.count[gone[counted]].tolist()))
+                self.count[gone] = 0
+                self.counted[gone] = False
+
+
+class CountsView(Mapping[PageHash, int]):
+    """A node's branch counts as one read-only mapping (page -> count > 0) over `PageIds`' two places for them."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: PageIds) -> None:
+        self._ids = ids
+
+    def __getitem__(self, page: PageHash) -> int:
+        c = self._ids.count_of(page)
+        if not c:
+            raise KeyError(page)
+        return c
+
+    def __contains__(self, page: object) -> bool:
+        return isinstance(page, int) and self._ids.count_of(PageHash(page)) > 0
+
+    def __len__(self) -> int:
+        ids = self._ids
+        return int(np.count_nonzero(ids.count[: ids._next])) + len(ids.counts)
+
+    def __iter__(self) -> Iterator[PageHash]:
+        return iter(self._ids.counted_pages())
 
 
 def stretches(positions: Ids) -> zip[tuple[int, int]]:

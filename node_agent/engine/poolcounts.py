@@ -1,18 +1,16 @@
-"""A node's table of branch counts (page -> count > 0) updated from the directory's pushes: which pages flip between
-uncounted and counted, found with C-level passes over the push.
+"""The checks of the directory's count pushes (every count an int >= 0: `checked_counts`, `checked_groups`), and the
+set tables' dict of branch counts (page -> count > 0) updated from a push (`update_counts`): which pages flip
+between uncounted and counted, found with C-level passes over the push. (The id tables keep their counts by id:
+`PageIds.set_counts`, `set_count_groups`.) Telling the tiers is the pool's (`KvPool.set_counts`).
 
-`update_counts` takes any mapping (0 = released); `update_count_groups` takes a push's stretches of one count each
-(`CountUpdates.groups`: disjoint, or a page in two of them with one count), checking each count once. Both change the table in place and say which pages
-flipped; telling the tiers is the pool's (`KvPool.set_counts`).
-
-Boundary: the counts dict only; no tier, id or event here.
+Boundary: checks and the counts dict only; no tier, id or event here.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from itertools import compress, filterfalse, repeat
+from itertools import compress, filterfalse
 from operator import ne, not_
 
 from evolving_infra.core.pages import PageHash
@@ -52,23 +50,19 @@ def update_counts(counts: dict[PageHash, int], updates: Mapping[PageHash, int]) 
     return flipped, True
 
 
-def update_count_groups(
-    counts: dict[PageHash, int], groups: Sequence[tuple[Sequence[PageHash], int]]
-) -> tuple[list[PageHash], list[PageHash]]:
-    """Apply stretches of pages with one count each to `counts` (each count checked once, first), in order: the pages
-    that turned counted, and those that turned uncounted, found in one pass per stretch. The stretches must be
-    disjoint or give a page in two of them one count (else a page may be in both lists)."""
+def checked_counts(updates: Mapping[PageHash, int]) -> tuple[list[PageHash], list[int]]:
+    """The pages and counts of `updates`, once every count is checked to be an int >= 0 (`ValueError` else)."""
+    values = list(updates.values())
+    if not (set(map(type, values)) <= {int} and min(values, default=0) >= 0):
+        for page, count in updates.items():
+            if not isinstance(count, int) or count < 0:
+                raise _bad(page, count)
+    return list(updates), values
+
+
+def checked_groups(groups: Sequence[tuple[Sequence[PageHash], int]]) -> Sequence[tuple[Sequence[PageHash], int]]:
+    """`groups` (stretches of pages with one count each), once every count is checked to be an int >= 0."""
     for pages, count in groups:
         if not isinstance(count, int) or count < 0:
             raise _bad(pages[0], count)
-    new: list[PageHash] = []
-    gone: list[PageHash] = []
-    for pages, count in groups:
-        if count:
-            new.extend(filterfalse(counts.__contains__, pages))
-            counts.update(zip(pages, repeat(count)))
-        else:
-            left = list(filter(counts.__contains__, pages))
-            deque(map(counts.__delitem__, left), maxlen=0)
-            gone += left
-    return new, gone
+    return groups

@@ -37,7 +37,7 @@ Boundary: bookkeeping of one tier; what moves between tiers, eviction order and 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Iterator, KeysView
+from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
 from dataclasses import dataclass
 
 from evolving_infra.core.eviction import HostEvictionPolicy, HostPage
@@ -169,7 +169,7 @@ class TierPool(TierRuns):
             return False
         return free + cached - len(self._cached.intersection(exclude)) < n
 
-    def candidates(self, counts: dict[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
+    def candidates(self, counts: Mapping[PageHash, int], exclude: frozenset[PageHash]) -> Iterator[HostPage]:
         """Snapshots of the evictable pages for an eviction policy: cached ones not in `exclude`."""
         access = self._access
         for page in self._cached:

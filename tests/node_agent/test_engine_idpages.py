@@ -32,7 +32,7 @@ class IdTierMachine(RuleBasedStateMachine):
             TierPool(Tier.GPU, peer_capacity, LruEviction(), self.counts, depth),
         ]
         self.oracles[0]._peer, self.oracles[1]._peer = self.oracles[1], self.oracles[0]
-        self.ids = PageIds(self.counts)
+        self.ids = PageIds()  # (its own counts: by id for held pages, the oracles' in `self.counts`)
         self.tiers = [IdTier("host", capacity, policy, self.ids), IdTier("gpu", peer_capacity, LruEviction(), self.ids)]
         self.side = 0
         self.oracle, self.tier = self.oracles[0], self.tiers[0]
@@ -129,7 +129,7 @@ class IdTierMachine(RuleBasedStateMachine):
                 self.counts.pop(page, None)
         for oracle in self.oracles:
             oracle.counts_changed(pages, flipped)
-        self.ids.set_counted(self._ids(sorted(pages)), counted)
+        self.ids.set_count(self._ids(sorted(pages)), value if counted else 0)
 
     @rule(owner=st.sampled_from(OWNERS), n=st.integers(0, 3), back=st.booleans())
     def reserve(self, owner: str, n: int, back: bool) -> None:
@@ -299,6 +299,10 @@ class IdTierMachine(RuleBasedStateMachine):
             assert tier.access[ids].tolist() == [oracle.last_access(p) for p in resident]
         held = sorted(self.depth)
         assert len(self.ids) == len(held)
+        # the counts: by id while a tier holds the page, by hash after (until it is held again)
+        assert dict(self.ids.counts_view()) == self.counts
+        assert self.ids.counted[self._ids(held)].tolist() == [p in self.counts for p in held]
+        assert not self.ids.counts.keys() & set(held)
         assert self.ids.depth[self._ids(held)].tolist() == [self.depth[p] for p in held]
 
 

@@ -284,7 +284,7 @@ def test_entering_ids_of_many_times_makes_one_chunk_per_key_in_the_ids_order(
     ids = tier._ids(chain)[::-1].copy()  # entered deepest first: not the ids' own order
     t = tier.t
     flagged = np.array([i for i in ids.tolist() if counted[i]], dtype=np.int64)
-    t.pages.set_counted(flagged, True)  # (the tier's own order re-enters them)
+    t.pages.set_count(flagged, 1)  # (the tier's own order re-enters them)
     order = IdOrder(tier.policy, t.pages, t)
     order.enter(ids)
     expected: dict[tuple[float, ...], list[int]] = {}
