@@ -29,6 +29,17 @@ run comes near)."""
 MAX_IDS = 2**31 - 1
 """Ids a node's table may hand out (the eviction order keeps them as 32-bit ints)."""
 
+_INTS: list[int] = []
+"""The int objects of ids, shared by every node's table: a hash -> id dict entry points at one of these rather than
+at an int of its own (32 bytes per entry saved: a partition's nodes hold ~15 M ids at once)."""
+
+
+def _shared_ints(n: int) -> None:
+    """`_INTS` covers ids below `n`."""
+    if len(_INTS) < n:
+        _INTS.extend(range(len(_INTS), n))
+
+
 class PageState(IntEnum):
     """A page's state in one tier, as stored in `IdTier.state` (one byte per id)."""
 
@@ -85,8 +96,9 @@ class PageIds:
         # stored: kept per id (0 and `rooted` for a first page) rather than per resident page and tier
         self.parent = np.zeros(capacity, dtype=np.uint64)
         self.rooted = np.zeros(capacity, dtype=np.bool_)
-        self._free: list[int] = []
+        self._free: list[int] = []  # (ids from `_INTS`, as the dict's values)
         self._next = 0
+        _shared_ints(capacity)
         self.tiers: list[IdTier] = []  # the tiers over these ids (a count flip moves cached pages in each)
 
     def __len__(self) -> int:
@@ -99,6 +111,7 @@ class PageIds:
         if need > self.limit:
             raise OverflowError(f"this node's page ids are limited to {self.limit:,} pages held at once, {need:,} needed")
         new = min(max(need, 2 * size), self.limit)  # (doubling, but never past what the tiers can hold)
+        _shared_ints(new)
         for name in ("hashes", "depth", "gen", "holders", "count", "counted", "parent", "rooted"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
@@ -177,7 +190,7 @@ class PageIds:
         c = self.counts.pop(page, 0) if self.counts else 0  # (its count, if it had one, moves to the id)
         self.count[i] = c
         self.counted[i] = c > 0
-        self._id[page] = i
+        self._id[page] = i = _INTS[i]
         return i
 
     def intern_run(self, items: dict[PageHash, PageHash | None], ids: Ids | None = None) -> Ids:
@@ -255,7 +268,7 @@ class PageIds:
         else:
             self.count[ids] = 0
             self.counted[ids] = False
-        self._id.update(zip(pages, ids.tolist()))
+        self._id.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
 
     def set_counts(self, pages: list[PageHash], values: Sequence[int]) -> None:
         """Branch count `values[j]` (an int >= 0, checked by the caller; 0 forgets it) for `pages[j]` (each
@@ -354,7 +367,7 @@ class PageIds:
             self.gen[gone] += 1
             hashes = self.hashes[gone].tolist()
             deque(map(self._id.__delitem__, hashes), maxlen=0)
-            self._free.extend(gone.tolist())
+            self._free.extend(map(_INTS.__getitem__, gone.tolist()))
             counted = self.counted[gone]
             if counted.any():  # their counts stay, by hash, until the pages get ids again or are forgotten
                 self.counts.update(zip(compress(hashes, counted.tolist()), self.count[gone[counted]].tolist()))

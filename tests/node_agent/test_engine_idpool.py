@@ -20,7 +20,7 @@ from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, walks
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder
-from evolving_infra.node_agent.engine.pageids import PageIds
+from evolving_infra.node_agent.engine.pageids import _INTS, PageIds
 from evolving_infra.node_agent.engine.idpool import ENV, IdTierPool, PageTables, page_tables
 from evolving_infra.node_agent.engine.tier import TierPool
 
@@ -357,6 +357,32 @@ def test_the_ids_never_outgrow_what_the_tiers_can_hold() -> None:
         small.intern(PageHash(100 + i), None)
     with pytest.raises(OverflowError):
         small.intern(PageHash(200), None)
+    # the hash -> id dict's values (and the free ids) are the shared int objects of their ids, never ints of their own
+    assert ids._id and all(v is _INTS[v] for v in [*ids._id.values(), *ids._free])
+    assert all(v is _INTS[v] for v in small._id.values())
+
+
+def test_counts_follow_their_pages_between_the_ids_and_the_dict_of_unheld_pages() -> None:
+    """A page's branch count is kept by its id while a tier holds it and by its hash otherwise (pushed before
+    the page arrives, or kept after it left); the mapping view reads both, and re-storing a page takes its
+    count back to the id (its counted flag with it)."""
+    pool = KvPool(NodeId("n"), 4, 4, BranchCountEviction(), check=True, tables=PageTables.IDS)
+    ids = pool.page_ids
+    assert ids is not None
+    chain = chain_hashes(f"c{i}".encode() for i in range(3))
+    pool.set_counts({chain[0]: 2, chain[1]: 1})  # before any tier holds them
+    assert ids.counts == {chain[0]: 2, chain[1]: 1} and dict(pool._counts) == ids.counts
+    for i, page in enumerate(chain):
+        pool.store(Tier.HOST, page, chain[i - 1] if i else None, 1.0, owner="o", from_reservation=False)
+    assert not ids.counts and [pool.count(p) for p in chain] == [2, 1, 0]
+    assert ids.counted[ids.ids(chain)].tolist() == [True, True, False]
+    pool.release("o", 2.0)
+    # uncounted first, then the counted chain's end first (`check=True`: the pool's own choice is compared with it)
+    assert pool.expected_victims(Tier.HOST, 3, frozenset()) == [chain[2], chain[1], chain[0]]
+    pool.evict(Tier.HOST, 3, 3.0)
+    assert ids.counts == {chain[0]: 2, chain[1]: 1} and len(ids) == 0  # the counts outlive the copies
+    pool.set_counts({chain[0]: 0})
+    assert dict(pool._counts) == {chain[1]: 1} and len(pool._counts) == 1 and chain[1] in pool._counts
 
 
 def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
