@@ -14,6 +14,9 @@ for each seed):
   4P5D, `best-static` at 4P5D, `dynamo` from 6P3D; the highest rate each sustains.
 - `ablations`: section 6.4 on CC 126 at 4P5D: `evolving` with each component off in turn (shared pool, TTFT
   routing, count-aware eviction, online adaptation, async fetch) next to `best-static` at 4P5D.
+- `ablations-fixed`: the same at a fixed 4P5D split: `evolving` without online adaptation, and without it and each
+  other component in turn (the planner's switches, which differ from run to run, no longer mix into a
+  component's effect); not part of `protocol` (the paper ran its ablations with the planner on).
 - `thunderagent`: appendix D.5 on CC 126 at 4P5D: `cache-aware` (SGLang engines), `thunderagent`, `evolving`
   without online adaptation.
 - `protocol`: all of the above.
@@ -55,7 +58,17 @@ ABLATIONS: dict[str, tuple[tuple[str, Any], ...]] = {
 }
 """Section 6.4: each component of ours off in turn (SimConfig overrides of the `evolving` preset); the `ablations`
 matrix also starts ours from 3P6D, 5P4D and 6P3D (figure 8a: sensitivity to the initial split)."""
-PROTOCOL_MATRICES = ("stationary", "search", "shift", "open-loop", "ablations", "thunderagent", "protocol")
+FIXED = ("planner", "static")
+ABLATIONS_FIXED: dict[str, tuple[tuple[str, Any], ...]] = {
+    "evolving -adaptation" if label == "evolving" else f"evolving -adaptation {label.removeprefix('evolving ')}": (FIXED, *sim)
+    for label, sim in ABLATIONS.items()
+    if sim != (FIXED,)
+}
+"""Section 6.4 at a fixed split: ours without online adaptation, and with each other component off in turn as
+well. With the planner on, which switches it makes (and when) differs between runs more than a component's effect
+(docs/evaluation.md, "Section 6.4, seeds 1 and 2"); at the fixed split only the component differs."""
+PROTOCOL_MATRICES = ("stationary", "search", "shift", "open-loop", "ablations", "ablations-fixed", "thunderagent",
+                     "protocol")  # fmt: skip
 
 
 def protocol_matrix(name: str, make: Callable[..., Any], best: Mapping[str, str], warmup_s: float,
@@ -96,6 +109,10 @@ def protocol_matrix(name: str, make: Callable[..., Any], best: Mapping[str, str]
         add("cc", 126, "best-static", "4P5D")
         for split in ("3P6D", "5P4D", "6P3D"):  # figure 8a: ours from other initial splits
             add("cc", 126, "evolving", split)
+    if name == "ablations-fixed":
+        for label, sim in ABLATIONS_FIXED.items():
+            add("cc", 126, "evolving", "4P5D", sim=sim, label=label)
+        add("cc", 126, "best-static", "4P5D")
     if name in ("thunderagent", "protocol"):
         add("cc", 126, "cache-aware", "4P5D", sim=(("eviction", "lru"), ("data_plane", "hicache-loadback"),
                                                    ("shared_pool", False), ("decode_reservation", "at-routing")),

@@ -232,6 +232,21 @@ def test_the_protocol_matrices_hold_what_the_issue_lists() -> None:
     assert len({s.key() for s in specs}) == len(specs)  # every run has its own cache file
 
 
+def test_the_fixed_split_ablations_turn_off_adaptation_and_one_more_component_each() -> None:
+    """`ablations-fixed`: every run of ours keeps 4P5D (the planner static) and differs from ours without
+    adaptation in at most one other component, each component of section 6.4 once; the run without adaptation is
+    the `ablations` matrix's own (one cache file for both), and best static 4P5D stands beside them."""
+    fixed = matrix("ablations-fixed", 1800.0, 3600.0, 0)
+    ours = [s for s in fixed if s.system == "evolving"]
+    assert all(s.split == "4P5D" and s.workload == "cc" and s.agents == 126 for s in fixed)
+    assert all(("planner", "static") in s.sim for s in ours)
+    others = sorted(tuple(o for o in s.sim if o != ("planner", "static")) for s in ours)
+    assert others == sorted(sim for label, sim in ABLATIONS.items() if sim != (("planner", "static"),))
+    base = next(s for s in ours if s.sim == (("planner", "static"),))
+    assert base.key() in {s.key() for s in matrix("ablations", 1800.0, 3600.0, 0)}
+    assert any(s.system == "best-static" for s in fixed) and len({s.key() for s in fixed}) == len(fixed) == 6
+
+
 def test_an_open_loop_run_goes_through_the_runner_with_its_series() -> None:
     spec = RunSpec("putnam", 8, "best-static", "2P7D", 30.0, 60.0, 0, arrival_rate=6.0)
     rec = run_spec(spec)
