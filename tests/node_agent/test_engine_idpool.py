@@ -246,6 +246,26 @@ def test_id_tables_match_the_set_tables_when_the_order_rebuilds_at_every_entry(
         IdOrder.REBUILD_FACTOR, IdOrder.REBUILD_FLOOR = saved
 
 
+def test_a_page_that_turns_uncounted_while_pinned_enters_the_order_when_released() -> None:
+    """A page entered while counted, then pinned, turns uncounted while pinned (its key drops below the one it
+    was entered under): once released it is evicted with the uncounted pages, before the counted ones, deepest
+    first."""
+    pool = KvPool(NodeId("n"), 8, 8, BranchCountEviction(), check=True, tables=PageTables.IDS)
+    tier = pool.l2
+    assert isinstance(tier, IdTierPool)
+    chain = CHAINS[0][:4]
+    for i, page in enumerate(chain):
+        tier.insert(page, chain[i - 1] if i else None, 0.0, pin_owner="a")
+    pool.set_counts(dict.fromkeys(chain, 1))
+    tier.unpin_all("a", 1.0)  # cached and counted: entered under (1, 1.0)
+    tier.pin_all("b", chain[:2], 2.0)
+    pool.set_counts(dict.fromkeys(chain[:2], 0))  # uncounted while pinned: (0, 2.0), below its entry
+    tier.unpin_all("b", 3.0)
+    tier.check()
+    assert pool.expected_victims(Tier.HOST, 4) == [chain[1], chain[0], chain[3], chain[2]]
+    assert tier.victims(4) == [chain[1], chain[0], chain[3], chain[2]]
+
+
 def test_the_order_keeps_its_stale_entries_bounded() -> None:
     """Pages touched again and again leave entries under old keys behind; the order rebuilds from the cached
     ids before they outgrow REBUILD_FACTOR x the cached pages plus REBUILD_FLOOR."""
