@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.node_agent.profiles import load_profile
-from evolving_infra.sim.links import FlowKind, LinkModel, Resource, fair_rates
+from evolving_infra.sim.links import ARRAYS_FROM, FlowKind, LinkModel, Resource, _fair_rates_arrays, fair_rates
 
 GLM = load_profile("glm-5.2-4xgb300-tp4")
 
@@ -170,4 +170,21 @@ def test_fair_rates_equal_the_filling_over_every_resource_bit_for_bit(
 ) -> None:
     capacity = dict(zip(Resource, caps, strict=True))
     spec = [(i, cap, tuple(res)) for i, (cap, res) in enumerate(flows)]
+    expected = _fair_rates_every_resource(spec, capacity.__getitem__)
+    assert fair_rates(spec, capacity.__getitem__) == expected
+    # the filling over arrays (what many flows take) is the same arithmetic: equal bit for bit as well
+    pending = {key: (cap, res) for key, cap, res in spec}
+    assert _fair_rates_arrays(pending, capacity.__getitem__) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(flows=st.lists(flow_spec, min_size=ARRAYS_FROM, max_size=3 * ARRAYS_FROM),
+       caps=st.lists(st.sampled_from([10.0, 40.0, 100.0, 150.0]), min_size=3, max_size=3))  # fmt: skip
+def test_many_flows_take_the_array_filling_with_the_same_rates(
+    flows: list[tuple[float, list[tuple[str, Resource]]]], caps: list[float]
+) -> None:
+    """Past ARRAYS_FROM flows (many crossing the same few resources, caps that tie) `fair_rates` fills over
+    arrays and gives the rates of the filling as first written, bit for bit."""
+    capacity = dict(zip(Resource, caps, strict=True))
+    spec = [(i, float(round(cap)), tuple(res)) for i, (cap, res) in enumerate(flows)]
     assert fair_rates(spec, capacity.__getitem__) == _fair_rates_every_resource(spec, capacity.__getitem__)
