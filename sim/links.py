@@ -97,6 +97,22 @@ class LinkModel:
         p = self.profile
         self._nic = p.nic_bandwidth if p.nic_bandwidth is not None else max(p.fetch_bandwidth, p.transfer_bandwidth)
         self._host = p.host_memory_bandwidth
+        # the flows through each node's host memory, in the order they started (that of `flows`): `host_share`
+        # reads one node's without scanning every flow in flight
+        self._host_users: dict[tuple[str, Resource], dict[Hashable, Flow]] = {}
+
+    def _enlist(self, flow: Flow) -> None:
+        for r in flow.resources:
+            if r[1] is Resource.HOST_MEMORY:
+                self._host_users.setdefault(r, {})[flow.key] = flow
+
+    def _delist(self, flow: Flow) -> None:
+        for r in flow.resources:
+            if r[1] is Resource.HOST_MEMORY:
+                users = self._host_users[r]
+                del users[flow.key]
+                if not users:
+                    del self._host_users[r]
 
     def capacity(self, resource: Resource) -> float:
         if resource is Resource.HOST_MEMORY:
@@ -122,6 +138,7 @@ class LinkModel:
             res, cap, latency = [(source, Resource.NIC_OUT), (target, Resource.NIC_IN)], p.transfer_bandwidth, 0.0
         flow = Flow(key, kind, source, target, float(nbytes), float(nbytes), cap, latency, now, tuple(res), payload)
         self.flows[key] = flow
+        self._enlist(flow)
         self.peak_concurrency = max(self.peak_concurrency, len(self.flows))
         self._share()
         return flow
@@ -131,6 +148,7 @@ class LinkModel:
         self.advance(now)
         flow = self.flows.pop(key, None)
         if flow is not None:
+            self._delist(flow)
             self._share()
         return flow
 
@@ -163,6 +181,7 @@ class LinkModel:
         done = [f for f in self.flows.values() if _arrived(f)]
         for flow in done:
             del self.flows[flow.key]
+            self._delist(flow)
         if done:
             self._share()
         return [Landed(f, f.total_bytes, now + f.latency) for f in done]
@@ -180,8 +199,8 @@ class LinkModel:
         host = self.capacity(Resource.HOST_MEMORY)
         if host == math.inf:
             return cap
-        key = (node, Resource.HOST_MEMORY)
-        users = [f for f in self.flows.values() if key in f.resources and not _arrived(f)]
+        through = self._host_users.get((node, Resource.HOST_MEMORY))
+        users = [f for f in through.values() if not _arrived(f)] if through else []
         if not users:
             return cap  # alone, a load runs at the profile's load bandwidth
         left = host - sum(f.rate for f in users)

@@ -188,3 +188,39 @@ def test_many_flows_take_the_array_filling_with_the_same_rates(
     capacity = dict(zip(Resource, caps, strict=True))
     spec = [(i, float(round(cap)), tuple(res)) for i, (cap, res) in enumerate(flows)]
     assert fair_rates(spec, capacity.__getitem__) == _fair_rates_every_resource(spec, capacity.__getitem__)
+
+
+def _host_share_by_scan(model: LinkModel, node: str, cap: float) -> float:
+    """`host_share` as first written: every flow in flight scanned for the node's host memory."""
+    host = model.capacity(Resource.HOST_MEMORY)
+    key = (node, Resource.HOST_MEMORY)
+    users = [f for f in model.flows.values() if key in f.resources and not (f.remaining <= 1e-3 or f.remaining <= f.rate * 1e-9)]
+    if not users:
+        return cap
+    return min(cap, max(host - sum(f.rate for f in users), host / (len(users) + 1)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["start", "start", "land", "cancel"]), st.sampled_from(NODES),
+                          st.sampled_from(NODES), st.booleans(), st.floats(1e9, 1e12), st.floats(0.0, 5.0)),
+                max_size=40))  # fmt: skip
+def test_host_shares_read_from_the_flows_through_each_host_memory_equal_the_full_scan(
+    ops: list[tuple[str, str, str, bool, float, float]],
+) -> None:
+    """`host_share` reads the flows through one host memory (kept as flows start, land and are cancelled) and
+    gives what scanning every flow in flight gives, bit for bit (the same flows, summed in the same order)."""
+    model = LinkModel(GLM.model_copy(update={"host_memory_bandwidth": 120e9}))
+    now, n = 0.0, 0
+    for op, a, b, fetch, nbytes, dt in ops:
+        now += dt
+        if op == "start" and a != b:
+            model.start(f"f{n}", FlowKind.FETCH if fetch else FlowKind.TRANSFER, a, b, nbytes, now)
+            n += 1
+        elif op == "land":
+            model.land(max(now, model.next_landing() or now))
+            now = model.now
+        elif op == "cancel" and model.flows:
+            model.cancel(next(iter(model.flows)), now)
+        for node in NODES:
+            assert model.host_share(node, 200e9) == _host_share_by_scan(model, node, 200e9)
+    assert set(model._host_users) == {r for f in model.flows.values() for r in f.resources if r[1] is Resource.HOST_MEMORY}
