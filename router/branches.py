@@ -304,12 +304,20 @@ class BranchTable(RunTree):
                 for lo, hi in _ranges(i for i, p in enumerate(r.pages) if p in hits):
                     spans.append((r.pages[lo], r.depth + lo, r.depth + hi))
         dropped = 0
-        for branch in sorted(self._on_node.get(node, ())):
-            b = self._branches[branch]
-            path = b.path
-            cut = tuple(sorted((lo, hi) for first, lo, hi in spans if lo < len(path) and path[lo] == first))
-            if not cut:
-                continue
+        branches = self._branches
+        on_node = self._on_node.get(node, ())
+        if len(spans) == 1:  # (the usual event: one stretch) only the branches through it, found in one pass
+            first, lo, hi = spans[0]
+            through = [(br, ((lo, hi),)) for br in on_node if lo < len(p := branches[br].path) and p[lo] == first]
+        else:
+            through = []
+            for br in on_node:
+                path = branches[br].path
+                cut = tuple(sorted((lo, hi) for first, lo, hi in spans if lo < len(path) and path[lo] == first))
+                if cut:
+                    through.append((br, cut))
+        for branch, cut in sorted(through):  # (in branch order, as the counts were always changed)
+            b = branches[branch]
             current = b.counted[node]
             left = _minus(current, cut)
             if left != current:
