@@ -306,6 +306,7 @@ class BranchTable(RunTree):
         dropped = 0
         branches = self._branches
         on_node = self._on_node.get(node, ())
+        through: list[tuple[BranchId, tuple[tuple[int, int], ...]]]
         if len(spans) == 1:  # (the usual event: one stretch) only the branches through it, found in one pass
             first, lo, hi = spans[0]
             through = [(br, ((lo, hi),)) for br in on_node if lo < len(p := branches[br].path) and p[lo] == first]
