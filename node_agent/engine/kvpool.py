@@ -152,7 +152,7 @@ class KvPool:
             return
         if type(updates) is CountUpdates:
             updates = updates.as_dict()
-        flipped, _ = update_counts(self._count_table, updates)
+        flipped = update_counts(self._count_table, updates)
         self.l2.counts_changed(updates, flipped)
         self.l1.counts_changed(updates, flipped)
 

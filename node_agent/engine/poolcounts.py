@@ -20,34 +20,26 @@ def _bad(page: PageHash, count: object) -> ValueError:
     return ValueError(f"branch count of page {page:#x} must be an integer >= 0, got {count!r}")
 
 
-def update_counts(counts: dict[PageHash, int], updates: Mapping[PageHash, int]) -> tuple[list[PageHash], bool | None]:
+def update_counts(counts: dict[PageHash, int], updates: Mapping[PageHash, int]) -> list[PageHash]:
     """Apply `updates` to `counts` (0 forgets a page; checked first, nothing changed on a bad count): the pages whose
-    count went from 0 to positive or back, in the order of `updates`, and whether every one of them is counted now
-    (None: some are, some not)."""
-    values = updates.values()
-    if set(map(type, values)) <= {int} and (least := min(values, default=1)) >= 0:
-        zero = least == 0  # (ints >= 0: a zero is there exactly when it is the least)
-    else:
-        for page, count in updates.items():
-            if not isinstance(count, int) or count < 0:
-                raise _bad(page, count)
-        zero = 0 in values
-    if zero and max(values) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
-        flipped = list(filter(counts.__contains__, updates))
+    count went from 0 to positive or back, in the order of `updates`."""
+    pages, given = checked_counts(updates)
+    zero = 0 in given
+    if zero and max(given) == 0:  # all zeros (pages leaving): the counted ones flip, and are forgotten
+        flipped = list(filter(counts.__contains__, pages))
         deque(map(counts.__delitem__, flipped), maxlen=0)
-        return flipped, False
+        return flipped
     if zero:  # the page-by-page rule by C-level passes (each page is once in `updates`)
-        pages, given = list(updates), list(values)
         flipped = list(compress(pages, map(ne, map(counts.__contains__, pages), map(bool, given))))
         gone = list(filter(counts.__contains__, compress(pages, map(not_, given))))
         counts.update(compress(updates.items(), given))
         deque(map(counts.__delitem__, gone), maxlen=0)
-        return flipped, None
+        return flipped
     # all positive (the usual case): the new ones flip, and one C-level update; none flips when every page is
     # counted already (a C-level keys-view check that stops at the first new page, so it costs little otherwise)
-    flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, updates))
+    flipped = [] if counts.keys() >= updates.keys() else list(filterfalse(counts.__contains__, pages))
     counts.update(updates)
-    return flipped, True
+    return flipped
 
 
 def checked_counts(updates: Mapping[PageHash, int]) -> tuple[list[PageHash], list[int]]:
