@@ -38,7 +38,9 @@ from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.evictindex import coarse_key
 from evolving_infra.node_agent.engine.idpages import ABSENT, CACHED, PINNED, Ids, IdTier, PageIds
 from evolving_infra.node_agent.engine.tier import TierGauges
+from evolving_infra.node_agent.engine.idorder import rank
 from evolving_infra.node_agent.engine.tierruns import Owner, RunDepths
+from evolving_infra.node_agent.engine.writeback import Place, WriteBackPlan, plan_write_back
 
 __all__ = ["IdDepths", "IdTierPool", "PageTables", "ResidentPages", "page_tables"]
 
@@ -475,6 +477,45 @@ class IdTierPool:
         if plan is None:
             return None
         return plan[0], self._hashes(plan[1])
+
+    def plan_write_back(self, pages: list[PageHash], now: float, ids: Ids | None = None) -> WriteBackPlan | None:
+        """`TierRuns.plan_write_back` over ids; `ids`: the pages' current ids, where the caller has them (the
+        peer tier holds every page, so each has one)."""
+        t = self.t
+        if ids is None:
+            ids = self._ids(pages)
+        held = t.holds(ids)
+        if t._writing and not t._writing.keys().isdisjoint(compress(pages, (~held).tolist())):
+            return None
+        order = t.order
+        key_of = order.key_of
+        table = self.ids
+        counted = table.counted[ids].tolist() if order.by_count else [False] * len(pages)
+        access = t.access[ids]  # (a held page keeps a later last access; written pages get `now`)
+        when = np.where(held & (access > now), access, now).tolist()
+        ranks = [rank(page, d) for page, d in zip(pages, table.depth[ids].tolist())]
+        written: list[Place] = [(key_of(c, now), r) for c, r in zip(counted, ranks)]
+        places: list[Place] = [(key_of(c, w), r) for c, w, r in zip(counted, when, ranks)]
+        place, hashes = order.place, self._hashes
+
+        def take(k: int) -> list[tuple[PageHash, Place]]:
+            got = order.victims(k)
+            return list(zip(hashes(got), map(place, got.tolist())))
+
+        cached = (t.state[ids] == CACHED).tolist()
+        plan = plan_write_back(pages, held.tolist(), cached, places, written, t.free, take)
+        if not plan.complete:
+            self.enter_again(plan.taken)
+            return None
+        return plan
+
+    def enter_again(self, pages: list[PageHash]) -> None:
+        """`TierRuns.enter_again`."""
+        ids = self._known(pages)
+        if len(ids):
+            t = self.t
+            ids = ids[t.holds(ids)]
+            t.order.enter(ids[t.state[ids] == CACHED])
 
     def remove(self, page: PageHash) -> None:
         i = self._resident_id(page)

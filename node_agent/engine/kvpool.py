@@ -24,8 +24,9 @@ buckets of equal key; with `check=True` every choice is compared with the policy
 
 Runs: `store_all`, `land_all` and evictions handle a whole run of pages at once (C-level set and dict
 operations) with exactly the state of the page-by-page calls; the L2 victims of a run's write-through are
-chosen at once (`TierRuns.room_for_run`), and a run where that could choose differently, or that meets a
-page being written, goes page by page. A run's events are the page-by-page ones regrouped: per tier one
+chosen at once (`TierRuns.room_for_run`); an L1 eviction whose write-back evicts pages of the run itself from
+L2 (uncounted pages written into a host tier full of counted ones evict one another) is replayed at once by
+`writeback`; a run that meets a page being written goes page by page. A run's events are the page-by-page ones regrouped: per tier one
 removal event (all its victims) and its stored chains, each page at most once per tier, so each tier's
 events still replay in order to its resident set and name the same removed pages (a directory and the
 branch counts fed a whole drain of events end in the same state). A run is checked once: the pool's checks
@@ -206,9 +207,10 @@ class KvPool:
         else:  # which of them L2 lacks, from the ids (no hash probes)
             in_l2 = cast(IdTierPool, self.l2).t.holds(ids)
             plan = self._l2_plan(chosen, now, set(compress(victims, (~in_l2).tolist())))
-        if plan is None:  # the write-backs meet a fetch or need L2 evictions page by page
-            for page in victims:
-                self._evict_one(tier, page, now)
+        if plan is None:  # the write-backs evict pages of the run itself (`writeback`), or meet a fetch
+            if not self._write_back(victims, ids, now):
+                for page in victims:
+                    self._evict_one(tier, page, now)
             return victims
         # The run at once, with the same state as page by page.
         if ids is not None and self._ids is not None:  # (id tables) the victims' parents from their ids at once
@@ -221,6 +223,45 @@ class KvPool:
         pool.remove_victims(victims, peer_holds=True, ids=ids)  # (written through: L2 holds every one)
         self._removed_all(tier, victims, now)
         return victims
+
+    def _write_back(self, victims: list[PageHash], ids: Ids | None, now: float) -> bool:
+        """Evict L1's `victims` (cached, distinct, taken out of its order; `ids`: theirs, with the id tables) as
+        `_evict_one` page by page does, where writing them back makes room in L2 by evicting pages of the run
+        itself (`writeback`, whose docstring gives the state and the events). False, changing nothing, where L2
+        cannot plan it (a page being written, no room for some page, or a policy without coarse keys)."""
+        l1, l2 = self.l1, self.l2
+        plan = l2.plan_write_back(victims, now, ids)
+        if plan is None:
+            return False
+        if ids is not None and self._ids is not None:
+            parent_of: Mapping[PageHash, PageHash | None] = dict(zip(victims, self._ids.parents_of(ids)))
+        else:
+            parent_of = l1.parents()
+        gone = plan.before + plan.touched_after
+        if gone:
+            l2.remove_victims(gone)
+            self._removed_all(Tier.HOST, gone, now)
+        missing = plan.missing
+        dropped = set(plan.after)  # written, then evicted by a later page: never inserted here
+        written = {page: parent_of[page] for page in victims if page in missing and page not in dropped}
+        if ids is not None:  # (id tables) L2 holds exactly the pages to touch now
+            l2t = cast(IdTierPool, l2).t
+            l2t.touch(ids[l2t.holds(ids)], now)
+            if written:
+                known = ids if len(written) == len(victims) else ids[[page in written for page in victims]]
+                cast(IdTierPool, l2).insert_run(written, now, known=known)
+        else:
+            l2.touch_all(set(victims).difference(missing, plan.touched_after), now)
+            if written:
+                l2.insert_run(written, now, depths=RunDepths.ALL_KNOWN)
+        if missing:
+            self._stored_run(None, zip(victims, map(parent_of.__getitem__, victims)), missing, now)
+        if plan.after:
+            self._removed_all(Tier.HOST, plan.after, now)
+        l2.enter_again(plan.taken)
+        l1.remove_victims(victims, peer_holds=not (plan.after or plan.touched_after), ids=ids)
+        self._removed_all(Tier.GPU, victims, now)
+        return True
 
     def expected_victims(self, tier: Tier, n: int, excluded: frozenset[PageHash] = frozenset()) -> list[PageHash]:
         """The first `n` cached pages of `tier` not in `excluded`, in ascending (policy key, -depth, page hash),

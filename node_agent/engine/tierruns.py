@@ -26,6 +26,7 @@ from evolving_infra.core.types import Tier
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.evictindex import EvictionOrder
 from evolving_infra.node_agent.engine.pageids import Ids
+from evolving_infra.node_agent.engine.writeback import Place, WriteBackPlan, plan_write_back
 
 Owner = str
 """Who holds pins and in-use slots: a request id."""
@@ -285,6 +286,46 @@ class TierRuns:
             self._order.enter_each(victims)  # they stay cached: put them back
             return None
         return missing, victims
+
+    def plan_write_back(self, pages: list[PageHash], now: float, ids: Ids | None = None) -> WriteBackPlan | None:
+        """`writeback.plan_write_back` for the run `pages` (distinct, in order, held by the peer tier) written
+        back into this tier at `now`, the pages taken out of the order and not evicted left for
+        `enter_again`; None, changing nothing, where a page this tier lacks is being written or the policy's
+        keys are not coarse. `ids`: the id tables' (these tables have none)."""
+        order = self._order
+        coarse = order.coarse
+        if coarse is None:
+            return None
+        parent, writing = self._parent, self._writing
+        held = [page in parent for page in pages]
+        if writing and any(page in writing for page, h in zip(pages, held) if not h):
+            return None
+        counts = order._counts if order.keyed_by_count else {}
+        access = self._access
+        rank = order.rank
+        counted = [page in counts for page in pages]
+        ranks = [rank(page) for page in pages]
+        written: list[Place] = [(coarse(c, now), r) for c, r in zip(counted, ranks)]
+        places: list[Place] = [  # (a held page keeps a later last access)
+            (coarse(c, max(access[page], now)), r) if h else w
+            for page, h, c, r, w in zip(pages, held, counted, ranks, written)
+        ]
+        cached = self._cached
+        key = order.key
+
+        def take(k: int) -> list[tuple[PageHash, Place]]:
+            return [(page, (key(page), rank(page))) for page in order.victims(k, ())]
+
+        plan = plan_write_back(pages, held, [page in cached for page in pages], places, written, self._free, take)
+        if not plan.complete:
+            self.enter_again(plan.taken)
+            return None
+        return plan
+
+    def enter_again(self, pages: list[PageHash]) -> None:
+        """Enter those of `pages` (taken out of the order by `plan_write_back`) that are cached under their keys."""
+        cached = self._cached
+        self._order.enter_each([page for page in pages if page in cached])
 
     def _prospective_depths(
         self, pages: set[PageHash], parents: Mapping[PageHash, PageHash | None] | None

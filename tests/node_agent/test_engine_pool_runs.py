@@ -31,6 +31,9 @@ class PageByPage(KvPool):
     def _l2_plan(self, pages, now):  # type: ignore[no-untyped-def]
         return None
 
+    def _write_back(self, victims, ids, now):  # type: ignore[no-untyped-def]
+        return False
+
     def store_all(self, tier, items, now, *, owner, from_reservation=True):  # type: ignore[no-untyped-def]
         for page, par in items:
             self.store(tier, page, par, now, owner=owner, from_reservation=from_reservation)
