@@ -153,6 +153,40 @@ class IdOrder:
         bucket.ordered = True
         return ids
 
+    def _take_ordered(self, key: Key, bucket: _Bucket, need: int) -> Entries:
+        """The first `need` live ids of an ordered bucket (fewer if it has fewer), taken out of it: only as much of
+        its chunk is checked for liveness as that takes (in stretches that double), so taking a few victims from a
+        large bucket costs what they cost; the unchecked rest stays with the generations it was entered with."""
+        ids, gens = bucket.chunks[0]
+        n = len(ids)
+        lo, step = 0, max(need, 32)
+        live_ids: list[Entries] = []
+        live_gens: list[Gens] = []
+        got = 0
+        while got < need and lo < n:
+            hi = min(n, lo + step)
+            seg, seg_gens = ids[lo:hi], gens[lo:hi]
+            live = self._live(key, seg, seg_gens)
+            seg, seg_gens = seg[live], seg_gens[live]
+            self._entries -= (hi - lo) - len(seg)
+            live_ids.append(seg)
+            live_gens.append(seg_gens)
+            got += len(seg)
+            lo = hi
+            step *= 2
+        if not live_ids:  # (an empty chunk)
+            return ids
+        checked = live_ids[0] if len(live_ids) == 1 else np.concatenate(live_ids)
+        chosen = checked[:need]
+        self._entries -= len(chosen)
+        if len(checked) > need:
+            spare_gens = live_gens[0] if len(live_gens) == 1 else np.concatenate(live_gens)
+            rest, rest_gens = np.concatenate((checked[need:], ids[lo:])), np.concatenate((spare_gens[need:], gens[lo:]))
+        else:
+            rest, rest_gens = ids[lo:], gens[lo:]
+        bucket.chunks = [(rest, rest_gens)]  # (still one chunk of distinct ids in eviction order)
+        return chosen
+
     def victims(self, n: int, exclude: Ids | None = None) -> Ids:
         """The first `n` cached ids not in `exclude` in ascending (key, -depth, hash), taken out of the order."""
         out: list[Entries] = []
@@ -161,6 +195,15 @@ class IdOrder:
         while self._keys and need > 0:
             key = heapq.heappop(self._keys)
             bucket = self._buckets[key]
+            if (exclude is None or not len(exclude)) and bucket.ordered and len(bucket.chunks) == 1:
+                chosen = self._take_ordered(key, bucket, need)
+                out.append(chosen)
+                need -= len(chosen)
+                if len(bucket.chunks[0][0]):
+                    keep.append(key)
+                else:
+                    del self._buckets[key]
+                continue
             order = self._order(key, bucket)
             if exclude is not None and len(exclude):
                 usable = ~np.isin(order, exclude)

@@ -283,6 +283,45 @@ def test_the_order_keeps_its_stale_entries_bounded() -> None:
     assert tier.victims(3) == [chain[11], chain[10], chain[9]]  # the order is still the policy's: deepest first
 
 
+LONG = chain_hashes(f"long:{i}".encode() for i in range(400))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["evict", "evict", "touch", "pin", "unpin", "count"]), st.integers(0, 399),
+                  st.integers(1, 60)),
+        max_size=40,
+    ),  # fmt: skip
+    lru=st.booleans(),
+)
+def test_victims_from_a_large_ordered_bucket_follow_the_policy(steps: list[tuple[str, int, int]], lru: bool) -> None:
+    """Victims taken a few at a time from buckets of hundreds of pages (a chain stored at one time) check the
+    liveness of only as much of the ordered bucket as they take; pages of its unchecked rest touched, pinned,
+    counted or unpinned meanwhile must still be skipped or found where the policy puts them (`check=True`
+    compares every eviction with the policy's victims over a full snapshot)."""
+    pool = KvPool(NodeId("n"), 8, 400, LruEviction() if lru else BranchCountEviction(), check=True, tables=PageTables.IDS)
+    l2 = pool.l2
+    l2.insert_all({page: LONG[i - 1] if i else None for i, page in enumerate(LONG)}, 0.0)
+    now = 1.0
+    for op, at, n in steps:
+        pages = [page for page in LONG[at : at + n] if l2.contains(page)]
+        if op == "evict":
+            pool.evict(Tier.HOST, n, now)
+        elif op == "touch":
+            l2.touch_all(set(pages), now)
+        elif op == "pin":
+            l2.pin_all("o", pages, now)
+        elif op == "unpin":
+            l2.unpin_all("o", now)
+        else:
+            pool.set_counts({page: at % 3 for page in LONG[at : at + n]})
+        now += 0.5
+    l2.unpin_all("o", now)
+    pool.evict(Tier.HOST, l2.evictable(), now)  # every remaining page, in the policy's order
+    assert l2.free == 400
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     times=st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=2, max_size=12),
