@@ -25,6 +25,7 @@ from evolving_infra.sim.admission import admission_summary
 from evolving_infra.sim.cluster import build_cluster, initial_commands
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.export import write_metrics_json, write_requests_jsonl
+from evolving_infra.sim.gcspacing import spaced_collections
 from evolving_infra.sim.kernel import Kernel, Progress, StopReason
 from evolving_infra.sim.metrics import RunMetrics, compute_run_metrics
 from evolving_infra.sim.records import NodeSpan, RequestRecord, ScoreWindow, SplitRecord, SwitchRecord
@@ -79,6 +80,7 @@ def workload_stream(kind: str, agents: int, seed: int) -> Trace | GrowingTrace:
     return GrowingTrace(plan.head, plan.agent, agents, source=f"workload:{kind}")
 
 
+@spaced_collections()
 def simulate(
     cfg: SimConfig,
     trace: Trace | GrowingTrace,
