@@ -10,8 +10,8 @@ one of the run's own pages:
   through together), so L2 evicts a page of the run that is then written again at its turn.
 `TierRuns.room_for_run` plans only runs where neither can happen. This plans the others exactly: the page-by-page
 sequence replayed as a merge of the tier's eviction order (taken out lazily, ascending) with a heap of the run's
-pages already written or touched, keyed as accessed now. A few Python steps per page replace a victim search, a
-removal and a KV event per page.
+pages already written or touched, keyed as accessed now (a touched page that was read at a later time keeps that
+time). A few Python steps per page replace a victim search, a removal and a KV event per page.
 
 The plan names the L2 evictions that happen before the pages that cause them are written (`before`: pages of the
 order, including pages of the run not yet reached), the pages L2 lacks when their turn comes (`missing`: written
