@@ -503,11 +503,7 @@ class IdTierPool:
             return list(zip(hashes(got), map(place, got.tolist())))
 
         cached = (t.state[ids] == CACHED).tolist()
-        plan = plan_write_back(pages, held.tolist(), cached, places, written, t.free, take)
-        if not plan.complete:
-            self.enter_again(plan.taken)
-            return None
-        return plan
+        return plan_write_back(pages, held.tolist(), cached, places, written, t.free, take)
 
     def enter_again(self, pages: list[PageHash]) -> None:
         """`TierRuns.enter_again`."""

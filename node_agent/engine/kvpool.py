@@ -233,6 +233,9 @@ class KvPool:
         plan = l2.plan_write_back(victims, now, ids)
         if plan is None:
             return False
+        if not plan.complete:  # (what it took out of L2's order goes back; nothing else changed)
+            l2.enter_again(plan.taken)
+            return False
         if ids is not None and self._ids is not None:
             parent_of: Mapping[PageHash, PageHash | None] = dict(zip(victims, self._ids.parents_of(ids)))
         else:

@@ -289,9 +289,10 @@ class TierRuns:
 
     def plan_write_back(self, pages: list[PageHash], now: float, ids: Ids | None = None) -> WriteBackPlan | None:
         """`writeback.plan_write_back` for the run `pages` (distinct, in order, held by the peer tier) written
-        back into this tier at `now`, the pages taken out of the order and not evicted left for
-        `enter_again`; None, changing nothing, where a page this tier lacks is being written or the policy's
-        keys are not coarse. `ids`: the id tables' (these tables have none)."""
+        back into this tier at `now` (the pages it takes out of the order and does not evict are the caller's to
+        `enter_again`, as are all it took when the plan is not complete); None, changing nothing, where a page
+        this tier lacks is being written or the policy's keys are not coarse. `ids`: the id tables' (these tables
+        have none)."""
         order = self._order
         coarse = order.coarse
         if coarse is None:
@@ -316,11 +317,7 @@ class TierRuns:
         def take(k: int) -> list[tuple[PageHash, Place]]:
             return [(page, (key(page), rank(page))) for page in order.victims(k, ())]
 
-        plan = plan_write_back(pages, held, [page in cached for page in pages], places, written, self._free, take)
-        if not plan.complete:
-            self.enter_again(plan.taken)
-            return None
-        return plan
+        return plan_write_back(pages, held, [page in cached for page in pages], places, written, self._free, take)
 
     def enter_again(self, pages: list[PageHash]) -> None:
         """Enter those of `pages` (taken out of the order by `plan_write_back`) that are cached under their keys."""

@@ -69,10 +69,8 @@ def plan_write_back(
     touched now (`places`: a page keeps a later last access it has) and once written now (`written`). `free`: L2's
     free slots; `take(k)`: the next (up to) `k` cached pages of the order with their places, ascending, taken out
     of the order."""
-    n = len(pages)
     index = {page: i for i, page in enumerate(pages)}
     in_l2 = list(held)
-    reached = [False] * n
     heap: list[tuple[Place, int]] = []  # the run's pages written or touched so far (cached in L2)
     queue: list[tuple[PageHash, Place]] = []  # pages taken from the order, ascending; `head` the next one
     head = 0
@@ -83,7 +81,6 @@ def plan_write_back(
     missing: set[PageHash] = set()
     need = sum(1 for h in held if not h) - free
     for i, page in enumerate(pages):
-        reached[i] = True
         if in_l2[i]:  # (a page of the run evicted before its turn is not: it is written again)
             if cached[i]:
                 heapq.heappush(heap, (places[i], i))
@@ -100,7 +97,7 @@ def plan_write_back(
                         break
                     queue += more
                 j = index.get(queue[head][0])
-                if j is None or not reached[j]:
+                if j is None or j > i:  # (pages of the run up to `i` are reached)
                     break
                 skipped.append(queue[head][0])
                 head += 1
@@ -120,4 +117,3 @@ def plan_write_back(
         in_l2[i] = True
         heapq.heappush(heap, (written[i], i))
     return WriteBackPlan(before, missing, after, touched_after, [page for page, _ in queue[head:]] + skipped)
-

@@ -13,11 +13,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evolving_infra.core.eviction import BranchCountEviction, LruEviction
-from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, idpool, tierruns, writeback
 from evolving_infra.node_agent.engine.idpool import PageTables
+from tests.node_agent.test_engine_pool_runs import _replay
 
 CHAINS = [chain_hashes(f"w{c}:{i}".encode() for i in range(12)) for c in range(4)]
 OWNERS = [f"o{k}" for k in range(4)]
@@ -44,17 +44,6 @@ def _view(pool: KvPool, tier: Tier) -> tuple[object, ...]:
         {p: t.parent(p) for p in resident}, t.last_accesses(), t.pinned_pages(), {p: t.pins(p) for p in resident},
         {o: t.pinned_by(o) for o in OWNERS}, {o: sorted(t.writes_of(o)) for o in OWNERS}, t.free, t.gauges(),
     )  # fmt: skip
-
-
-def _replay(events: tuple[KvEvent, ...], resident: dict[Tier, set[PageHash]], removed: Counter[object]) -> None:
-    for e in events:
-        if isinstance(e, KvStored):
-            assert resident[e.tier].isdisjoint(e.pages)
-            resident[e.tier] |= set(e.pages)
-        elif isinstance(e, KvRemoved):
-            assert set(e.pages) <= resident[e.tier]
-            resident[e.tier] -= set(e.pages)
-            removed.update((e.tier, p) for p in e.pages)
 
 
 def _apply(p: KvPool, op: str, c: int, start: int, n: int, k: int, now: float) -> None:
@@ -121,9 +110,9 @@ def _run(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int)
         for tier in Tier:
             views = [_view(p, tier) for p in pools]
             assert all(v == views[0] for v in views[1:]), (op, tier)
-        removals = []
+        removals: list[Counter[tuple[Tier, PageHash]]] = []
         for p, events, replayed in zip(pools, outs, replays):
-            removed: Counter[object] = Counter()
+            removed: Counter[tuple[Tier, PageHash]] = Counter()
             _replay(events, replayed, removed)
             assert replayed == {t: set(p.tier(t).resident_set()) for t in Tier}
             removals.append(removed)
