@@ -50,8 +50,11 @@ async def until(check: Callable[[], bool], what: str, timeout: float = DEADLINE)
 class Cluster:
     """Node agents, a live router over them and its HTTP front end."""
 
-    def __init__(self, modes: dict[str, NodeMode], speed_up: float = 50.0, **router: Any) -> None:
-        self.agents = {n: NodeAgent(node_settings(n, m, speed_up=speed_up)) for n, m in modes.items()}
+    def __init__(self, modes: dict[str, NodeMode], speed_up: float = 50.0, speed_ups: dict[str, float] | None = None,
+                 **router: Any) -> None:
+        """`speed_ups` overrides `speed_up` for the nodes it names (a slow node keeps its queue long)."""
+        rates = {n: (speed_ups or {}).get(n, speed_up) for n in modes}
+        self.agents = {n: NodeAgent(node_settings(n, m, speed_up=rates[n])) for n, m in modes.items()}
         self.router_settings = router
 
     async def __aenter__(self) -> Cluster:
@@ -180,13 +183,14 @@ def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_within_the
 def test_local_split_applier_switches_a_prefill_node_and_reroutes_its_queued_requests() -> None:
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with Cluster({"p0": NodeMode.PREFILL, "p1": NodeMode.PREFILL, "d0": NodeMode.DECODE}, speed_up=2.0) as c:
+        modes = {"p0": NodeMode.PREFILL, "p1": NodeMode.PREFILL, "d0": NodeMode.DECODE}
+        async with Cluster(modes, speed_up=2.0, speed_ups={"p0": 0.5}) as c:  # p0 slow: its queue lasts under load
             tasks = [
                 asyncio.ensure_future(c.complete(" ".join(f"x{i}y{j}" for j in range(6000)), f"s{i}", max_tokens=4))
                 for i in range(8)
             ]
             p0 = c.agents["p0"].engine
-            await until(lambda: p0.gauges().prefill_queued >= 1, "a request queued at p0", 10)
+            await until(lambda: p0.gauges().prefill_queued >= 1, "a request queued at p0")
             decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
                                        Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
             effects = c.router.control.decided(decision, c.router.now())

@@ -29,7 +29,7 @@ from evolving_infra.router.core.control import SwitchOrder
 from evolving_infra.router.service import LocalSplitApplier
 from evolving_infra.router.service.flights import AttemptIds, Flight
 
-from .test_service_live import Cluster, run, until
+from .test_service_live import DEADLINE, Cluster, run, until
 
 P, D, C = NodeMode.PREFILL, NodeMode.DECODE, NodeMode.COLLOCATED
 
@@ -98,7 +98,8 @@ def test_a_queued_prefill_holds_no_decode_binding_until_its_node_starts_it() -> 
 def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes() -> None:
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+        # p0 slow (as below): its running and queued requests stay long enough to be seen under any load
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.25}) as c:
             loop = asyncio.get_running_loop()
             resent: list[tuple[float, str]] = []
             p1_client = c.router.clients[NodeId("p1")]
@@ -112,7 +113,7 @@ def test_local_switch_reroutes_handed_back_requests_before_the_drain_completes()
             tasks = [asyncio.ensure_future(c.complete(words(f"x{i}y", 6000), f"s{i}", max_tokens=2)) for i in range(8)]
             p0 = c.agents["p0"].engine
             await until(lambda: p0.gauges().prefill_queued >= 1 and p0.gauges().prefill_running >= 1,
-                        "a request running and one queued at p0", 10)  # fmt: skip
+                        "a request running and one queued at p0", DEADLINE)  # fmt: skip
             decision = PlannerDecision({"p0": Phase.DECODE, "p1": Phase.PREFILL, "d0": Phase.DECODE}, SwitchMode.IN_PLACE,
                                        Outcome.SWITCH, "test", None)  # type: ignore[arg-type]
             began = loop.time()
@@ -409,7 +410,9 @@ def test_responses_name_the_serving_nodes_in_headers_and_usage() -> None:
 def test_a_switch_the_operator_drives_has_its_hand_backs_rerouted_from_the_event_stream() -> None:
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0) as c:
+        # p0 runs at a quarter of the wall clock (a 6,000-token prefill takes over a second): once it holds a running
+        # request and a queued one it keeps both long enough to be seen, however slowly this process is scheduled
+        async with Cluster({"p0": P, "p1": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.25}) as c:
             sends: list[tuple[str, str]] = []  # (branch, prefill node) of every attempt, in order
             inner = c.router.core.prefill_sent
 
@@ -421,7 +424,7 @@ def test_a_switch_the_operator_drives_has_its_hand_backs_rerouted_from_the_event
             tasks = [asyncio.ensure_future(c.complete(words(f"k{i}y", 6000), f"k{i}", max_tokens=2)) for i in range(8)]
             p0 = c.agents["p0"]
             await until(lambda: p0.engine.gauges().prefill_queued >= 1 and p0.engine.gauges().prefill_running >= 1,
-                        "a request running and one queued at p0", 10)  # fmt: skip
+                        "a request running and one queued at p0", DEADLINE)  # fmt: skip
             # as under the Kubernetes applier: the operator, not the router, calls SwitchPhase
             switch = asyncio.ensure_future(p0.switch(Phase.DECODE, 1))
             await until(lambda: retries(c).get("handed_back", 0) >= 1, "a hand-back re-routed", 10)
