@@ -162,6 +162,9 @@ class FittedNodeModel:
     """The prefill fit's held-out diagnostics; None when the phase was not fitted on this node."""
     decode_quality: FitQuality | None = None
     """The decode fit's held-out diagnostics; None when the phase was not fitted on this node."""
+    decode_kv_tokens: float = math.inf
+    """KV tokens the node holds for running decodes (a known size, not fitted): caps the planner's decode batch
+    (`planner.throughput.batch_limit`); inf: no cap."""
 
     def __post_init__(self) -> None:
         if self.prefill is not None and self.usage.t_bar is None:

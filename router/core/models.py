@@ -67,7 +67,7 @@ class ModelShape:
 
     def planner_model(self, usage: UsageCounts | None = None) -> CoefficientNodeModel:
         t_bar, f = self._measured(usage)
-        return CoefficientNodeModel(self.prefill, self.decode, t_bar, f)
+        return CoefficientNodeModel(self.prefill, self.decode, t_bar, f, decode_kv_tokens=float(self.l1_tokens))
 
     def fitter(self, node: NodeId) -> ModelFitter:
         return ModelFitter(node, self.decode.k, self.decode.experts, self.decode.t_fwd)
@@ -137,6 +137,7 @@ class ModelBook:
         except WarmupTooShort as error:
             pair = (self.shape.router_model(), self.shape.planner_model())
             return {n: pair for n in fitters}, [f"{error}; keeping the profile's models"], True
+        fitted = {n: replace(m, decode_kv_tokens=float(self.shape.l1_tokens)) for n, m in fitted.items()}
         self.fitted = fitted
         return {n: (m, m) for n, m in fitted.items()}, messages, False
 

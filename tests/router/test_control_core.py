@@ -266,3 +266,29 @@ def test_a_request_counts_in_the_slice_it_arrives_in_even_while_its_prefill_wait
     slices = [s for s in planner.seen[-1].slices if s.requests]
     assert sum(s.requests for s in slices) == 3
     assert sum(s.sum_t_uc + s.sum_t_c for s in slices) == 3 * (2 * PT + 5)  # every prompt token, none started
+
+
+def test_the_planners_node_models_carry_the_nodes_kv_capacity_fitted_or_not() -> None:
+    """The planner caps a decode node's batch at what its KV memory holds (`planner.throughput.batch_limit`): both
+    model origins carry the profile's L1 size, and the cap survives the per-window remeasuring."""
+    from evolving_infra.core.itermodel import IterationRecord, PrefillItem
+    from evolving_infra.router.fitting import UsageCounts
+
+    node = NodeId("n0")
+    profile_book = ModelBook(SHAPE, ModelOrigin.PROFILE)
+    _, planner_model = profile_book.initial(warmup=False)
+    assert planner_model.decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[union-attr]
+    _, remeasured = profile_book.refreshed(node, None, UsageCounts(4, 8192, 100, 50))
+    assert remeasured.decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[attr-defined]
+    fitted_book = ModelBook(SHAPE, ModelOrigin.FITTED)
+    fitter = SHAPE.fitter(node)
+    for i in range(40):  # enough iterations of both phases to fit (the profile's own times)
+        uc, c, batch = 512 * (1 + i % 8), 4096 * (i % 5), 1 + i % 16
+        seconds = 0.01 + 1e-5 * uc + 1e-9 * c * uc
+        fitter.observe(IterationRecord(node, Phase.PREFILL, float(i), seconds, (PrefillItem(uc, c),)))
+        fitter.observe(IterationRecord(node, Phase.DECODE, float(i), 0.02 + 0.001 * batch, decode_batch=batch))
+    models, _, fallback = fitted_book.freeze({node: fitter})
+    assert not fallback
+    assert models[node][1].decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[attr-defined]
+    again, _ = fitted_book.refreshed(node, models[node][1], UsageCounts(4, 8192, 100, 50))
+    assert again.decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[attr-defined]

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients
+from evolving_infra.core.itermodel import DecodeCoefficients, PrefillCoefficients, decode_iteration_time
 from evolving_infra.core.types import NodeId, Phase
 from evolving_infra.router.planner import (
     CoefficientNodeModel,
     MeanWork,
+    batch_limit,
     changed_nodes,
+    decode_rate,
     fewest_changes_split,
     format_split,
     parse_split,
@@ -36,8 +40,9 @@ decode_coefs = st.builds(
     t_fwd=st.floats(1.0, 4.0),
 )
 models = st.builds(
-    CoefficientNodeModel, prefill_coefs, decode_coefs, t_bar=st.floats(64.0, 16_384.0), f_restore=st.floats(0.0, 1.0)
-)
+    CoefficientNodeModel, prefill_coefs, decode_coefs, t_bar=st.floats(64.0, 16_384.0), f_restore=st.floats(0.0, 1.0),
+    decode_kv_tokens=st.one_of(st.just(math.inf), st.floats(1_000.0, 5e6)),  # no cap, or a KV memory
+)  # fmt: skip
 
 
 @st.composite
@@ -49,6 +54,7 @@ def mean_works(draw: st.DrawFn) -> MeanWork:
         t_c=t_c,
         query_key_pairs=t_uc * t_c + t_uc * (t_uc + 1) / 2,
         decode_iterations=draw(st.floats(1.0, 5_000.0)),
+        t_out=draw(st.floats(0.0, 20_000.0)),
     )
 
 
@@ -132,7 +138,7 @@ def test_more_prefill_work_never_raises_theta(
 ) -> None:
     assume(extra_uc > 0)
     t_uc = work.t_uc + extra_uc
-    heavier = MeanWork(t_uc, work.t_c, t_uc * work.t_c + t_uc * (t_uc + 1) / 2, work.decode_iterations)
+    heavier = MeanWork(t_uc, work.t_c, t_uc * work.t_c + t_uc * (t_uc + 1) / 2, work.decode_iterations, work.t_out)
     by_id = {NodeId(f"n{i}"): model for i in range(p + 1)}
     ids = list(by_id)
     light = split_throughput(ids[:p], ids[p:], by_id, work, q_bar)
@@ -147,3 +153,45 @@ def test_no_requests_in_decode_means_no_decode_throughput() -> None:
     work = MeanWork(t_uc=100.0, t_c=0.0, query_key_pairs=5050.0, decode_iterations=10.0)
     tp = split_throughput([NodeId("a")], [NodeId("b")], {NodeId("a"): model, NodeId("b"): model}, work, 0.0)
     assert tp.decode == 0.0 and tp.theta == 0.0 and tp.prefill > 0
+
+
+@given(st.lists(models, min_size=1, max_size=6), mean_works(), st.floats(0.0, 2_000.0))
+def test_a_decode_node_runs_at_most_the_batch_its_kv_memory_holds(
+    pool: list[CoefficientNodeModel], work: MeanWork, q_bar: float
+) -> None:
+    by_id = {NodeId(f"d{i}"): m for i, m in enumerate(pool)}
+    batch = q_bar / len(pool)
+    tp = split_throughput([], list(by_id), by_id, work, q_bar)
+    footprint = work.t_uc + work.t_c + work.t_out
+    expected = 0.0
+    for m in pool:
+        cap = m.decode_kv_tokens / footprint if footprint > 0 else math.inf
+        assert batch_limit(m, work) == cap
+        b = min(batch, cap)
+        expected += b / (m.decode_iteration_time(b) * work.decode_iterations) if b > 0 else 0.0
+    assert tp.decode == pytest.approx(expected, rel=1e-12)
+    # past the cap, more requests in decode wait: the rate is the capped one, however many there are
+    for m in pool:
+        cap = batch_limit(m, work)
+        if math.isfinite(cap):
+            assert decode_rate(m, work, cap * 3) == decode_rate(m, work, cap)
+
+
+def test_few_decode_nodes_are_rated_at_what_their_kv_memory_holds() -> None:
+    """The partition's density (40 agents a node, contexts of ~100K tokens): 160 requests waiting for three decode
+    nodes whose GPU memory holds ~20 each; without the cap eq. 4 batches 53 a node."""
+    decode = DecodeCoefficients(0.005, 0.01365, 0.000412, 8, 256, 4.0)
+    prefill = PrefillCoefficients(0.01, 2.41e-5, 1.73e-10, 1.37e-7)
+    capped = CoefficientNodeModel(prefill, decode, 8192.0, decode_kv_tokens=2_060_000.0)
+    uncapped = CoefficientNodeModel(prefill, decode, 8192.0)
+    work = MeanWork(t_uc=2_000.0, t_c=98_000.0, query_key_pairs=2e8, decode_iterations=300.0, t_out=750.0)
+    nodes = [NodeId("d0"), NodeId("d1"), NodeId("d2")]
+    assert batch_limit(capped, work) == pytest.approx(2_060_000.0 / 100_750.0)  # ~20.4 requests
+    with_cap = split_throughput([], nodes, dict.fromkeys(nodes, capped), work, 160.0).decode
+    without = split_throughput([], nodes, dict.fromkeys(nodes, uncapped), work, 160.0).decode
+    b = 2_060_000.0 / 100_750.0
+    assert with_cap == pytest.approx(3 * b / (decode_iteration_time(decode, b) * 300.0))
+    assert without > 1.6 * with_cap  # 13.1 against 7.8 requests per second
+    # below the cap nothing changes
+    light = split_throughput([], nodes, dict.fromkeys(nodes, capped), work, 30.0).decode
+    assert light == split_throughput([], nodes, dict.fromkeys(nodes, uncapped), work, 30.0).decode
