@@ -300,7 +300,7 @@ class IdTier:
         floor = self.order.floor_of(pages, ids, depth, now)
         victims = self.order.victims(need)
         late = len(victims) < need or self.order.place(int(victims[-1])) >= floor
-        if late or np.isin(victims, ids[known]).any():
+        if late or self.pages.any_in(victims, ids[known]):
             self.order.enter(victims)  # they stay cached: put them back
             return None
         return missing, victims

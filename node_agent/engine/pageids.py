@@ -96,6 +96,7 @@ class PageIds:
         # stored: kept per id (0 and `rooted` for a first page) rather than per resident page and tier
         self.parent = np.zeros(capacity, dtype=np.uint64)
         self.rooted = np.zeros(capacity, dtype=np.bool_)
+        self._mark = np.zeros(capacity, dtype=np.bool_)  # all False between calls of `any_in` (scratch)
         self._free: list[int] = []  # (ids from `_INTS`, as the dict's values)
         self._next = 0
         _shared_ints(capacity)
@@ -112,7 +113,7 @@ class PageIds:
             raise OverflowError(f"this node's page ids are limited to {self.limit:,} pages held at once, {need:,} needed")
         new = min(max(need, 2 * size), self.limit)  # (doubling, but never past what the tiers can hold)
         _shared_ints(new)
-        for name in ("hashes", "depth", "gen", "holders", "count", "counted", "parent", "rooted"):
+        for name in ("hashes", "depth", "gen", "holders", "count", "counted", "parent", "rooted", "_mark"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:size] = old
@@ -120,6 +121,16 @@ class PageIds:
 
     def get(self, page: PageHash) -> int | None:
         return self._id.get(page)
+
+    def any_in(self, ids: Ids, among: Ids) -> bool:
+        """Whether any of `ids` is one of `among` (ids below the table's size): `np.isin(ids, among).any()`
+        by marking `among` in a scratch array, O(len) instead of a sort of both."""
+        mark = self._mark
+        mark[among] = True
+        try:
+            return bool(mark[ids].any())
+        finally:
+            mark[among] = False
 
     def ids(self, pages: Iterable[PageHash]) -> Ids:
         """The ids of `pages` (each held by a tier)."""

@@ -357,3 +357,18 @@ def test_a_run_interned_at_once_equals_page_by_page(ops: list[tuple[int, int, in
             if free:
                 table.drop(ids)
         assert _table(tables[0]) == _table(tables[1])
+
+
+@given(st.lists(st.integers(0, 63), max_size=40), st.lists(st.integers(0, 63), max_size=40), st.integers(0, 3))
+def test_any_in_is_isin_and_leaves_its_scratch_clear(ids: list[int], among: list[int], grow: int) -> None:
+    """`PageIds.any_in` (a victim plan's check that no victim is one of the run's own pages) against numpy's isin,
+    called twice (its scratch marks are cleared after each call) and across a growth of the tables."""
+    table = PageIds(capacity=16)
+    for i in range(64 + 64 * grow):
+        table.intern(PageHash(10_000 + i), None)  # the tables grow past 64 ids
+    a, b = np.array(ids, dtype=np.int64), np.array(among, dtype=np.int64)
+    expected = bool(np.isin(a, b).any())
+    assert table.any_in(a, b) is expected
+    assert table.any_in(a, b) is expected
+    assert not table._mark.any()
+    assert table.any_in(b.astype(np.int32), a) is bool(np.isin(b, a).any())
