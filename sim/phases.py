@@ -32,7 +32,7 @@ from evolving_infra.router.core import PushCounts
 from evolving_infra.router.core.control import (
     ControlEffect, ModelsFrozen, PlannerDecided, SwitchCompleted, SwitchOrder,
 )  # fmt: skip
-from evolving_infra.router.planner import Outcome, PlannerDecision, SwitchMode
+from evolving_infra.router.planner import OursDiagnostics, Outcome, PlannerDecision, SwitchMode
 from evolving_infra.sim import flow, quiet
 from evolving_infra.sim.kernel import Cancel, Command, Event, Priority
 from evolving_infra.sim.pause import ProgramView
@@ -104,8 +104,11 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
             state.stats.planner_ticks += 1
             decision = effect.decision
             if decision.outcome is Outcome.SWITCH:
-                state.decisions.append({"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
-                                        "mode": decision.mode.value})
+                record = {"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
+                          "mode": decision.mode.value}  # fmt: skip
+                if isinstance(decision.diagnostics, OursDiagnostics):  # why: every candidate, as a live CR shows
+                    record["candidates"] = decision.diagnostics.candidate_summary()
+                state.decisions.append(record)
                 state.stats.planner_switches += 1
         elif isinstance(effect, SwitchOrder):
             node = state.nodes[effect.node]

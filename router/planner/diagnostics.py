@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from evolving_infra.core.types import NodeId
 
@@ -73,6 +74,16 @@ class OursDiagnostics:
 
     def count(self, use: SliceUse) -> int:
         return sum(1 for s in self.slices if s.use is use)
+
+    def candidate_summary(self) -> list[dict[str, Any]]:
+        """Each candidate as plain data (the simulator's decision records): its split, mean gain and standard error
+        in req/s, the slices the gains came from (of them measured earlier while it ran: `history`), its verdict
+        and whether it was chosen."""
+        return [
+            {"split": c.split, "mean_gain": c.mean_gain, "std_error": c.std_error, "slices": len(c.gains),
+             "history": c.history, "verdict": c.verdict.value, "chosen": c.chosen}
+            for c in self.candidates
+        ]  # fmt: skip
 
 
 class Want(enum.IntEnum):

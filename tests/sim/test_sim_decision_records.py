@@ -1,0 +1,47 @@
+"""The simulator's record of each switch of our planner names every candidate it weighed (split, mean gain, standard
+error, slices, verdict, the one chosen), as the live router's CR status does, so a run's output says why it moved."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from evolving_infra.router.planner import OursPlanner, PlannerObservation
+from evolving_infra.sim.run import simulate, workload_stream
+from evolving_infra.sim.systems import build_config
+
+
+def test_each_switch_of_ours_lists_its_candidates_with_the_chosen_one_first_in_gain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[float, str]] = []
+    inner = OursPlanner.decide
+
+    def decide(self: OursPlanner, observation: PlannerObservation, now: float) -> Any:
+        decision = inner(self, observation, now)
+        seen.append((now, decision.reason))
+        return decision
+
+    monkeypatch.setattr(OursPlanner, "decide", decide)
+    # a short window from a split with one decode node: the planner moves within the run
+    cfg = build_config("evolving", agents=30, nodes=6, split="5P1D", seed=1, warmup_s=0, duration_s=200,
+                       models="profile", planner_settings={"window_s": 60, "slices": 4, "cooldown_s": 0})  # fmt: skip
+    result = simulate(cfg, workload_stream("cc", 60, 1))
+    decisions = result.metrics.extra["planner_switch_decisions"]
+    assert decisions, "the run should switch at least once"
+    json.dumps(decisions)  # plain data, as metrics.json writes it
+    for record in decisions:
+        assert (record["at"], record["reason"]) in seen
+        candidates = record["candidates"]
+        chosen = [c for c in candidates if c["chosen"]]
+        assert len(chosen) == 1 and chosen[0]["verdict"] == "qualified"
+        assert f"-> {chosen[0]['split']}:" in record["reason"]
+        assert f"mean gain {chosen[0]['mean_gain']:.4g} req/s" in record["reason"]
+        qualified = [c for c in candidates if c["verdict"] == "qualified"]
+        assert max(c["mean_gain"] for c in qualified) == chosen[0]["mean_gain"]
+        for c in candidates:
+            assert c["slices"] >= 1 and c["history"] <= c["slices"]
+            if c["verdict"] == "qualified":
+                assert c["mean_gain"] > 2 * c["std_error"]
