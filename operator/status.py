@@ -90,7 +90,13 @@ class Candidate(KubeModel):
     mean_gain: float | None = Field(default=None, description="Mean predicted throughput gain over the usable slices.")
     stderr: float | None = Field(default=None, ge=0, description="Standard error of that mean.")
     qualified: bool = Field(description="Whether the gain exceeds the significance threshold.")
-    verdict: CandidateVerdict = Field(description="qualified, below_threshold or too_few_slices.")
+    verdict: CandidateVerdict = Field(
+        description="qualified, below_threshold, too_few_slices, or prefill_kv_short (a move towards decode whose "
+        "prefill nodes' KV memory would not hold the active branches' contexts)."
+    )
+    prefill_kv_pages: int | None = Field(
+        default=None, ge=0, description="KV pages the candidate's prefill nodes hold in GPU and host memory together."
+    )
 
 
 class PlannerDecision(KubeModel):

@@ -428,6 +428,13 @@ class BranchTable(RunTree):
             return len(self._exact)
         return len(self._branches)
 
+    def active_pages(self) -> int:
+        """Distinct pages on the active branches' paths (a prefix shared by several paths counts once): every
+        such page maps to its run (run invariant), so this is O(1)."""
+        if self._exact is not None:
+            return self._exact.active_pages()
+        return len(self._run)
+
     def _state(self, b: _Branch) -> BranchState:
         path = b.path
         counted = {n: frozenset(chain.from_iterable(path[lo:hi] for lo, hi in r)) for n, r in b.counted.items()}

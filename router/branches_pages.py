@@ -336,6 +336,10 @@ class PageBranchTable:
         """Active branches."""
         return len(self._branches)
 
+    def active_pages(self) -> int:
+        """Distinct pages on the active branches' paths (a prefix shared by several paths counts once)."""
+        return len(frozenset().union(*(b.path_set for b in self._branches.values())))
+
     def state(self, branch: BranchId) -> BranchState:
         b = self._row(branch, "read")
         return BranchState(b.version, b.path, dict(b.counted), dict(b.targets), frozenset(b.unsettled))

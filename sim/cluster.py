@@ -125,6 +125,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
             reserve_on_bind=cfg.decode_reservation is DecodeReservation.AT_PREFILL_START,
             context_length_tokens=cfg.context_length_tokens,
             kv_capacity_tokens=profile.l1_tokens,
+            node_kv_pages=(profile.l1_tokens + profile.l2_tokens) // profile.page_tokens,
         ),
         directory=directory,
         branches=branches,

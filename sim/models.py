@@ -25,6 +25,7 @@ def shape_of(profile: HardwareProfile) -> ModelShape:
         page_tokens=profile.page_tokens,
         chunk_tokens=profile.chunk_tokens,
         l1_tokens=profile.l1_tokens,
+        l2_tokens=profile.l2_tokens,
     )
 
 

@@ -108,6 +108,7 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
                           "mode": decision.mode.value}  # fmt: skip
                 if isinstance(decision.diagnostics, OursDiagnostics):  # why: every candidate, as a live CR shows
                     record["candidates"] = decision.diagnostics.candidate_summary()
+                    record["active_kv_pages"] = decision.diagnostics.active_kv_pages
                 state.decisions.append(record)
                 state.stats.planner_switches += 1
         elif isinstance(effect, SwitchOrder):

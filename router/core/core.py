@@ -64,13 +64,16 @@ class CoreSettings:
     shared_pool: host memory of all nodes is one pool (peers' host KV can be fetched); False: only a node's own
     KV is reusable. reserve_on_bind: a bound request's decode KV is reserved on its node until submitted there
     (False: the driver reserves it some other way, e.g. the SGLang baseline at routing).
-    context_length_tokens, kv_capacity_tokens: the queue-driven planners' load denominators.
+    context_length_tokens, kv_capacity_tokens: the queue-driven planners' load denominators. node_kv_pages: the
+    KV pages a node's GPU and host memory hold together (0: unknown; ours then does not check that a split's
+    prefill nodes hold the active contexts).
     """
 
     shared_pool: bool = True
     reserve_on_bind: bool = True
     context_length_tokens: int = 200_000
     kv_capacity_tokens: int = 1
+    node_kv_pages: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +416,8 @@ class RouterCore:
                 n.id: node_load(n, context_length=s.context_length_tokens, kv_capacity_tokens=s.kv_capacity_tokens)
                 for n in nodes
             },
+            active_kv_pages=self.branches.active_pages() if s.node_kv_pages > 0 else None,
+            kv_pages={n.id: s.node_kv_pages for n in nodes} if s.node_kv_pages > 0 else {},
         )
 
     def split_change(self, decision: PlannerDecision) -> SplitChange | None:

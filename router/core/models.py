@@ -55,6 +55,12 @@ class ModelShape:
     page_tokens: int
     chunk_tokens: int
     l1_tokens: int
+    l2_tokens: int = 0
+
+    @property
+    def node_kv_pages(self) -> int:
+        """The KV pages a node's GPU (L1) and host (L2) memory hold together."""
+        return (self.l1_tokens + self.l2_tokens) // self.page_tokens
 
     def _measured(self, usage: UsageCounts | None) -> tuple[float, float]:
         t_bar = usage.t_bar if usage is not None and usage.t_bar else float(self.chunk_tokens)

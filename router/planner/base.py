@@ -100,7 +100,11 @@ class PlannerObservation:
 
     nodes: phase and switch state of every node of the cluster; last_switch_end: when the last switch
     completed (None if never); slices: the completed slices of the planning window, oldest first; models:
-    per-node iteration-time models (ours, Arrow); load: momentary per-node signals (Dynamo, Arrow).
+    per-node iteration-time models (ours, Arrow); load: momentary per-node signals (Dynamo, Arrow);
+    active_kv_pages: the KV pages of the active branches' contexts (distinct pages of their paths), None if
+    unknown; kv_pages: per node, the KV pages its GPU and host memory hold together (empty if unknown).
+    Ours reads the last two to refuse a move towards decode whose prefill nodes could not hold the active
+    contexts (docs/planner.md, "A split whose prefill nodes cannot hold the active contexts").
     """
 
     nodes: Mapping[NodeId, NodeStatus]
@@ -108,10 +112,17 @@ class PlannerObservation:
     slices: Sequence[SliceStats] = ()
     models: Mapping[NodeId, NodeModel] = field(default_factory=dict)
     load: Mapping[NodeId, NodeLoad] = field(default_factory=dict)
+    active_kv_pages: int | None = None
+    kv_pages: Mapping[NodeId, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ValueError("a planner observation needs at least one node")
+        if self.active_kv_pages is not None and not self.active_kv_pages >= 0:
+            raise ValueError(f"active_kv_pages must be >= 0, got {self.active_kv_pages}")
+        if any(not v > 0 for v in self.kv_pages.values()):
+            raise ValueError(f"every node's kv_pages must be > 0, got {dict(self.kv_pages)}")
+        object.__setattr__(self, "kv_pages", _frozen(self.kv_pages))
         object.__setattr__(self, "nodes", _frozen(self.nodes))
         object.__setattr__(self, "slices", tuple(self.slices))
         object.__setattr__(self, "models", _frozen(self.models))

@@ -29,6 +29,9 @@ class CandidateVerdict(enum.Enum):
     QUALIFIED = "qualified"
     BELOW_THRESHOLD = "below_threshold"
     TOO_FEW_SLICES = "too_few_slices"
+    PREFILL_KV_SHORT = "prefill_kv_short"
+    """A move towards decode whose prefill nodes' KV memory (GPU and host) would not hold the active branches'
+    contexts (ours' `hold_active_kv`); its gains are still listed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class CandidateDiagnostics:
     verdict: CandidateVerdict
     chosen: bool = False
     history: int = 0
+    prefill_kv_pages: int | None = None
+    """The KV pages its prefill nodes' GPU and host memory hold together (None: sizes unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,17 +76,20 @@ class OursDiagnostics:
     cooldown_until: float | None
     slices: tuple[SliceDiagnostics, ...] = ()
     candidates: tuple[CandidateDiagnostics, ...] = ()
+    active_kv_pages: int | None = None
+    """The active branches' context pages at the decision (None: unknown)."""
 
     def count(self, use: SliceUse) -> int:
         return sum(1 for s in self.slices if s.use is use)
 
     def candidate_summary(self) -> list[dict[str, Any]]:
         """Each candidate as plain data (the simulator's decision records): its split, mean gain and standard error
-        in req/s, the slices the gains came from (of them measured earlier while it ran: `history`), its verdict
-        and whether it was chosen."""
+        in req/s, the slices the gains came from (of them measured earlier while it ran: `history`), its verdict,
+        whether it was chosen, and the KV pages its prefill nodes hold (None: unknown)."""
         return [
             {"split": c.split, "mean_gain": c.mean_gain, "std_error": c.std_error, "slices": len(c.gains),
-             "history": c.history, "verdict": c.verdict.value, "chosen": c.chosen}
+             "history": c.history, "verdict": c.verdict.value, "chosen": c.chosen,
+             "prefill_kv_pages": c.prefill_kv_pages}
             for c in self.candidates
         ]  # fmt: skip
 

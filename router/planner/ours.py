@@ -17,6 +17,13 @@ usable slices of the last window each prefill count ran (for `history_s`) and, w
 again, adds the gains g_i = Θ(candidate) - Θ(current) evaluated on those slices to the current window's: a split
 it left is judged on what was measured under it too, and the significance test runs over all of them.
 
+Beyond the paper (`hold_active_kv`; docs/planner.md, "A split whose prefill nodes cannot hold the active contexts"):
+w̄_i is measured with the current split's prefill nodes holding the active branches' prefixes. A candidate with fewer
+prefill nodes whose KV memory (GPU and host together) is smaller than the active branches' contexts cannot keep
+them: its prefill nodes fetch and recompute what eq. 3 on today's w̄ prices as reused. Such a move towards decode
+does not qualify (verdict `PREFILL_KV_SHORT`, its gains still listed); moves towards prefill are never refused. It
+needs the observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
+
 Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
 over at least two usable slices; every decision lists every candidate with its verdict and every slice with
 its use and the current split's Θ. Slices that start before (last switch end + cooldown) are not used, so the
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -81,7 +89,9 @@ class OursSettings:
     this long after the last switch completed; min_prefill / min_decode: bounds of a candidate split;
     significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2); decode_demand: what q̄ counts
     (`DecodeDemand`); history_s: how long the usable slices of a split that ran stay evidence about it when it is
-    a candidate again (0: only the current window, the paper's rule)."""
+    a candidate again (0: only the current window, the paper's rule); hold_active_kv: a move towards decode whose
+    prefill nodes' KV memory would not hold the active branches' contexts does not qualify (False: the paper's
+    rule)."""
 
     window: WindowConfig = field(default_factory=WindowConfig)
     cooldown_s: float = 120.0
@@ -90,6 +100,7 @@ class OursSettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
+    hold_active_kv: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.history_s) and self.history_s >= 0):
@@ -100,6 +111,13 @@ class OursSettings:
             raise ValueError(f"min_prefill and min_decode must be >= 0, got {self.min_prefill}, {self.min_decode}")
         if not self.significance >= 0:
             raise ValueError(f"significance must be >= 0, got {self.significance}")
+
+
+def _kv_pages(prefill: tuple[NodeId, ...], kv_pages: Mapping[NodeId, int]) -> int | None:
+    """The KV pages the prefill nodes hold together (None unless every one's size is known)."""
+    if not prefill or any(n not in kv_pages for n in prefill):
+        return None
+    return sum(kv_pages[n] for n in prefill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,17 +244,28 @@ class OursPlanner:
                     history[p] = history.get(p, 0) + 1
         self._remember(len(base.prefill), measured, now)
 
-        candidates = [self._judge(p, phases, observation.move_costs, gains[p], history.get(p, 0)) for p in counts]
-        qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
         cur_p = len(base.prefill)
+        active = observation.active_kv_pages
+        candidates = []
+        for p in counts:
+            judged = self._judge(p, phases, observation.move_costs, gains[p], history.get(p, 0))
+            held = _kv_pages(splits[p].prefill, observation.kv_pages)
+            if held is not None:
+                judged = replace(judged, prefill_kv_pages=held)
+                if cfg.hold_active_kv and active is not None and p < cur_p and held < active:
+                    judged = replace(judged, verdict=CandidateVerdict.PREFILL_KV_SHORT)
+            candidates.append(judged)
+        qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
+        diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates), active)
         if not qualified:
-            diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
             used = diag.count(SliceUse.USED)
-            reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices)"
+            short = sum(c.verdict is CandidateVerdict.PREFILL_KV_SHORT for c in candidates)
+            why = f"; {short} would not hold the active contexts ({active:,} pages)" if short else ""
+            reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices{why})"
             return self._hold(Outcome.HOLD, reason, diag)
         best = max(qualified, key=lambda c: (c.mean_gain or 0.0, -abs(c.prefill_count - cur_p), -c.prefill_count))
         candidates = [replace(c, chosen=c is best) for c in candidates]
-        diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates))
+        diag = replace(diag, candidates=tuple(candidates))
         earlier = f", {best.history} of them measured while {best.split} ran" if best.history else ""
         reason = (
             f"switch {current} -> {best.split}: mean gain {best.mean_gain:.4g} req/s > "

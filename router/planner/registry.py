@@ -36,6 +36,7 @@ class OursPolicySettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
+    hold_active_kv: bool = True
 
     def __post_init__(self) -> None:
         if self.window is not None and (self.window_s is not None or self.slices is not None):
@@ -49,7 +50,7 @@ class OursPolicySettings:
             window = WindowConfig(default.window_s if self.window_s is None else float(self.window_s),
                                   default.slices if self.slices is None else int(self.slices))  # fmt: skip
         return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance,
-                            self.decode_demand, self.history_s)  # fmt: skip
+                            self.decode_demand, self.history_s, self.hold_active_kv)  # fmt: skip
 
 
 _M = __name__

@@ -100,7 +100,8 @@ class LiveRouter:
         self.shape = shape
         self.metrics = metrics or RouterServiceMetrics()
         streams = RandomStreams(settings.seed)
-        core_settings = CoreSettings(shared_pool=settings.shared_pool, reserve_on_bind=True, kv_capacity_tokens=shape.l1_tokens)
+        core_settings = CoreSettings(shared_pool=settings.shared_pool, reserve_on_bind=True,
+                                     kv_capacity_tokens=shape.l1_tokens, node_kv_pages=shape.node_kv_pages)  # fmt: skip
         self.core = RouterCore(
             {},
             router=PREFILL_ROUTING.build(settings.prefill_routing, settings.routing_settings, streams.seeded("prefill-router")),

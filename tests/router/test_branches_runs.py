@@ -171,6 +171,7 @@ class RunsAgainstPages(RuleBasedStateMachine):
         self.runs.check()
         assert self.runs.branches() == self.pages.branches()
         assert len(self.runs) == len(self.pages)
+        assert self.runs.active_pages() == self.pages.active_pages()  # (the planner's active contexts)
         for branch in self.pages.branches():
             assert self.runs.state(branch) == self.pages.state(branch)
         for node in NODES:

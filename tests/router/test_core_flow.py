@@ -138,6 +138,20 @@ def test_a_switching_node_gets_no_new_work_and_its_handed_back_requests_go_elsew
     assert core.nodes[NodeId("p0")].phase is Phase.DECODE and core.split_now() == (1, 2)
 
 
+def test_the_observation_carries_the_active_contexts_and_node_sizes_once_sizes_are_set() -> None:
+    core, _ = make_core({"p0": Phase.PREFILL, "d0": Phase.DECODE})
+    assert core.observation(0.0).active_kv_pages is None and not core.observation(0.0).kv_pages  # (sizes unknown)
+    core.settings = CoreSettings(node_kv_pages=500)
+    a = request(core, "a", "b1", 4)
+    request(core, "b", "b2", 6, "q")  # a context of its own
+    c = RoutedRequest(a.route, a.prompt_pages, core.admit(BranchId("b3"), a.prompt_pages))  # b1's prefix again
+    assert c.prompt_pages == a.prompt_pages
+    obs = core.observation(1.0)
+    assert obs.active_kv_pages == 10 and dict(obs.kv_pages) == {"p0": 500, "d0": 500}  # shared pages count once
+    core.end_branch(BranchId("b2"), 2.0)
+    assert core.observation(2.0).active_kv_pages == 4
+
+
 def test_route_passes_over_the_excluded_nodes_while_another_accepts_prefill() -> None:
     core, router = make_core({"p0": Phase.PREFILL, "p1": Phase.PREFILL, "p2": Phase.PREFILL, "d0": Phase.DECODE})
     a = request(core, "a", "b1", 2)

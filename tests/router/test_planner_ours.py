@@ -396,3 +396,78 @@ def test_a_candidate_gains_are_this_window_then_the_slices_measured_while_it_ran
             assert c.history == 0 and c.gains == theirs[p].gains
     if all(c.history == 0 for c in mine.values()):
         assert (decision.outcome, decision.target) == (fresh.outcome, fresh.target)
+
+
+# -- a split whose prefill nodes cannot hold the active contexts (`hold_active_kv`) ---------------------------------
+def observe_kv(prefill: int, slices: tuple[SliceStats, ...], active: int | None, per_node: int = 1000) -> PlannerObservation:
+    nodes = {n: NodeStatus(phase) for n, phase in split_of(prefill).items()}
+    return PlannerObservation(nodes=nodes, slices=slices, models=MODELS, active_kv_pages=active,
+                              kv_pages={n: per_node for n in NODES})  # fmt: skip
+
+
+def test_a_move_towards_decode_whose_prefill_nodes_cannot_hold_the_active_contexts_does_not_qualify() -> None:
+    long_outputs = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)  # favours 1P8D or 2P7D from 3P6D
+    slices = record_window(jitter(long_outputs), lambda i: 30, lambda i: 90.0)
+    assert format_split(OursPlanner().decide(observe_kv(3, slices, 1000), NOW).target or {}) in {"1P8D", "2P7D"}
+    # one prefill node holds 1,000 pages, two 2,000, three 3,000: with 2,501 active pages no move towards decode is left
+    decision = OursPlanner().decide(observe_kv(3, slices, 2500 + 1), NOW)
+    diag = diag_of(decision.diagnostics)
+    assert decision.outcome is Outcome.HOLD and decision.target is None
+    assert diag.active_kv_pages == 2501
+    by_p = {c.prefill_count: c for c in diag.candidates}
+    for p in (1, 2):
+        assert by_p[p].verdict is CandidateVerdict.PREFILL_KV_SHORT and by_p[p].prefill_kv_pages == 1000 * p
+        assert by_p[p].mean_gain is not None and by_p[p].mean_gain > 0  # its gains are still listed
+    assert "would not hold the active contexts (2,501 pages)" in decision.reason
+    # with 1,500 active pages two prefill nodes hold them: 2P7D may be chosen, 1P8D may not
+    decision = OursPlanner().decide(observe_kv(3, slices, 1500), NOW)
+    assert decision.target is not None and format_split(decision.target) == "2P7D"
+    assert {c.prefill_count: c.verdict for c in diag_of(decision.diagnostics).candidates}[1] is CandidateVerdict.PREFILL_KV_SHORT
+
+
+def test_moves_towards_prefill_are_never_refused_for_kv() -> None:
+    heavy = Work(t_uc=20_000, t_c=60_000, t_out=300, t_acc=1.8)
+    slices = record_window(jitter(heavy), lambda i: 30, lambda i: 90.0)
+    free = OursPlanner().decide(observe(3, slices), NOW)
+    short = OursPlanner().decide(observe_kv(3, slices, 10**9), NOW)  # no split holds them
+    assert free.target is not None and short.target == free.target
+    assert all(c.verdict is not CandidateVerdict.PREFILL_KV_SHORT for c in diag_of(short.diagnostics).candidates
+               if c.prefill_count > 3)  # fmt: skip
+
+
+def test_without_sizes_or_with_the_rule_off_the_paper_rule_decides() -> None:
+    long_outputs = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)
+    slices = record_window(jitter(long_outputs), lambda i: 30, lambda i: 90.0)
+    paper = OursPlanner().decide(observe(3, slices), NOW)
+    assert OursPlanner().decide(observe_kv(3, slices, None), NOW).target == paper.target
+    off = OursPlanner(OursSettings(hold_active_kv=False)).decide(observe_kv(3, slices, 10**9), NOW)
+    assert off.target == paper.target and paper.target is not None
+    assert [c.prefill_kv_pages for c in diag_of(off.diagnostics).candidates] == [1000 * p for p in (1, 2, 4, 5, 6, 7, 8)]
+    from evolving_infra.router.planner.registry import PLANNERS
+
+    planner = PLANNERS.build("ours", {"hold_active_kv": False}, random.Random(0))
+    assert isinstance(planner, OursPlanner) and planner.settings.hold_active_kv is False
+
+
+@given(active=st.integers(0, 12_000), prefill=st.integers(1, 8), per_node=st.integers(1, 2_000))
+@settings(max_examples=60, deadline=None)
+def test_a_chosen_move_towards_decode_always_holds_the_active_contexts(active: int, prefill: int, per_node: int) -> None:
+    long_outputs = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)
+    slices = record_window(jitter(long_outputs), lambda i: 30, lambda i: 90.0)
+    decision = OursPlanner().decide(observe_kv(prefill, slices, active, per_node), NOW)
+    for c in diag_of(decision.diagnostics).candidates:
+        assert c.prefill_kv_pages == per_node * c.prefill_count
+        short = c.prefill_count < prefill and per_node * c.prefill_count < active
+        assert (c.verdict is CandidateVerdict.PREFILL_KV_SHORT) == short
+        assert not (c.chosen and short)
+    if decision.target is not None:
+        chosen_p = sum(p is Phase.PREFILL for p in decision.target.values())
+        assert chosen_p > prefill or per_node * chosen_p >= active
+
+
+def test_observation_sizes_are_validated() -> None:
+    nodes = {n: NodeStatus(phase) for n, phase in split_of(3).items()}
+    with pytest.raises(ValueError, match="active_kv_pages"):
+        PlannerObservation(nodes=nodes, active_kv_pages=-1)
+    with pytest.raises(ValueError, match="kv_pages"):
+        PlannerObservation(nodes=nodes, kv_pages={NODES[0]: 0})

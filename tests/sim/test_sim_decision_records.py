@@ -41,7 +41,12 @@ def test_each_switch_of_ours_lists_its_candidates_with_the_chosen_one_first_in_g
         assert f"mean gain {chosen[0]['mean_gain']:.4g} req/s" in record["reason"]
         qualified = [c for c in candidates if c["verdict"] == "qualified"]
         assert max(c["mean_gain"] for c in qualified) == chosen[0]["mean_gain"]
+        active = record["active_kv_pages"]  # the simulator knows its nodes' sizes: the KV rule's inputs are there
+        assert isinstance(active, int) and active > 0
         for c in candidates:
+            assert c["prefill_kv_pages"] > 0 and c["prefill_kv_pages"] % int(c["split"].split("P")[0]) == 0
+            if c["verdict"] == "prefill_kv_short":
+                assert c["prefill_kv_pages"] < active
             assert c["slices"] >= 1 and c["history"] <= c["slices"]
             if c["verdict"] == "qualified":
                 assert c["mean_gain"] > 2 * c["std_error"]
