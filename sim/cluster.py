@@ -116,6 +116,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
                              span_phase=None if collocated else phase)
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
     replay_mode = ReplayMode.closed_loop(cfg.agents) if cfg.agents is not None else ReplayMode.open_loop(cfg.max_active)
+    models = model_book(profile, cfg.models)
     core = RouterCore(
         nodes,
         router=_router(cfg, streams),
@@ -125,7 +126,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
             reserve_on_bind=cfg.decode_reservation is DecodeReservation.AT_PREFILL_START,
             context_length_tokens=cfg.context_length_tokens,
             kv_capacity_tokens=profile.l1_tokens,
-            node_kv_pages=(profile.l1_tokens + profile.l2_tokens) // profile.page_tokens,
+            node_kv_pages=models.shape.node_kv_pages,  # (the live router's figure: the same shape)
         ),
         directory=directory,
         branches=branches,
@@ -138,7 +139,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
             warmup_s=cfg.warmup_s if collocated else 0.0,
             fit_interval_s=cfg.fit_interval_s,
         ),
-        model_book(profile, cfg.models),
+        models,
     )  # fmt: skip
     state = ClusterState(
         cfg=cfg,
