@@ -1,9 +1,9 @@
 """Quiet decode runs: the iterations of a decode node in which nothing happens but the running requests' progress
-(no page completes, nothing finishes, nothing waits for admission: `EngineCore.quiet_ahead`) run as one event at
-the end of the last of them, instead of two events each (an iteration's end and the next step).
+(nothing finishes, nothing waits for admission: `EngineCore.quiet_ahead`) run as one event at the end of the last
+of them, instead of two events each (an iteration's end and the next step).
 
-Most decode iterations are quiet: a request fills a page every `page_tokens / t_acc` iterations, and on an open-loop
-chat trace most decode batches hold one or two requests. A quiet iteration's only effects are the engine's own
+Most decode iterations are quiet: a request's pages are written when it finishes (docs/engine.md, "Iterations"), so
+only its last iteration acts. A quiet iteration's only effects are the engine's own
 counters, its noise draws (kept in order by the engine), the node's busy time and report, and the kernel's event
 counts; `settle` carries them out exactly as the stepped run would have, up to the time something else touches the
 node. Whatever touches a node's engine in a run (a transfer landing, a switch or relaunch beginning, the end of the

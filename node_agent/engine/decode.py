@@ -7,13 +7,18 @@
   a running batch. A request that does not fit waits in the decode queue.
 - **Iteration**: every running request advances by `t_acc` tokens per iteration, accumulated
   fractionally and deterministically: after `i` iterations it has produced `min(t_out, floor(i * t_acc))`
-  tokens, so it finishes exactly at its output length. Each full page that generation completes is
-  written to L1 and through to L2; a finished request's pages stay cached in both tiers.
+  tokens, so it finishes exactly at its output length. The full pages its generation filled are cached
+  when it finishes (written to L1 from its reserved slots, through to L2, published as KV events, all
+  stamped with the finish time), as an SGLang decode server caches a request's KV in its radix tree only
+  at the request's end (`SchedulerOutputProcessorMixin.process_batch_result_decode` ->
+  `release_kv_cache`); until then the slots are reserved, so GPU memory is charged the same. A request
+  cancelled while running caches the pages it filled so far (an abort releases the same way). No later
+  request can use a running request's output before it ends (the next step of its branch, or a fork
+  from it, is issued after it), so only the time of the writes moves.
   Since a request's progress is a function of its iteration count, an iteration only touches the requests
-  whose next page completes or that finish in it (and, when the driver wants tokens per step, reads every
-  request's count): each running request waits in a heap keyed by the iteration of its next such event,
-  then arrival order, so the pool sees the same writes and finishes in the same order as if every request
-  were advanced every iteration.
+  that finish in it (and, when the driver wants tokens per step, reads every request's count): each
+  running request waits in a heap keyed by the iteration it finishes in, then arrival order, so the pool
+  sees the same writes and finishes in the same order as if every request were advanced every iteration.
 - Collocated mode: a prefill finished on this node is *adopted* with the pins and reserved slots its
   prefill admission already took (no transfer).
 
@@ -64,11 +69,9 @@ class DecodeJob:
         """Tokens produced after `iterations` iterations of this job."""
         return min(self.output_tokens, math.floor(iterations * self.t_acc + _EPS))
 
-    def next_event(self, after: int, page_tokens: int) -> int:
-        """The first iteration count > `after` at which a page completes or the job finishes."""
+    def next_event(self, after: int) -> int:
+        """The first iteration count > `after` at which the job finishes (its pages are written then)."""
         target = self.output_tokens
-        if self.next_page < len(self.pages):
-            target = min(target, (self.next_page + 1) * page_tokens - self.prompt_tokens)
         t_acc, floor = self.t_acc, math.floor
         i = max(after + 1, math.ceil((target - _EPS) / t_acc))  # then correct the estimate's rounding
         while i - 1 > after and floor((i - 1) * t_acc + _EPS) >= target:
@@ -179,12 +182,12 @@ class DecodeScheduler:
         self._running = None
         self._track(job, 1)
         if job.output_tokens > 0:  # an adopted job without output finishes at once (`finish_empty`)
-            heapq.heappush(self._due, (self._iteration + job.next_event(0, self.pt), job.seq, job))
+            heapq.heappush(self._due, (self._iteration + job.next_event(0), job.seq, job))
 
     # --- iterations ----------------------------------------------------------------------------------
     def quiet_next(self) -> bool:
         """Whether the next iteration would only advance the running jobs: some run, none waits for admission,
-        and no job's page completes or job finishes in it (`advance_quiet` is then that iteration)."""
+        and no job finishes in it (`advance_quiet` is then that iteration)."""
         due = self._due
         return not self._queue and bool(due) and due[0][0] > self._iteration + 1 and self.has_running()
 
@@ -216,14 +219,10 @@ class DecodeScheduler:
             job = heapq.heappop(due)[2]
             if self.jobs.get(job.rid) is not job:
                 continue  # left the node
-            i = now - job.start
-            job.produced = total = job.produced_after(i)
+            job.produced = total = job.produced_after(now - job.start)  # its output: due when it finishes
             if (job.prompt_tokens + total) // pt > job.next_page < len(job.pages):
                 self._write_pages(job, end)
-            if total >= job.output_tokens:
-                finished.append(self._finish(job, end))
-            else:
-                heapq.heappush(due, (job.start + job.next_event(i, pt), job.seq, job))
+            finished.append(self._finish(job, end))
         return tokens, finished
 
     def _write_pages(self, job: DecodeJob, end: float) -> None:
@@ -247,13 +246,17 @@ class DecodeScheduler:
         return self._finish(self.jobs[rid], end)
 
     def cancel(self, rid: str, now: float) -> bool:
-        """Drop one job, queued or running (its client went away): its pins and reserved slots are released;
-        pages it already wrote stay cached. False when the node holds no such job."""
+        """Drop one job, queued or running (its client went away): the full pages a running job filled are
+        cached (as at its end), then its pins and reserved slots are released. False when the node holds no
+        such job."""
         job = self.jobs.pop(rid, None)
         if job is None:
             return False
         if self._queue.pop(rid, None) is None:
-            self._track(job, -1)  # it was running
+            self._track(job, -1)  # it was running: the pages it filled are cached, as at its end
+            job.produced = job.produced_after(self._iteration - job.start)
+            if (job.prompt_tokens + job.produced) // self.pt > job.next_page < len(job.pages):
+                self._write_pages(job, now)
         self._running = None  # its heap entry is skipped as "left the node"
         self.pool.release(rid, now)
         return True

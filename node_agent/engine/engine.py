@@ -214,8 +214,9 @@ class EngineCore:
         return self._effects(now)
 
     def cancel_decode(self, request: str, now: float) -> Effects:
-        """Drop a decode, queued or running, whose client went away: its GPU pages are freed (pages it wrote
-        stay cached). `applied` is False when the node holds no such decode (finished or handed back)."""
+        """Drop a decode, queued or running, whose client went away: the full pages a running one filled are
+        cached (as at its end), then its GPU pins and reserved slots are freed. `applied` is False when the node
+        holds no such decode (finished or handed back)."""
         self._tick(now)
         if not self._decode.cancel(request, now):
             return Effects(self.pool.drain_events(), (), applied=False)
@@ -361,7 +362,7 @@ class EngineCore:
         )
 
     def _quiet_step(self, now: float) -> StepOutput:
-        """A decode iteration in which no page completes, nothing finishes and nothing is admitted: what `step`
+        """A decode iteration in which nothing finishes and nothing is admitted: what `step`
         does for it (the same duration, record and state), without the general path's passes."""
         decode = self._decode
         batch = len(decode.running())
@@ -378,7 +379,7 @@ class EngineCore:
     # --- quiet runs (a driver in virtual time skips the events of quiet iterations) --------------------------
     def quiet_ahead(self, start: float, limit: int) -> list[float]:
         """The durations of the quiet decode iterations that would run one after the other from `start` if nothing
-        came in (the iterations in which no page completes and nothing finishes, `_quiet_step`), at most `limit`;
+        came in (the iterations in which nothing finishes, `_quiet_step`), at most `limit`;
         empty if the next one is not quiet. Nothing changes but the noise draws, which are kept for the iterations
         that use them (`skip_quiet` or later steps), so the durations are the ones `step` would give."""
         decode = self._decode

@@ -1,12 +1,13 @@
-"""Decode iterations touch only the requests whose pages complete or that finish (the scheduler's heap of next
-events): the results equal advancing every request every iteration, with and without per-step detail.
+"""Decode iterations touch only the requests that finish (the scheduler's heap of finish iterations): the results
+equal advancing every request every iteration, with and without per-step detail.
 
 Two engines run the same random stream of decode requests, one reporting per-step detail (tokens per request,
 gauges) and one not; their step outputs agree in everything else (with the same iteration-time noise too). The
 lean engine takes the quiet path for iterations in which nothing is due (`EngineCore._quiet_step`), the detailed one
 never does: the agreement is also that of the two paths. From the detailed stream: each request gets
 `min(out, floor(i * t_acc))` tokens after its `i`-th iteration, finishes in exactly the iteration that reaches
-its output length, and has exactly its full generated pages written to GPU memory after every step.
+its output length, and has none of its generated pages written to GPU memory before that iteration and
+exactly its full generated pages from it on (an SGLang decode server caches a request's KV at its end).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def test_lean_and_detailed_decode_agree_with_per_iteration_progress(
             assert tokens[rid] == min(req.output_tokens, math.floor(iterations[rid] * req.t_acc + 1e-9))
             assert (rid in done) == (rid not in finished and tokens[rid] == req.output_tokens)
             full = min(len(generated[rid]), (req.prompt_tokens + tokens[rid]) // PAGE - req.prompt_tokens // PAGE)
-            assert {p for p in generated[rid] if p in stored} == set(generated[rid][:full])
+            written = set(generated[rid][:full]) if rid in done or rid in finished else set()
+            assert {p for p in generated[rid] if p in stored} == written
         finished |= done
         for d in a.decodes_finished:
             assert d.output_tokens == tokens[d.request]
@@ -109,17 +111,42 @@ def test_lean_and_detailed_decode_agree_with_per_iteration_progress(
     assert quiet["detailed"] == 0
 
 
-def test_a_lone_decode_takes_the_quiet_path_between_its_pages() -> None:
-    """One request, 1 prompt token, 25 output tokens at one per iteration: pages complete at 3, 7, ..., 23 tokens
-    and it finishes at 25, so 7 of its 25 iterations act and the other 18 are quiet."""
+def test_a_lone_decode_takes_the_quiet_path_until_it_finishes() -> None:
+    """One request, 1 prompt token, 25 output tokens at one per iteration: its pages fill at 3, 7, ..., 23 tokens
+    are written when it finishes at 25, so only its last iteration acts (writing all six full pages at once) and
+    the other 24 are quiet (before, each page's iteration acted too: 7 acting, 18 quiet)."""
     engine = EngineCore(NodeId("d0"), _profile(40), NodeMode.DECODE, BranchCountEviction(), check_invariants=True,
                         report_detail=False)
     calls = []
     path = engine._quiet_step
     engine._quiet_step = lambda now: calls.append(now) or path(now)  # type: ignore[method-assign]
     engine.submit_decode(_request(0, 1, 25, 1.0), 0.0)
-    now, kinds = 0.0, []
+    now, kinds, written = 0.0, [], []
     while (out := engine.step(now)).kind is not IterationKind.IDLE:
         kinds.append(bool(out.events or out.decodes_finished))
+        written.append(sum(len(ev.pages) for ev in out.events if isinstance(ev, KvStored) and ev.tier is Tier.GPU))
         now = out.end
-    assert len(kinds) == 25 and sum(kinds) == 7 and len(calls) == 18
+    assert len(kinds) == 25 and kinds[-1] and sum(kinds) == 1 and len(calls) == 24
+    assert written == [0] * 24 + [6]
+
+
+def test_a_cancelled_decode_caches_the_pages_it_filled() -> None:
+    """Cancelled after 10 of its 25 iterations (1 prompt token, one output token per iteration), a request has
+    filled two pages (3 and 7 tokens in): they are written then, stay cached unpinned, and nothing else is."""
+    engine = EngineCore(NodeId("d0"), _profile(40), NodeMode.DECODE, BranchCountEviction(), check_invariants=True,
+                        report_detail=False)
+    req = _request(0, 1, 25, 1.0)
+    generated = generated_pages(req, PAGE)
+    engine.submit_decode(req, 0.0)
+    now, events = 0.0, []
+    for _ in range(10):
+        out = engine.step(now)
+        events += out.events
+        now = out.end
+    assert not [ev for ev in events if isinstance(ev, KvStored)]
+    effects = engine.cancel_decode(req.request, now)
+    assert effects.applied
+    stored = [p for ev in effects.events if isinstance(ev, KvStored) and ev.tier is Tier.GPU for p in ev.pages]
+    assert stored == list(generated[:2])
+    assert all(engine.pool.l1.contains(p) for p in generated[:2]) and not engine.pool.l1.pinned_pages()
+    assert engine.step(now).kind is IterationKind.IDLE
