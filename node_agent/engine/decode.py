@@ -14,7 +14,8 @@
   `release_kv_cache`); until then the slots are reserved, so GPU memory is charged the same. A request
   cancelled while running caches the pages it filled so far (an abort releases the same way). No later
   request can use a running request's output before it ends (the next step of its branch, or a fork
-  from it, is issued after it), so only the time of the writes moves.
+  from it, is issued after it), so only the time of the writes moves (and with it when L2 makes room
+  for them).
   Since a request's progress is a function of its iteration count, an iteration only touches the requests
   that finish in it (and, when the driver wants tokens per step, reads every request's count): each
   running request waits in a heap keyed by the iteration it finishes in, then arrival order, so the pool
