@@ -64,18 +64,17 @@ class DecodeJob:
     admitted: bool = False
     produced: int = 0  # tokens produced as of its last page write (or its finish)
     start: int = 0  # the scheduler's iteration count when the job was admitted
-    next_page: int = 0
 
     def produced_after(self, iterations: int) -> int:
         """Tokens produced after `iterations` iterations of this job."""
         return min(self.output_tokens, math.floor(iterations * self.t_acc + _EPS))
 
-    def next_event(self, after: int) -> int:
-        """The first iteration count > `after` at which the job finishes (its pages are written then)."""
+    def finish_iteration(self) -> int:
+        """The iteration count (>= 1) at which the job finishes (its pages are written then)."""
         target = self.output_tokens
         t_acc, floor = self.t_acc, math.floor
-        i = max(after + 1, math.ceil((target - _EPS) / t_acc))  # then correct the estimate's rounding
-        while i - 1 > after and floor((i - 1) * t_acc + _EPS) >= target:
+        i = max(1, math.ceil((target - _EPS) / t_acc))  # then correct the estimate's rounding
+        while i > 1 and floor((i - 1) * t_acc + _EPS) >= target:
             i -= 1
         while floor(i * t_acc + _EPS) < target:
             i += 1
@@ -178,12 +177,11 @@ class DecodeScheduler:
 
     def _start(self, job: DecodeJob) -> None:
         job.admitted = True
-        job.next_page = job.prompt_pages
         job.start = self._iteration
         self._running = None
         self._track(job, 1)
         if job.output_tokens > 0:  # an adopted job without output finishes at once (`finish_empty`)
-            heapq.heappush(self._due, (self._iteration + job.next_event(0), job.seq, job))
+            heapq.heappush(self._due, (self._iteration + job.finish_iteration(), job.seq, job))
 
     # --- iterations ----------------------------------------------------------------------------------
     def quiet_next(self) -> bool:
@@ -215,25 +213,24 @@ class DecodeScheduler:
                 i = now - job.start
                 tokens[job.rid] = job.produced_after(i) - job.produced_after(i - 1)
         finished: list[DecodeFinished] = []
-        due, pt = self._due, self.pt
+        due = self._due
         while due and due[0][0] <= now:
             job = heapq.heappop(due)[2]
             if self.jobs.get(job.rid) is not job:
                 continue  # left the node
-            job.produced = total = job.produced_after(now - job.start)  # its output: due when it finishes
-            if (job.prompt_tokens + total) // pt > job.next_page < len(job.pages):
-                self._write_pages(job, end)
+            job.produced = job.produced_after(now - job.start)  # its output: due when it finishes
+            self._write_pages(job, end)
             finished.append(self._finish(job, end))
         return tokens, finished
 
     def _write_pages(self, job: DecodeJob, end: float) -> None:
+        """Cache the full pages `job.produced` tokens filled (once: at its finish or cancellation)."""
         full = min((job.prompt_tokens + job.produced) // self.pt, len(job.pages))
-        first = job.next_page
+        first = job.prompt_pages
         if full - first == 1:
             self.pool.store(Tier.GPU, job.pages[first], job.parent(first), end, owner=job.rid)
         elif full > first:
             self.pool.store_all(Tier.GPU, [(job.pages[i], job.parent(i)) for i in range(first, full)], end, owner=job.rid)
-        job.next_page = max(first, full)
 
     def _finish(self, job: DecodeJob, end: float) -> DecodeFinished:
         del self.jobs[job.rid]
@@ -256,8 +253,7 @@ class DecodeScheduler:
         if self._queue.pop(rid, None) is None:
             self._track(job, -1)  # it was running: the pages it filled are cached, as at its end
             job.produced = job.produced_after(self._iteration - job.start)
-            if (job.prompt_tokens + job.produced) // self.pt > job.next_page < len(job.pages):
-                self._write_pages(job, now)
+            self._write_pages(job, now)
         self._running = None  # its heap entry is skipped as "left the node"
         self.pool.release(rid, now)
         return True
