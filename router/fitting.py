@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from evolving_infra.core.itermodel import (
@@ -85,7 +85,12 @@ class UsageCounts:
         return cls(cached_tokens=cached_tokens, restored_tokens=restored_tokens)
 
     def __add__(self, other: UsageCounts) -> UsageCounts:
-        return UsageCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return UsageCounts(
+            self.prefill_iterations + other.prefill_iterations,
+            self.new_tokens + other.new_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.restored_tokens + other.restored_tokens,
+        )  # (field by field: `astuple` deep-copies, and a router adds one per request)
 
     @property
     def t_bar(self) -> float | None:

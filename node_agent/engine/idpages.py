@@ -84,10 +84,10 @@ class IdTier:
         return i < len(self.state) and bool(self.state[i] != ABSENT)
 
     def holds(self, ids: Ids) -> npt.NDArray[np.bool_]:
-        """Per id of `ids` (-1: a page no tier holds), whether it is resident here."""
-        known = (ids >= 0) & (ids < len(self.state))
-        out = np.zeros(len(ids), dtype=np.bool_)
-        out[known] = self.state[ids[known]] != ABSENT
+        """Per id of `ids` (-1: a page no tier holds), whether it is resident here. (The per-id arrays cover every
+        id of the table, `PageIds._grow`; an id -1 reads the first id's state, and is then masked.)"""
+        out = np.take(self.state, ids, mode="clip") != ABSENT
+        out &= ids >= 0
         return out
 
     @property

@@ -118,6 +118,8 @@ class PageIds:
             arr = np.zeros(new, dtype=old.dtype)
             arr[:size] = old
             setattr(self, name, arr)
+        for tier in self.tiers:  # (a tier's per-id arrays cover every id: `IdTier.holds` reads them unchecked)
+            tier._fit()
 
     def get(self, page: PageHash) -> int | None:
         return self._id.get(page)

@@ -95,11 +95,12 @@ class RunningPrefill:
     context_tokens: int
 
     def __post_init__(self) -> None:
-        _non_negative(
-            f"running request {self.request}",
-            remaining_tokens=self.remaining_tokens,
-            context_tokens=self.context_tokens,
-        )
+        if self.remaining_tokens < 0 or self.context_tokens < 0:  # (the message only when it is needed: a hot path)
+            _non_negative(
+                f"running request {self.request}",
+                remaining_tokens=self.remaining_tokens,
+                context_tokens=self.context_tokens,
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,8 @@ class QueuedPrefill:
     restore_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _non_negative(f"queued request {self.request}", restore_tokens=self.restore_tokens)
+        if self.restore_tokens < 0:
+            _non_negative(f"queued request {self.request}", restore_tokens=self.restore_tokens)
         if self.restore_tokens > self.work.t_c:
             raise ValueError(
                 f"queued request {self.request}: restore_tokens {self.restore_tokens} exceed its cached "
@@ -347,11 +349,12 @@ class DecodeNodeView:
     free_kv_tokens: int
 
     def __post_init__(self) -> None:
-        _non_negative(
-            f"decode node {self.node}",
-            running_requests=self.running_requests,
-            free_kv_tokens=self.free_kv_tokens,
-        )
+        if self.running_requests < 0 or self.free_kv_tokens < 0:  # (one view per decode node and binding)
+            _non_negative(
+                f"decode node {self.node}",
+                running_requests=self.running_requests,
+                free_kv_tokens=self.free_kv_tokens,
+            )
 
 
 def unique_nodes(views: Sequence[PrefillNodeView] | Sequence[DecodeNodeView], kind: str) -> None:

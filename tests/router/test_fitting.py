@@ -513,3 +513,13 @@ def test_usage_counts_refuse_impossible_values() -> None:
         UsageCounts.of_request(100, 101)
     with pytest.raises(ValueError, match="must be >= 0"):
         UsageCounts(prefill_iterations=-1)
+
+
+@given(a=st.lists(st.integers(0, 10**9), min_size=4, max_size=4), b=st.lists(st.integers(0, 10**9), min_size=4, max_size=4))
+def test_usage_counts_add_every_field(a: list[int], b: list[int]) -> None:
+    from dataclasses import astuple, fields
+
+    a[3], b[3] = min(a[3], a[2]), min(b[3], b[2])  # (restored tokens are among the cached ones)
+    total = UsageCounts(*a) + UsageCounts(*b)
+    assert len(fields(UsageCounts)) == 4  # (a field added must be added by `__add__` too)
+    assert astuple(total) == tuple(x + y for x, y in zip(a, b, strict=True))
