@@ -86,7 +86,7 @@ class IdTier:
     def holds(self, ids: Ids) -> npt.NDArray[np.bool_]:
         """Per id of `ids` (-1: a page no tier holds), whether it is resident here. (The per-id arrays cover every
         id of the table, `PageIds._grow`; an id -1 reads the first id's state, and is then masked.)"""
-        out = np.take(self.state, ids, mode="clip") != ABSENT
+        out: npt.NDArray[np.bool_] = np.take(self.state, ids, mode="clip") != ABSENT
         out &= ids >= 0
         return out
 
