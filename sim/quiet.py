@@ -3,9 +3,8 @@
 of them, instead of two events each (an iteration's end and the next step).
 
 Most decode iterations are quiet: a request's pages are written when it finishes (docs/engine.md, "Iterations"), so
-only its last iteration acts. A quiet iteration's only effects are the engine's own
-counters, its noise draws (kept in order by the engine), the node's busy time and report, and the kernel's event
-counts; `settle` carries them out exactly as the stepped run would have, up to the time something else touches the
+only its last iteration acts. A quiet iteration's only effects are the engine's own counters, its noise draws (kept in
+order by the engine), the node's busy time and report, and the kernel's event counts; `settle` carries them out exactly as the stepped run would have, up to the time something else touches the
 node. Whatever touches a node's engine in a run (a transfer landing, a switch or relaunch beginning, the end of the
 run) settles it first; the iteration running then ends by its own event, as in the stepped run. Reads that quiet
 iterations cannot change (the pool's gauges, the node's mode, count pushes to its pool) need no settling.

@@ -62,7 +62,7 @@ class DecodeJob:
     origin: DecodeRequest | None  # None when adopted from a local prefill
     seq: int  # arrival order on this node
     admitted: bool = False
-    produced: int = 0  # tokens produced as of its last page write (or its finish)
+    produced: int = 0  # tokens produced, set when it finishes or is cancelled (its pages are written then)
     start: int = 0  # the scheduler's iteration count when the job was admitted
 
     def produced_after(self, iterations: int) -> int:

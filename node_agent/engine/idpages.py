@@ -67,6 +67,7 @@ class IdTier:
         ids.tiers.append(self)
 
     def _fit(self) -> None:
+        """The per-id arrays cover every id of the table (called by `PageIds._grow`, so no reader checks bounds)."""
         size = len(self.pages.hashes)
         if len(self.state) < size:
             for name in ("state", "access", "pins"):
@@ -81,7 +82,7 @@ class IdTier:
 
     def holds_id(self, i: int) -> bool:
         """Whether the page with id `i` (a current id) is resident here."""
-        return i < len(self.state) and bool(self.state[i] != ABSENT)
+        return bool(self.state[i] != ABSENT)
 
     def holds(self, ids: Ids) -> npt.NDArray[np.bool_]:
         """Per id of `ids` (-1: a page no tier holds), whether it is resident here. (The per-id arrays cover every
@@ -98,7 +99,6 @@ class IdTier:
         """Cached pages, not counting those in `exclude` (distinct ids)."""
         if exclude is None or not len(exclude):
             return self.cached
-        exclude = exclude[exclude < len(self.state)]
         return self.cached - int((self.state[exclude] == CACHED).sum())
 
     def room(self, exclude: Ids | None = None) -> int:
@@ -131,7 +131,7 @@ class IdTier:
     def begin_write(self, owner: str, page: PageHash) -> None:
         """A free slot starts receiving `page` (known hash) for `owner`."""
         i = self.pages.get(page)
-        if page in self._writing or (i is not None and i < len(self.state) and self.state[i] != ABSENT):
+        if page in self._writing or (i is not None and self.state[i] != ABSENT):
             raise PoolInvariantError(f"{self.name}: page {page:#x} is already resident or being written")
         if self.free < 1:
             raise PoolInvariantError(f"{self.name}: writing page {page:#x} needs a free page, none free")
@@ -162,7 +162,7 @@ class IdTier:
         if slots == "free" and k > self.free:
             raise PoolInvariantError(f"{self.name}: storing {k} page(s) needs free slots, {self.free} free")
         known = [self.pages.get(page) for page in items]
-        if any(i is not None and i < len(self.state) and self.state[i] != ABSENT for i in known):
+        if any(i is not None and self.state[i] != ABSENT for i in known):
             raise PoolInvariantError(f"{self.name}: a page of the run is already resident")
         return self.insert_unchecked(items, now, owner, slots=slots, pin=pin)
 
@@ -179,7 +179,6 @@ class IdTier:
             ids = np.array((i,), dtype=np.int64)
         else:
             ids = self.pages.intern_run(items, ids)
-        self._fit()
         if slots == "writing":
             for page in items:
                 del self._writing[page]
@@ -367,7 +366,6 @@ class IdTier:
     def counted_flipped(self, ids: Ids) -> None:
         """The counted flag of `ids` (held by some tier) flipped: cached ones here move in the order."""
         if self.order.by_count and len(ids):
-            ids = ids[ids < len(self.state)]
             self.order.enter(ids[self.state[ids] == CACHED])
 
     def check(self) -> None:

@@ -255,7 +255,6 @@ class IdTierPool:
         ids = self._known(pages)
         if not len(ids):
             return 0
-        ids = ids[ids < len(self.t.state)]
         return int((self.t.state[ids] == CACHED).sum())
 
     def evictable(self, exclude: Iterable[PageHash] = ()) -> int:
