@@ -358,7 +358,9 @@ def test_deadline_during_a_stream_ends_it_with_an_error_event() -> None:
         assert evs[-1] == "[DONE]" and evs[-2]["error"]["code"] == "deadline_exceeded"
         assert len(evs) < 500
 
-    backend = run(scenario, FakeBackend(inter_token_delay_s=0.02), request_timeout_s=0.3)
+    # The first token must reach the client before the deadline even on a loaded CI machine (0.3 s was not
+    # always enough), and 500 tokens at 0.05 s take 25 s, so the deadline still falls inside the stream.
+    backend = run(scenario, FakeBackend(inter_token_delay_s=0.05), request_timeout_s=2.0)
     assert backend.cancelled and not backend.completed
 
 
