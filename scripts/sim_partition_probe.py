@@ -67,7 +67,11 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
             tables["order"] += order_bytes
             entries[name] += n
         if ids is not None:
-            tables["id dict"] += sys.getsizeof(ids._id)
+            blocks = ids._blocks  # (dense labels: blocks of labels instead of a dict)
+            if blocks is None:
+                tables["id dict"] += sys.getsizeof(ids._id)
+            else:
+                tables["id dict"] += blocks.memory_bytes() + sys.getsizeof(blocks._row)
             tables["id arrays"] += sum(
                 a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted, ids.parent, ids.rooted)
             )

@@ -58,12 +58,15 @@ def initial_phases(cfg: SimConfig) -> dict[str, Phase]:
     return {n: (Phase.PREFILL if i < p else Phase.DECODE) for i, n in enumerate(node_ids(cfg.nodes))}
 
 
-def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams) -> Callable[[NodeId, NodeMode], EngineCore]:
+def engine_factory(cfg: SimConfig, profile: HardwareProfile, streams: RandomStreams,
+                   dense_labels: bool = False) -> Callable[[NodeId, NodeMode], EngineCore]:  # fmt: skip
+    """Engines for the simulated nodes; `dense_labels`: the content model names pages by dense labels."""
+
     def make(node: NodeId, mode: NodeMode) -> EngineCore:
         noise = cfg.engine_noise
         rng = streams.seeded(f"noise/{node}") if noise > 0 else None
         return EngineCore(node, profile, mode, eviction_policy(cfg.eviction), cfg.data_plane, noise=noise, rng=rng,
-                          report_detail=False, exact_models=cfg.exact_models)
+                          report_detail=False, exact_models=cfg.exact_models, dense_labels=dense_labels)
 
     return make
 
@@ -105,7 +108,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
         parents.update(fork_parents(trace, trace.requests))
     collocated = cfg.collocated_warmup and cfg.warmup_s > 0
     start = initial_phases(cfg)
-    make_engine = engine_factory(cfg, profile, streams)
+    make_engine = engine_factory(cfg, profile, streams, dense_labels=content.labels is PageLabels.DENSE)
     directory = KvDirectory()
     nodes: dict[NodeId, SimNode] = {}
     for n, phase in start.items():

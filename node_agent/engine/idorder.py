@@ -11,7 +11,6 @@ Boundary: ordering only; the tier (`idpages.IdTier`) owns the state and access a
 from __future__ import annotations
 
 import heapq
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -231,7 +230,7 @@ class IdOrder:
         listed = list(pages)
         k = len(listed)
         table = self._ids
-        ids = np.fromiter(map(table._id.get, listed, repeat(-1)), dtype=np.int64, count=k)
+        ids = table.lookup(listed)
         known = ids >= 0
         unknown = None if known.all() else np.flatnonzero(~known).tolist()
         depth = np.empty(k, dtype=np.int64)

@@ -309,7 +309,7 @@ class IdTier:
     ) -> dict[PageHash, int]:
         """The depths the pages of `pages` no tier holds will get when stored in the order of `parents`."""
         lookup = self.pages.get
-        if self.pages._id.keys() >= pages:
+        if self.pages.holds_all(pages):
             return {}
         if parents is None:
             raise PoolInvariantError(f"{self.name}: a run's new pages need their parents for their depths")

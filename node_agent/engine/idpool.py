@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
 from collections.abc import Set as AbstractSet
-from itertools import compress, repeat
+from itertools import compress
 from enum import Enum
 
 import numpy as np
@@ -170,7 +170,7 @@ class IdTierPool:
     # --- ids -----------------------------------------------------------------------------------------
     def _ids(self, pages: Collection[PageHash]) -> Ids:
         """Ids of `pages`, every one resident here (or held by the peer)."""
-        return np.fromiter(map(self.ids._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+        return self.ids.ids(pages)
 
     def _known(self, pages: Iterable[PageHash]) -> Ids:
         """Distinct ids of those of `pages` some tier holds."""
@@ -183,7 +183,7 @@ class IdTierPool:
 
     def _resident_ids(self, pages: Collection[PageHash]) -> Ids:
         """Ids of `pages` (repeats kept), every one resident here."""
-        ids = np.fromiter(map(self.ids._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+        ids = self.ids.lookup(pages)
         held = self.t.holds(ids)
         if len(ids) and not held.all():
             missing = min(compress(pages, (~held).tolist()))

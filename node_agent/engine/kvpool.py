@@ -95,7 +95,10 @@ class KvPool:
         gpu_policy: HostEvictionPolicy | None = None,
         check: bool = False,
         tables: PageTables | None = None,
+        dense_labels: bool = False,
     ) -> None:
+        """`dense_labels`: pages are named by dense labels (the simulator's), so the id tables resolve them by
+        blocks of labels (`pageids.PageIds`'s `dense`); the same pages, ids and results either way."""
         self.node = node
         self._count_table: dict[PageHash, int] = {}  # the set tables' branch counts (with the id tables: `PageIds`)
         self._counts: Mapping[PageHash, int] = self._count_table  # every positive count, read only
@@ -105,7 +108,8 @@ class KvPool:
         self.l1: TierPool
         self.l2: TierPool
         if self.tables is PageTables.IDS:  # the same interface over id arrays (`idpool`)
-            ids = PageIds(limit=min(l1_pages + l2_pages, MAX_IDS))  # (ids live while a tier holds the page)
+            # (ids live while a tier holds the page)
+            ids = PageIds(limit=min(l1_pages + l2_pages, MAX_IDS), dense=dense_labels)
             self._ids: PageIds | None = ids
             self._depth = IdDepths(ids)  # type: ignore[assignment]  # read only here
             self._counts = ids.counts_view()  # (the counts live in `ids`: by id for held pages)

@@ -1,6 +1,7 @@
 """Dense page ids of one node (`PageIds`: hash <-> id while some tier holds the page, with depth, generation,
 holders and the branch count per id; the counts of pages no tier holds in a small dict) and the per-tier page states (`PageState`), for the id-array tiers of
-`idpages` and their eviction order (`idorder`); why ids, in `idpages`.
+`idpages` and their eviction order (`idorder`); why ids, in `idpages`. Hash -> id is a dict, or for pages named by
+dense labels (the simulator's) blocks of labels (`labelblocks.LabelBlocks`): the same ids either way.
 
 Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 """
@@ -8,7 +9,7 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from enum import IntEnum
 from itertools import compress, repeat
 from operator import is_
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evolving_infra.core.pages import PageHash
+from evolving_infra.node_agent.engine.labelblocks import LabelBlocks
 
 if TYPE_CHECKING:
     from evolving_infra.node_agent.engine.idpages import IdTier
@@ -76,16 +78,21 @@ class PageIds:
     of the node's copies, so nearly every counted page is held: a dict entry per counted page cost ~45 bytes,
     the id's count costs 4.) `counts_view()` reads them all as one mapping."""
 
-    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024, limit: int = MAX_IDS) -> None:
+    def __init__(self, counts: dict[PageHash, int] | None = None, capacity: int = 1024, limit: int = MAX_IDS,
+                 dense: bool = False) -> None:  # fmt: skip
         """`counts`: branch counts of pages no tier holds yet (the dict is kept, and taken from as pages get
         ids). `limit`: the most pages the tiers over these ids can hold together (their capacities' sum): ids
-        are reused before new ones are made, so the arrays never need to grow past it."""
+        are reused before new ones are made, so the arrays never need to grow past it. `dense`: the pages are
+        named by dense labels (runs of consecutive integers, as the simulator names them), so hash -> id is kept
+        by blocks of labels (`labelblocks`) instead of a dict: the same ids, resolved per block instead of per
+        page."""
         if not 1 <= limit <= MAX_IDS:
             raise ValueError(f"the ids' limit must be between 1 and {MAX_IDS:,}, got {limit:,}")
         self.limit = limit
         capacity = min(capacity, limit)
         self.counts = {} if counts is None else counts  # positive branch counts of pages no tier holds, by hash
-        self._id: dict[PageHash, int] = {}
+        self._blocks = LabelBlocks() if dense else None
+        self._id: MutableMapping[PageHash, int] = {} if self._blocks is None else self._blocks
         self.hashes = np.zeros(capacity, dtype=np.uint64)
         self.depth = np.zeros(capacity, dtype=np.int64)
         self.gen = np.zeros(capacity, dtype=np.uint32)
@@ -135,13 +142,34 @@ class PageIds:
             mark[among] = False
 
     def ids(self, pages: Iterable[PageHash]) -> Ids:
-        """The ids of `pages` (each held by a tier)."""
-        pages = list(pages)
-        return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+        """The ids of `pages` (each held by a tier; KeyError for the first that is not)."""
+        if not isinstance(pages, (list, tuple)):
+            pages = list(pages)
+        if self._blocks is None:
+            return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
+        ids = self._blocks.lookup(pages)
+        if len(ids) and ids.min() < 0:
+            raise KeyError(pages[int(np.flatnonzero(ids < 0)[0])])
+        return ids
 
-    def lookup(self, pages: list[PageHash]) -> Ids:
-        """The ids of `pages`, -1 for pages no tier holds (one probe per page: what a request pays once)."""
+    def lookup(self, pages: Collection[PageHash]) -> Ids:
+        """The ids of `pages`, -1 for pages no tier holds (one probe per page, or per block of dense labels: what
+        a request pays once)."""
+        if self._blocks is not None:
+            return self._blocks.lookup(pages)
         return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+
+    def holds_all(self, pages: Collection[PageHash]) -> bool:
+        """Whether every page of `pages` has an id."""
+        if self._blocks is not None:
+            return self._blocks.all_present(pages)
+        return self._id.keys() >= (pages if isinstance(pages, (set, frozenset)) else set(pages))
+
+    def holds_none(self, pages: Collection[PageHash]) -> bool:
+        """Whether no page of `pages` has an id."""
+        if self._blocks is not None:
+            return self._blocks.all_absent(pages)
+        return self._id.keys().isdisjoint(pages)
 
     def resolve(self, pages: list[PageHash]) -> tuple[Ids, Ids]:
         """`lookup` of `pages` with the ids' generations: what a request keeps between operations."""
@@ -219,7 +247,7 @@ class PageIds:
         if chain and ids is not None:
             fresh = False
         else:
-            fresh = chain and known.keys().isdisjoint(pages)  # (the usual case: a chain no tier holds yet)
+            fresh = chain and self.holds_none(pages)  # (the usual case: a chain no tier holds yet)
             if not chain or (not fresh and k < 32):  # (below 32 pages, numpy's per-call costs exceed the per-page path's)
                 return np.fromiter((self.intern(p, q) for p, q in zip(pages, parents)), dtype=np.int64, count=k)
         first = parents[0]
@@ -281,7 +309,10 @@ class PageIds:
         else:
             self.count[ids] = 0
             self.counted[ids] = False
-        self._id.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
+        if self._blocks is not None:
+            self._blocks.assign(pages, ids)
+        else:
+            self._id.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
 
     def set_counts(self, pages: list[PageHash], values: Sequence[int]) -> None:
         """Branch count `values[j]` (an int >= 0, checked by the caller; 0 forgets it) for `pages[j]` (each
@@ -379,7 +410,10 @@ class PageIds:
         if len(gone):
             self.gen[gone] += 1
             hashes = self.hashes[gone].tolist()
-            deque(map(self._id.__delitem__, hashes), maxlen=0)
+            if self._blocks is not None:
+                self._blocks.remove(hashes)
+            else:
+                deque(map(self._id.__delitem__, hashes), maxlen=0)
             self._free.extend(map(_INTS.__getitem__, gone.tolist()))
             counted = self.counted[gone]
             if counted.any():  # their counts stay, by hash, until the pages get ids again or are forgotten

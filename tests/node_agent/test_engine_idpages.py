@@ -21,8 +21,8 @@ OWNERS = ["a", "b", "c"]
 
 
 class IdTierMachine(RuleBasedStateMachine):
-    @initialize(lru=st.booleans(), capacity=st.integers(4, 24), peer_capacity=st.integers(4, 24))
-    def start(self, lru: bool, capacity: int, peer_capacity: int) -> None:
+    @initialize(lru=st.booleans(), capacity=st.integers(4, 24), peer_capacity=st.integers(4, 24), dense=st.booleans())
+    def start(self, lru: bool, capacity: int, peer_capacity: int, dense: bool) -> None:
         policy = LruEviction() if lru else BranchCountEviction()
         self.counts: dict[PageHash, int] = {}
         depth: dict[PageHash, int] = {}
@@ -32,7 +32,10 @@ class IdTierMachine(RuleBasedStateMachine):
             TierPool(Tier.GPU, peer_capacity, LruEviction(), self.counts, depth),
         ]
         self.oracles[0]._peer, self.oracles[1]._peer = self.oracles[1], self.oracles[0]
-        self.ids = PageIds()  # (its own counts: by id for held pages, the oracles' in `self.counts`)
+        # (its own counts: by id for held pages, the oracles' in `self.counts`); `dense`: pages named by consecutive
+        # labels, as the simulator names them, and the ids kept by blocks of labels
+        self.ids = PageIds(dense=dense)
+        self.dense = dense
         self.tiers = [IdTier("host", capacity, policy, self.ids), IdTier("gpu", peer_capacity, LruEviction(), self.ids)]
         self.side = 0
         self.oracle, self.tier = self.oracles[0], self.tiers[0]
@@ -47,7 +50,10 @@ class IdTierMachine(RuleBasedStateMachine):
         self.oracle, self.tier = self.oracles[side], self.tiers[side]
 
     def _new_page(self) -> PageHash:
-        page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
+        if self.dense:
+            page = PageHash(40 + self.next_page)  # (crossing blocks of labels as runs grow)
+        else:
+            page = PageHash((self.next_page * 0x9E3779B97F4A7C15) % 2**64)  # spread over the hash range
         self.next_page += 1
         return page
 

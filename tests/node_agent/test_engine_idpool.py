@@ -233,6 +233,19 @@ def test_id_tables_match_the_set_tables(ops: list[tuple[str, int, int, int, int]
     _same_pools(ops, lru, l1, l2)
 
 
+DENSE_CHAINS = [[PageHash(58 + 30 * c + i) for i in range(12)] for c in range(3)]
+"""Chains named as the simulator names pages (runs of consecutive labels; two of them cross a block of
+`labelblocks.WIDTH` labels)."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=OPS, lru=st.booleans(), l1=st.integers(4, 16), l2=st.integers(3, 12))
+def test_id_tables_over_dense_labels_match_the_set_tables(
+    ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int
+) -> None:
+    _same_pools(ops, lru, l1, l2, DENSE_CHAINS)
+
+
 @settings(max_examples=150, deadline=None)
 @given(ops=OPS, lru=st.booleans(), l1=st.integers(4, 16), l2=st.integers(3, 12))
 def test_id_tables_match_the_set_tables_when_the_order_rebuilds_at_every_entry(
@@ -444,10 +457,14 @@ def test_counts_follow_their_pages_between_the_ids_and_the_dict_of_unheld_pages(
     assert dict(pool._counts) == {chain[1]: 1} and len(pool._counts) == 1 and chain[1] in pool._counts
 
 
-def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int) -> None:
+def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l2: int,
+                chains: list[list[PageHash]] = CHAINS) -> None:  # fmt: skip
+    """The set tables, the id tables and the id tables over blocks of labels (`dense_labels`: correct for any page
+    names, the simulator's dense labels only make it cheap) driven alike, compared after every operation."""
     pools = [
-        KvPool(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True, tables=tables)
-        for tables in (PageTables.SETS, PageTables.IDS)
+        KvPool(NodeId("n"), l1, l2, LruEviction() if lru else BranchCountEviction(), check=True, tables=tables,
+               dense_labels=dense)
+        for tables, dense in ((PageTables.SETS, False), (PageTables.IDS, False), (PageTables.IDS, True))
     ]
     assert isinstance(pools[0].l2, TierPool) and isinstance(pools[1].l2, IdTierPool)
     _LOADS.clear()
@@ -456,14 +473,16 @@ def _same_pools(ops: list[tuple[str, int, int, int, int]], lru: bool, l1: int, l
     for op, c, start, n, k in ops:
         now += float(k % 2)  # several operations at one time, too
         lo = 0 if op in ("admit", "walk", "hostwalk", "load") else start  # (admissions take whole prompts, from the chain's first page)
-        pages = [(CHAINS[c][i], parent(c, i)) for i in range(lo, min(12, start + n))]
+        pages = [(chains[c][i], chains[c][i - 1] if i else None) for i in range(lo, min(12, start + n))]
         results = [_apply(p, op, pages, n, k, now) for p in pools]
-        assert results[0] == results[1], op
-        assert pools[0].drain_events() == pools[1].drain_events(), op
-        for tier in Tier:
-            assert _view(pools[0], tier) == _view(pools[1], tier), (op, tier)
-        assert pools[0].gauges() == pools[1].gauges()
-        assert {p: pools[0].count(p) for p, _ in pages} == {p: pools[1].count(p) for p, _ in pages}
+        events = [p.drain_events() for p in pools]
+        for other in (1, 2):
+            assert results[0] == results[other], (op, other)
+            assert events[0] == events[other], (op, other)
+            for tier in Tier:
+                assert _view(pools[0], tier) == _view(pools[other], tier), (op, tier, other)
+            assert pools[0].gauges() == pools[other].gauges()
+            assert {p: pools[0].count(p) for p, _ in pages} == {p: pools[other].count(p) for p, _ in pages}
 
 
 def test_errors_leave_the_id_tier_as_it_was() -> None:
