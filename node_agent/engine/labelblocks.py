@@ -3,10 +3,11 @@ where the pages' names are small consecutive integers, as the simulator names th
 
 Why: a prompt's pages are a few runs of consecutive labels (on the generated CC workload 2,290 pages in 2.6 runs on
 average), yet a dict resolves them one probe per page. Here the labels are cut into blocks of `WIDTH` consecutive
-values; a block in use owns one row of a table holding the ids of its labels (-1: none), and an array indexed by
-block number gives each block's row (0: none). Resolving pages given as an array is then a few numpy passes
-(no Python work per page); storing and forgetting ids are array scatters. Blocks past `NEAR_BLOCKS` (labels in a
-namespace's high range, or content hashes) are found through a dict instead, one probe per run of a block.
+values; a block in use owns one row of a table holding the ids of its labels (-1: none), and a two-level array
+indexed by block number gives each block's row (0: none; `_BlockRows`). Resolving pages given as an array is then
+a few numpy passes (no Python work per page); storing and forgetting ids are array scatters. Blocks past
+`NEAR_BLOCKS` (labels in a namespace's high range, or content hashes) are found through a dict instead, one probe
+per run of a block.
 
 Any integers are valid keys (the result is the same as a dict's whatever the labels); only memory and time depend on
 their density: a row costs 4 * `WIDTH` bytes however few of its labels have ids, and the block array 4 bytes per
@@ -38,9 +39,88 @@ _EMPTY_ROW = 0
 _U_MASK, _U_BITS = np.uint64(_MASK), np.uint64(BITS)
 SHORT = 24
 """Below this many pages a lookup resolves them one by one (cheaper than the array passes' fixed cost)."""
-NEAR_BLOCKS = 1 << 24
-"""Blocks below this (labels below 2^30) are found through an array indexed by block (4 bytes per block up to the
-highest in use: at most 64 MiB); the others through the dict."""
+NEAR_BLOCKS = 1 << 30
+"""Blocks below this (labels below 2^36) are found through `_BlockRows`; the others through the dict."""
+_GROUP_BITS = 8
+_GROUP = 1 << _GROUP_BITS
+_U_GROUP_BITS, _U_GROUP_MASK = np.uint64(_GROUP_BITS), np.uint64(_GROUP - 1)
+
+
+class _BlockRows:
+    """block -> row for blocks below `NEAR_BLOCKS`, 0 for none: groups of `_GROUP` consecutive blocks, a group in use
+    owning one line of `lines` (its blocks' rows), `top` giving each group's line (0: none; line 0 stays all 0).
+    Memory: 4 bytes per group up to the highest in use (`top`, one per 2^14 labels) plus 4 * `_GROUP` bytes per
+    group in use, whatever the range of labels (a one-level array would cost 4 bytes per block of the range on
+    every node: ~3 MB per node at a partition's 47 M labels)."""
+
+    __slots__ = ("top", "lines", "used", "group", "free")
+
+    def __init__(self) -> None:
+        self.top = np.zeros(2, dtype=np.int32)  # (the last entry stays 0: groups past it read line 0)
+        self.lines = np.zeros((2, _GROUP), dtype=np.int32)
+        self.used = np.zeros(2, dtype=np.int64)  # blocks in use per line
+        self.group = np.zeros(2, dtype=np.int64)  # the group of each line in use
+        self.free: list[int] = [1]
+
+    def rows(self, blocks: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+        """The row of each of `blocks` (below `NEAR_BLOCKS`; 0 for blocks without one)."""
+        top = self.top
+        groups = np.minimum(blocks >> _U_GROUP_BITS, len(top) - 1).astype(np.intp)
+        lines = top.take(groups)
+        lines <<= _GROUP_BITS
+        lines |= (blocks & _U_GROUP_MASK).astype(np.int32)
+        return self.lines.take(lines).astype(np.intp)  # type: ignore[no-any-return]  # (flat index into lines)
+
+    def set(self, block: int, row: int) -> None:
+        group = block >> _GROUP_BITS
+        top = self.top
+        if group >= len(top) - 1:
+            grown = np.zeros(max(2 * len(top), group + 2), dtype=np.int32)
+            grown[: len(top)] = top
+            self.top = top = grown
+        line = int(top[group])
+        if not line:
+            if not self.free:
+                size = len(self.used)
+                self.lines = np.concatenate((self.lines, np.zeros((size, _GROUP), dtype=np.int32)))
+                self.used = np.concatenate((self.used, np.zeros(size, dtype=np.int64)))
+                self.group = np.concatenate((self.group, np.zeros(size, dtype=np.int64)))
+                self.free = list(range(2 * size - 1, size - 1, -1))
+            line = self.free.pop()
+            top[group] = line
+            self.group[line] = group
+        self.lines[line, block & (_GROUP - 1)] = row
+        self.used[line] += 1
+
+    def clear(self, block: int) -> None:
+        group = block >> _GROUP_BITS
+        line = int(self.top[group])
+        self.lines[line, block & (_GROUP - 1)] = 0
+        self.used[line] -= 1
+        if not self.used[line]:
+            self.top[group] = 0
+            self.free.append(line)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.top.nbytes + self.lines.nbytes + self.used.nbytes + self.group.nbytes)
+
+
+def _row_counts(rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The distinct values of `rows` and how often each occurs (pages come in runs, so rows in stretches: counted
+    by stretch, and sorted only when a row recurs after another)."""
+    if len(rows) == 1:
+        return rows, np.ones(1, dtype=np.intp)
+    cut = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+    if not len(cut):
+        return rows[:1], np.full(1, len(rows), dtype=np.intp)
+    starts = np.concatenate(([0], cut))
+    values = rows[starts]
+    counts = np.diff(np.append(starts, len(rows)))
+    if len(values) > 1 and not (values[1:] > values[:-1]).all():  # a row in two stretches: add them up
+        values, inverse = np.unique(values, return_inverse=True)
+        counts = np.bincount(inverse, weights=counts, minlength=len(values)).astype(np.intp)
+    return values, counts
 
 
 class LabelBlocks(MutableMapping[PageHash, int]):
@@ -51,8 +131,8 @@ class LabelBlocks(MutableMapping[PageHash, int]):
     def __init__(self, rows: int = 64) -> None:
         rows = max(rows, 2)
         self._row: dict[int, int] = {}  # block number (page >> BITS) -> its row, for every block in use
-        self._near = np.zeros(2, dtype=np.int32)  # block -> row for blocks below len - 1 (the last entry stays 0)
-        self._far = 0  # blocks in use at or past the end of `_near` (found through `_row` only)
+        self._near = _BlockRows()  # block -> row for blocks below NEAR_BLOCKS
+        self._far = 0  # blocks in use at or past NEAR_BLOCKS (found through `_row` only)
         self._flat = np.full(rows * WIDTH, _NONE, dtype=np.int32)  # row r's ids at [r * WIDTH, (r + 1) * WIDTH)
         self._live = np.zeros(rows, dtype=np.int64)  # ids per row
         self._block = np.zeros(rows, dtype=np.uint64)  # the block of each row in use
@@ -73,7 +153,7 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         row = self._row.get(page >> BITS)
         if row is None:
             return default
-        i = int(self._flat[(row << BITS) | (page & _MASK)])
+        i: int = self._flat.item((row << BITS) | (page & _MASK))
         return default if i < 0 else i
 
     def __contains__(self, page: object) -> bool:
@@ -83,10 +163,11 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         if not 0 <= i < 2**31:
             raise ValueError(f"a page id must be in [0, 2^31), got {i}")
         at = (self._row_for(page >> BITS) << BITS) | (page & _MASK)
-        if self._flat[at] < 0:
+        flat = self._flat
+        if flat.item(at) < 0:
             self._live[at >> BITS] += 1
             self._len += 1
-        self._flat[at] = i
+        flat[at] = i
 
     def __delitem__(self, page: PageHash) -> None:
         block = page >> BITS
@@ -122,14 +203,16 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         if not len(arr):
             return
         at = self._slots(arr, create=True)
-        had = self._flat[at] >= 0
-        if had.any():  # (a refused call changes nothing: rows it took for it are given back)
+        flat = self._flat
+        if flat.take(at).max() >= 0:  # (a refused call changes nothing: rows it took for it are given back)
+            had = flat[at] >= 0
             rows = np.unique(at >> BITS)
             for row in rows[self._live[rows] == 0].tolist():
                 self._release(int(self._block[row]), row)
             raise ValueError(f"pages already have ids: {[hex(p) for p in arr[had][:5].tolist()]}")
-        self._flat[at] = ids
-        np.add.at(self._live, at >> BITS, 1)
+        flat[at] = ids
+        rows, counts = _row_counts(at >> BITS)
+        self._live[rows] += counts  # (each row once)
         self._len += len(arr)
 
     def remove(self, pages: Collection[PageHash] | npt.NDArray[np.uint64]) -> None:
@@ -142,11 +225,11 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         if lost.any():
             raise KeyError(int(arr[lost][0]))
         self._flat[at] = _NONE
-        rows = at >> BITS
-        np.subtract.at(self._live, rows, 1)
+        touched, counts = _row_counts(at >> BITS)
+        live = self._live
+        live[touched] -= counts  # (each row once)
         self._len -= len(arr)
-        touched = np.unique(rows)
-        for row in touched[self._live[touched] == 0].tolist():  # (all -1 again: back to the free rows)
+        for row in touched[live[touched] == 0].tolist():  # (all -1 again: back to the free rows)
             self._release(int(self._block[row]), row)
 
     def all_absent(self, pages: Collection[PageHash] | npt.NDArray[np.uint64]) -> bool:
@@ -173,18 +256,12 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         blocks = arr >> _U_BITS
         if self._far:
             rows = self._rows_by_dict(blocks, create)
-        else:  # (blocks past the array read its last entry, 0: none is in use)
-            near = self._near
-            clipped = np.minimum(blocks, len(near) - 1).astype(np.intp)
-            rows = near.take(clipped).astype(np.intp)
+        else:
+            rows = self._near.rows(blocks)
             if create and not rows.all():  # rows for the blocks without one, then read again
                 for block in np.unique(blocks[rows == 0]).tolist():
                     self._row_for(block)
-                if self._far:
-                    rows = self._rows_by_dict(blocks, create)
-                else:
-                    near = self._near
-                    rows = near.take(blocks.astype(np.intp)).astype(np.intp)
+                rows = self._rows_by_dict(blocks, create) if self._far else self._near.rows(blocks)
         rows <<= BITS
         rows |= (arr & _U_MASK).astype(np.intp)
         return rows
@@ -224,12 +301,7 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         self._row[block] = row
         self._block[row] = block
         if block < NEAR_BLOCKS:
-            near = self._near
-            if block >= len(near) - 1:  # (grown so that the last entry stays past every block in use)
-                grown = np.zeros(min(max(2 * len(near), block + 2), NEAR_BLOCKS + 1), dtype=np.int32)
-                grown[: len(near)] = near
-                self._near = near = grown
-            near[block] = row
+            self._near.set(block, row)
         else:
             self._far += 1
         return row
@@ -238,7 +310,7 @@ class LabelBlocks(MutableMapping[PageHash, int]):
         del self._row[block]
         self._free.append(row)
         if block < NEAR_BLOCKS:
-            self._near[block] = _EMPTY_ROW
+            self._near.clear(block)
         else:
             self._far -= 1
 

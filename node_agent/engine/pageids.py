@@ -310,7 +310,7 @@ class PageIds:
             self.count[ids] = 0
             self.counted[ids] = False
         if self._blocks is not None:
-            self._blocks.assign(pages, ids)
+            self._blocks.assign(hashes, ids)
         else:
             self._id.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
 

@@ -12,8 +12,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from evolving_infra.core.pages import PageHash
 from evolving_infra.node_agent.engine.labelblocks import WIDTH, LabelBlocks
 
-BASES = st.sampled_from([0, 1, WIDTH - 3, 5 * WIDTH + 7, 2**44 + 1, 2**64 - 4 * WIDTH])
-"""Where runs of labels start: block boundaries, a namespace tag's range, the top of the 64-bit range."""
+BASES = st.sampled_from([0, 1, WIDTH - 3, 5 * WIDTH + 7, 256 * WIDTH - 100, 2**36 - 50, 2**44 + 1, 2**64 - 4 * WIDTH])
+"""Where runs of labels start: block boundaries, a group of blocks' boundary (256 blocks), the last blocks found
+through the arrays (below 2^36), a namespace tag's range, the top of the 64-bit range."""
 
 
 class BlocksMachine(RuleBasedStateMachine):
