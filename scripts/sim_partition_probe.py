@@ -35,7 +35,8 @@ class _Stop(Exception):
 def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
     """One probe line. With the id tables (the default) a node's tables are: per tier the id arrays (state, last
     access, pin counts), the pins per owner and the eviction order's entries (id and generation arrays, stale ones
-    included); per node the id table (`PageIds`: hash -> id dict and per-id arrays: hash, depth, generation,
+    included); per node the id table (`PageIds`: hash -> id map, a dict or with dense labels the arrays of
+    `labelblocks.LabelBlocks` with their block dict, and per-id arrays: hash, depth, generation,
     holders, counted flag, parent) and the branch counts (by id, and a dict for counted pages no tier holds). With the set tables (`TierPool`) their dicts
     and sets."""
     tables: Counter[str] = Counter()
