@@ -10,9 +10,10 @@ a few numpy passes (no Python work per page); storing and forgetting ids are arr
 per run of a block.
 
 Any integers are valid keys (the result is the same as a dict's whatever the labels); only memory and time depend on
-their density: a row costs 4 * `WIDTH` bytes however few of its labels have ids, and the block array 4 bytes per
-block up to the highest in use, so content hashes (random 64-bit values, one per row, all far) would cost ~60x a
-dict's memory. `PageIds` takes this map only when told its pages are dense.
+their density: a row costs 4 * `WIDTH` bytes however few of its labels have ids, and `_BlockRows` 4 bytes per group
+of 2^14 labels up to the highest in use plus 1 KiB per group in use, so content hashes (random 64-bit values, one
+per row, all past `NEAR_BLOCKS`) would cost ~60x a dict's memory. `PageIds` takes this map only when told its pages
+are dense.
 
 Boundary: the mapping alone; which ids exist and what they mean is `PageIds`'.
 """
