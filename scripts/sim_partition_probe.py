@@ -25,6 +25,7 @@ from typing import Any
 
 from evolving_infra.cli.bench_directory import deep_size
 from evolving_infra.cli.bench_sim import bench_config, current_rss_mib
+from evolving_infra.node_agent.engine.labelblocks import LabelBlocks
 from evolving_infra.sim.kernel import Progress
 from evolving_infra.sim.run import simulate, workload_stream
 
@@ -68,11 +69,11 @@ def _probe(state: Any, progress: Progress, cpu0: float) -> dict[str, Any]:
             tables["order"] += order_bytes
             entries[name] += n
         if ids is not None:
-            blocks = ids._blocks  # (dense labels: blocks of labels instead of a dict)
-            if blocks is None:
-                tables["id dict"] += sys.getsizeof(ids._id)
-            else:
+            blocks = ids._id  # (dense labels: blocks of labels instead of a dict)
+            if isinstance(blocks, LabelBlocks):
                 tables["id dict"] += blocks.memory_bytes() + sys.getsizeof(blocks._row)
+            else:
+                tables["id dict"] += sys.getsizeof(blocks)
             tables["id arrays"] += sum(
                 a.nbytes for a in (ids.hashes, ids.depth, ids.gen, ids.holders, ids.counted, ids.parent, ids.rooted)
             )

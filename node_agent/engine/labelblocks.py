@@ -198,9 +198,17 @@ class LabelBlocks(MutableMapping[PageHash, int]):
             return self._flat.take(at).astype(np.int64)
         return self._flat.take(self._slots(self._array(pages), create=False)).astype(np.int64)
 
-    def assign(self, pages: Collection[PageHash] | npt.NDArray[np.uint64], ids: Ids) -> None:
-        """`self[pages[j]] = ids[j]` for pages that have no id yet (each page once; ids in [0, 2^31))."""
-        arr = self._array(pages)
+    def ids(self, pages: Collection[PageHash] | npt.NDArray[np.uint64]) -> Ids:
+        """The ids of `pages` (KeyError for the first without one)."""
+        ids = self.lookup(pages)
+        if len(ids) and ids.min() < 0:
+            raise KeyError(int(self._array(pages)[int(np.flatnonzero(ids < 0)[0])]))
+        return ids
+
+    def assign(self, pages: Collection[PageHash], ids: Ids, labels: npt.NDArray[np.uint64] | None = None) -> None:
+        """`self[pages[j]] = ids[j]` for pages that have no id yet (each page once; ids in [0, 2^31)); `labels`:
+        the same pages as an array of uint64, where the caller has one (else made from `pages`)."""
+        arr = self._array(pages) if labels is None else labels
         if not len(arr):
             return
         at = self._slots(arr, create=True)

@@ -9,7 +9,7 @@ Boundary: the node's id table only; what a tier holds is `idpages.IdTier`'s.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from enum import IntEnum
 from itertools import compress, repeat
 from operator import is_
@@ -67,6 +67,35 @@ def distinct(ids: _IdArray) -> _IdArray:
     return s[keep]
 
 
+class DictIds(dict[PageHash, int]):
+    """hash -> id as a dict (pages named by content hashes), with the many-pages methods `LabelBlocks` has for
+    pages named by dense labels, so `PageIds` calls either alike."""
+
+    __slots__ = ()
+
+    def lookup(self, pages: Collection[PageHash]) -> Ids:
+        """The ids of `pages`, -1 for pages without one (one probe per page)."""
+        return np.fromiter(map(self.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+
+    def ids(self, pages: Sequence[PageHash]) -> Ids:
+        """The ids of `pages` (KeyError for the first without one)."""
+        return np.fromiter(map(self.__getitem__, pages), dtype=np.int64, count=len(pages))
+
+    def assign(self, pages: Sequence[PageHash], ids: Ids, labels: npt.NDArray[np.uint64] | None = None) -> None:
+        """`self[pages[j]] = ids[j]` for pages without an id (`labels`: the same pages as an array, unused here)."""
+        self.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
+
+    def remove(self, pages: Sequence[PageHash]) -> None:
+        """Forget the ids of `pages` (each has one)."""
+        deque(map(self.__delitem__, pages), maxlen=0)
+
+    def all_present(self, pages: Collection[PageHash]) -> bool:
+        return self.keys() >= (pages if isinstance(pages, (set, frozenset)) else set(pages))
+
+    def all_absent(self, pages: Collection[PageHash]) -> bool:
+        return self.keys().isdisjoint(pages)
+
+
 class PageIds:
     """Page hash <-> dense id of one node, with per-id depth, generation and holder count (tiers holding
     it). An id is freed when no tier holds its page, and its generation grows, so an old entry of the id in an
@@ -91,8 +120,7 @@ class PageIds:
         self.limit = limit
         capacity = min(capacity, limit)
         self.counts = {} if counts is None else counts  # positive branch counts of pages no tier holds, by hash
-        self._blocks = LabelBlocks() if dense else None
-        self._id: MutableMapping[PageHash, int] = {} if self._blocks is None else self._blocks
+        self._id: DictIds | LabelBlocks = LabelBlocks() if dense else DictIds()
         self.hashes = np.zeros(capacity, dtype=np.uint64)
         self.depth = np.zeros(capacity, dtype=np.int64)
         self.gen = np.zeros(capacity, dtype=np.uint32)
@@ -143,33 +171,20 @@ class PageIds:
 
     def ids(self, pages: Iterable[PageHash]) -> Ids:
         """The ids of `pages` (each held by a tier; KeyError for the first that is not)."""
-        if not isinstance(pages, (list, tuple)):
-            pages = list(pages)
-        if self._blocks is None:
-            return np.fromiter(map(self._id.__getitem__, pages), dtype=np.int64, count=len(pages))
-        ids = self._blocks.lookup(pages)
-        if len(ids) and ids.min() < 0:
-            raise KeyError(pages[int(np.flatnonzero(ids < 0)[0])])
-        return ids
+        return self._id.ids(pages if isinstance(pages, (list, tuple)) else list(pages))
 
     def lookup(self, pages: Collection[PageHash]) -> Ids:
         """The ids of `pages`, -1 for pages no tier holds (one probe per page, or per block of dense labels: what
         a request pays once)."""
-        if self._blocks is not None:
-            return self._blocks.lookup(pages)
-        return np.fromiter(map(self._id.get, pages, repeat(-1)), dtype=np.int64, count=len(pages))
+        return self._id.lookup(pages)
 
     def holds_all(self, pages: Collection[PageHash]) -> bool:
         """Whether every page of `pages` has an id."""
-        if self._blocks is not None:
-            return self._blocks.all_present(pages)
-        return self._id.keys() >= (pages if isinstance(pages, (set, frozenset)) else set(pages))
+        return self._id.all_present(pages)
 
     def holds_none(self, pages: Collection[PageHash]) -> bool:
         """Whether no page of `pages` has an id."""
-        if self._blocks is not None:
-            return self._blocks.all_absent(pages)
-        return self._id.keys().isdisjoint(pages)
+        return self._id.all_absent(pages)
 
     def resolve(self, pages: list[PageHash]) -> tuple[Ids, Ids]:
         """`lookup` of `pages` with the ids' generations: what a request keeps between operations."""
@@ -309,10 +324,7 @@ class PageIds:
         else:
             self.count[ids] = 0
             self.counted[ids] = False
-        if self._blocks is not None:
-            self._blocks.assign(hashes, ids)
-        else:
-            self._id.update(zip(pages, map(_INTS.__getitem__, ids.tolist())))
+        self._id.assign(pages, ids, labels=hashes)
 
     def set_counts(self, pages: list[PageHash], values: Sequence[int]) -> None:
         """Branch count `values[j]` (an int >= 0, checked by the caller; 0 forgets it) for `pages[j]` (each
@@ -410,10 +422,7 @@ class PageIds:
         if len(gone):
             self.gen[gone] += 1
             hashes = self.hashes[gone].tolist()
-            if self._blocks is not None:
-                self._blocks.remove(hashes)
-            else:
-                deque(map(self._id.__delitem__, hashes), maxlen=0)
+            self._id.remove(hashes)
             self._free.extend(map(_INTS.__getitem__, gone.tolist()))
             counted = self.counted[gone]
             if counted.any():  # their counts stay, by hash, until the pages get ids again or are forgotten
