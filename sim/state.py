@@ -114,6 +114,12 @@ class SimNode(NodeTrack):
             last = self._snapshot = (g, snapshot)
         return last[1]
 
+    def current_room_tokens(self) -> int:
+        """`current_pool().room_tokens`, read from the engine's GPU tier without the gauges (every decode binding
+        reads it for every decode node)."""
+        engine = self.engine
+        return 0 if engine is None else engine.pool.l1.room() * engine.profile.page_tokens
+
 
 @dataclass
 class RunStats:

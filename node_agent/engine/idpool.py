@@ -258,7 +258,7 @@ class IdTierPool:
         return int((self.t.state[ids] == CACHED).sum())
 
     def evictable(self, exclude: Iterable[PageHash] = ()) -> int:
-        return self.t.cached - self._cached_among(exclude)
+        return self.t.cached - self._cached_among(exclude) if exclude else self.t.cached
 
     def room(self, exclude: Iterable[PageHash] = ()) -> int:
         return self.free + self.evictable(exclude)

@@ -150,7 +150,7 @@ class TierPool(TierRuns):
 
     def evictable(self, exclude: Iterable[PageHash] = ()) -> int:
         """Cached pages, not counting those in `exclude` (pages the caller is about to pin)."""
-        return len(self._cached) - len(self._cached.intersection(exclude))
+        return len(self._cached) - len(self._cached.intersection(exclude)) if exclude else len(self._cached)
 
     def room(self, exclude: Iterable[PageHash] = ()) -> int:
         """Slots obtainable now: free ones plus evictable cached ones."""

@@ -262,6 +262,12 @@ class NodeTrack:
     def current_pool(self) -> PoolSnapshot | None:
         return self.pool
 
+    def current_room_tokens(self) -> int:
+        """`current_pool().room_tokens` (0 without a pool): KV tokens a decode node can still take, before
+        reservations. A driver that reads its engines directly answers it without the snapshot."""
+        pool = self.current_pool()
+        return 0 if pool is None else pool.room_tokens
+
     # -- queries -------------------------------------------------------------------------------------
     @property
     def serving(self) -> bool:

@@ -176,18 +176,12 @@ def prefill_views(
 
 def kv_room_tokens(node: NodeTrack) -> int:
     """KV tokens a decode node can still take: free and evictable GPU pages, less what is reserved."""
-    pool = node.current_pool()
-    if pool is None:
-        return 0
-    return max(0, pool.room_tokens - node.reserved_tokens)
+    return max(0, node.current_room_tokens() - node.reserved_tokens)
 
 
 def decode_view(node: NodeTrack) -> DecodeNodeView:
-    return DecodeNodeView(
-        node=node.id,
-        running_requests=len(node.decode_jobs) + len(node.bound),
-        free_kv_tokens=kv_room_tokens(node),
-    )
+    # (positional: keywords cost twice as much, and a binding makes one view per decode node)
+    return DecodeNodeView(node.id, len(node.decode_jobs) + len(node.bound), kv_room_tokens(node))
 
 
 def decode_need(req: RoutedRequest) -> int:

@@ -132,13 +132,24 @@ class RoutingDecision:
 
 @dataclass(frozen=True)
 class DecodeBinding:
-    """The decode node for a request (None when none can take it, with the reason)."""
+    """The decode node for a request (None when none can take it, with the reason). `views`: the decode nodes it
+    chose among, as it saw them; `diagnostics` scores them (made when read: a binding is made per request, its
+    diagnostics are read rarely)."""
 
     node: NodeId | None
     policy: DecodePolicyName
     reason: BindReason
     kv_tokens: int
-    diagnostics: tuple[NodeScore, ...] = ()
+    views: tuple[DecodeNodeView, ...] = ()
+
+    @property
+    def diagnostics(self) -> tuple[NodeScore, ...]:
+        """Per node of `views`: its running requests as the score, and its free KV tokens."""
+        return tuple(
+            NodeScore(v.node, float(v.running_requests),
+                      {"running_requests": float(v.running_requests), "free_kv_tokens": float(v.free_kv_tokens)})
+            for v in self.views
+        )
 
 
 class PrefillRouter(Protocol):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evolving_infra.core.types import NodeId
-from evolving_infra.router.routing.base import BindReason, DecodeBinding, DecodePolicyName, NodeScore
+from evolving_infra.router.routing.base import BindReason, DecodeBinding, DecodePolicyName
 from evolving_infra.router.routing.inputs import DecodeNodeView, RouteRequest, unique_nodes
 from evolving_infra.router.routing.round_robin import next_in_cycle
 
@@ -29,14 +29,6 @@ from evolving_infra.router.routing.round_robin import next_in_cycle
 def kv_tokens_needed(request: RouteRequest) -> int:
     """KV tokens the request occupies on its decode node by its last token."""
     return request.prompt_tokens + request.output_tokens
-
-
-def _scores(nodes: Sequence[DecodeNodeView]) -> tuple[NodeScore, ...]:
-    return tuple(
-        NodeScore(v.node, float(v.running_requests),
-                  {"running_requests": float(v.running_requests), "free_kv_tokens": float(v.free_kv_tokens)})
-        for v in nodes
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +53,7 @@ class _Binder:
         unique_nodes(nodes, "decode")
         fits = [v for v in nodes if v.free_kv_tokens >= need] if self.require_room else list(nodes)
         if not fits:
-            return [], DecodeBinding(None, self.policy, BindReason.NO_KV_ROOM, need, _scores(nodes))
+            return [], DecodeBinding(None, self.policy, BindReason.NO_KV_ROOM, need, tuple(nodes))
         return fits, None
 
     def on_bound(self, request: RouteRequest, binding: DecodeBinding, now: float) -> None:
@@ -77,7 +69,7 @@ class FewestRequestsBinder(_Binder):
             return refusal
         best = min(fits, key=lambda v: (v.running_requests, v.node))
         return DecodeBinding(best.node, self.policy, BindReason.FEWEST_REQUESTS, kv_tokens_needed(request),
-                             _scores(nodes))
+                             tuple(nodes))
 
 
 class RoundRobinBinder(_Binder):
@@ -92,7 +84,7 @@ class RoundRobinBinder(_Binder):
         if refusal is not None:
             return refusal
         node = next_in_cycle((v.node for v in fits), self._last)
-        return DecodeBinding(node, self.policy, BindReason.ROUND_ROBIN, kv_tokens_needed(request), _scores(nodes))
+        return DecodeBinding(node, self.policy, BindReason.ROUND_ROBIN, kv_tokens_needed(request), tuple(nodes))
 
     def on_bound(self, request: RouteRequest, binding: DecodeBinding, now: float) -> None:
         if binding.node is not None:
@@ -117,4 +109,4 @@ class PowerOfTwoBinder(_Binder):
             first, second = self.rng.sample(ordered, 2)
             chosen = first if first.running_requests <= second.running_requests else second
         return DecodeBinding(chosen.node, self.policy, BindReason.POWER_OF_TWO, kv_tokens_needed(request),
-                             _scores(nodes))
+                             tuple(nodes))

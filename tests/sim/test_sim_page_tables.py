@@ -42,3 +42,33 @@ def test_id_tables_and_set_tables_give_the_same_simulation(tmp_path: Path, monke
     assert sets[2] > 10_000, "the tiers were meant to be small enough to evict all the time"
     assert len(sets[1]) > 20
     assert ids == sets
+
+
+@pytest.mark.parametrize("tables", ["sets", "ids"])
+def test_a_decode_nodes_room_read_from_its_engine_equals_the_snapshots(
+    tables: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode bindings read each decode node's room straight from its engine's GPU tier
+    (`SimNode.current_room_tokens`); the router's general path reads it from the pool snapshot
+    (`NodeTrack.current_room_tokens`). On every read of a run whose tiers are full, both agree."""
+    from evolving_infra.router.core.tracking import NodeTrack
+    from evolving_infra.sim.state import SimNode
+
+    text = PROFILE.read_text()
+    small = tmp_path / "small.yaml"
+    small.write_text(text.replace("l1_tokens: 2060000", "l1_tokens: 150000").replace("l2_tokens: 8250000",
+                                                                                     "l2_tokens: 200000"))  # fmt: skip
+    direct = SimNode.current_room_tokens
+    reads: list[int] = []
+
+    def checked(node: SimNode) -> int:
+        got = direct(node)
+        assert got == NodeTrack.current_room_tokens(node), node.id
+        reads.append(got)
+        return got
+
+    monkeypatch.setattr(SimNode, "current_room_tokens", checked)
+    monkeypatch.setenv(ENV, tables)
+    _run(small)
+    assert len(reads) > 50
+    assert min(reads) < 150_000 // 2, "the decode nodes' GPU tiers were meant to fill"
