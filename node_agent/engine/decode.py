@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import BranchId, NodeId, RequestId, Tier
+from evolving_infra.node_agent.engine.chainrun import ChainRun
 from evolving_infra.node_agent.engine.kvpool import KvPool
 from evolving_infra.node_agent.engine.outputs import DecodeFinished
 from evolving_infra.node_agent.engine.requests import (
@@ -230,7 +231,7 @@ class DecodeScheduler:
         if full - first == 1:
             self.pool.store(Tier.GPU, job.pages[first], job.parent(first), end, owner=job.rid)
         elif full > first:
-            self.pool.store_all(Tier.GPU, [(job.pages[i], job.parent(i)) for i in range(first, full)], end, owner=job.rid)
+            self.pool.store_chain(ChainRun.of(job.pages, first, full), end, owner=job.rid)
 
     def _finish(self, job: DecodeJob, end: float) -> DecodeFinished:
         del self.jobs[job.rid]

@@ -11,6 +11,7 @@ Boundary: ordering only; the tier (`idpages.IdTier`) owns the state and access a
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -239,7 +240,7 @@ class IdOrder:
             depth[unknown] = [depths[listed[j]] for j in unknown]
         return self.floor_of(listed, ids, depth, now)
 
-    def floor_of(self, listed: list[PageHash], ids: Ids, depth: Ids, now: float) -> tuple[Key, int]:
+    def floor_of(self, listed: Sequence[PageHash], ids: Ids, depth: Ids, now: float) -> tuple[Key, int]:
         """`floor` of the pages `listed` (non-empty, distinct) given their ids (-1: no tier holds it) and the
         depth each has or will get."""
         k = len(listed)
@@ -252,7 +253,8 @@ class IdOrder:
             flags = np.empty(k, dtype=np.bool_)
             flags[known] = table.counted[ids[known]]
             if unknown:
-                flags[unknown] = [listed[j] in table.counts for j in unknown]
+                counts = table.counts  # (C-level membership tests: this runs for every new page of a run)
+                flags[unknown] = list(map(counts.__contains__, map(listed.__getitem__, unknown))) if counts else False
             if flags.all():
                 counted = True
             else:

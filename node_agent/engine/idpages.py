@@ -24,6 +24,8 @@ Boundary: bookkeeping of one tier over ids; hashes are resolved by `PageIds`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -167,7 +169,7 @@ class IdTier:
         return self.insert_unchecked(items, now, owner, slots=slots, pin=pin)
 
     def insert_unchecked(
-        self, items: dict[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free",
+        self, items: Mapping[PageHash, PageHash | None], now: float, owner: str | None = None, *, slots: str = "free",
         pin: bool = True, ids: Ids | None = None,
     ) -> Ids:  # fmt: skip
         """`insert` without its checks, which the caller made (no page resident here or written by another
@@ -274,7 +276,7 @@ class IdTier:
         return missing, victims
 
     def room_for_ids(
-        self, pages: list[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
+        self, pages: Sequence[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
     ) -> tuple[set[PageHash], Ids] | None:
         """`room_for_run` for the run `pages` whose current ids (`PageIds.lookup`, -1: no tier holds it) the
         caller has, a chain (each page the parent of the next, the first's `parent`) where some page has no id:

@@ -23,7 +23,7 @@ Boundary: page accounting of one tier, as `tier`; the KV events and write-throug
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping
+from collections.abc import Collection, Iterable, Iterator, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import compress
 from enum import Enum
@@ -405,7 +405,7 @@ class IdTierPool:
             slots = "free"
         self._place({page: parent}, now, source, slots, pin_owner)
 
-    def _place(self, items: dict[PageHash, PageHash | None], now: float, source: Owner | None, slots: str,
+    def _place(self, items: Mapping[PageHash, PageHash | None], now: float, source: Owner | None, slots: str,
                pin_owner: Owner | None, known: Ids | None = None) -> Ids:  # fmt: skip
         """Make `items` resident (checks made by the caller): slots taken from `source` per `slots`; their ids,
         in order. `known`: their current ids (`PageIds.lookup`), where the caller has them."""
@@ -433,7 +433,7 @@ class IdTierPool:
         self.insert_run(items, now, owner=owner, slots=slots)
 
     def insert_run(
-        self, items: dict[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
+        self, items: Mapping[PageHash, PageHash | None], now: float, *, owner: Owner | None = None, slots: str = "free",
         depths: RunDepths = RunDepths.LOOKUP, known: Ids | None = None,
     ) -> Ids:  # fmt: skip
         """`insert_all` without the page checks (`TierRuns.insert_run`); `depths` is not needed here (the
@@ -467,7 +467,7 @@ class IdTierPool:
         return plan[0], self._hashes(plan[1])
 
     def room_for_ids(
-        self, pages: list[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
+        self, pages: Sequence[PageHash], parent: PageHash | None, ids: Ids, missing: set[PageHash], now: float
     ) -> tuple[set[PageHash], list[PageHash]] | None:
         """`room_for_run` of the run `pages` by the pages' current ids (`IdTier.room_for_ids`: a chain whose
         first page's parent is `parent` where some page has no id); `missing`: the pages of the run this tier

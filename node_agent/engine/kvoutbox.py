@@ -13,13 +13,14 @@ tiers' residency or branch counts (which pages changed, and when, is the pool's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
 from operator import ne
 
 from evolving_infra.core.kv_events import KvEvent, KvRemoved, KvStored
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.node_agent.engine.chainrun import ChainRun, pages_and_parents
 
 Entry = tuple[str, Tier, PageHash | None, list[PageHash], float]  # ("S" or "R", tier, parent, pages, time)
 
@@ -80,22 +81,22 @@ class KvOutbox:
                     self.stored(Tier.HOST, page, parent, time)
                     host = outbox[last[Tier.HOST]][3]
 
-    def stored_chain(self, tier: Tier, pages: list[PageHash], parent: PageHash | None, time: float) -> None:
+    def stored_chain(self, tier: Tier, pages: Sequence[PageHash], parent: PageHash | None, time: float) -> None:
         """`stored` for each page of the chain `pages` (non-empty; each the parent of the next, the first's
         `parent`), in order: all but the first join the event the first one joins."""
         self.stored(tier, pages[0], parent, time)
         if len(pages) > 1:
             self.entries[self.last[tier]][3].extend(pages[1:])
 
-    def stored_items(self, tier: Tier, items: Iterable[tuple[PageHash, PageHash | None]],
-                     run: dict[PageHash, PageHash | None], missing: set[PageHash], time: float) -> None:  # fmt: skip
+    def stored_items(self, tier: Tier, items: Iterable[tuple[PageHash, PageHash | None]] | ChainRun,
+                     run: Mapping[PageHash, PageHash | None], missing: set[PageHash], time: float) -> None:  # fmt: skip
         """`stored_run(tier, items, missing, time)` for a run `items` made resident in `tier` (`run`: the
-        same as a dict, no page twice). A chain joins the tier's events at once, then each stretch of its
-        pages that L2 lacks joins L2's: per page, the tier's event comes before L2's, and a chain grows the
-        tier's event from its first page on, before L2's first event."""
-        pages = list(run)
-        parents = list(run.values())
-        if parents[1:] != pages[:-1]:
+        same as a mapping, no page twice; a `ChainRun` is known to be a chain). A chain joins the tier's events
+        at once, then each stretch of its pages that L2 lacks joins L2's: per page, the tier's event comes
+        before L2's, and a chain grows the tier's event from its first page on, before L2's first event."""
+        pages, parents, chain = pages_and_parents(run)
+        if not chain:
+            assert not isinstance(items, ChainRun)  # (a chain run is a chain)
             self.stored_run(tier, items, missing, time)
             return
         self.stored_chain(tier, pages, parents[0], time)

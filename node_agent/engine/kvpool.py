@@ -58,6 +58,7 @@ from evolving_infra.core.eviction import HostEvictionPolicy, LruEviction
 from evolving_infra.core.kv_events import KvEvent
 from evolving_infra.core.pages import CountUpdates, PageHash
 from evolving_infra.core.types import NodeId, Tier
+from evolving_infra.node_agent.engine.chainrun import ChainRun, pages_and_parents
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids, PageIds
 from evolving_infra.node_agent.engine.pageids import MAX_IDS
@@ -71,6 +72,11 @@ from evolving_infra.node_agent.engine.tierruns import RunDepths
 Run = list[tuple[PageHash, PageHash | None]]  # (page, parent) pairs in order
 Plan = tuple[set[PageHash], list[PageHash]]  # a run's write-through: pages L2 lacks, L2 victims (`_l2_plan`)
 _NO_WRITES: Plan = (set(), [])  # the plan of a run that is not written through
+
+
+def _pairs(items: Run | ChainRun) -> Run:
+    """The (page, parent) pairs of a run given as pairs or as a `ChainRun`."""
+    return items.pairs() if isinstance(items, ChainRun) else items
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +330,14 @@ class KvPool:
         if missing:
             if every and pages is parent_of:
                 items = parent_of  # the run itself
+            elif type(parent_of) is ChainRun and pages is parent_of:
+                items = dict(compress(zip(parent_of.pages, parent_of.parents), map(missing.__contains__, parent_of.pages)))
             else:
                 items = {page: parent_of[page] for page in pages if page in missing}
             if known is None:
                 l2.insert_run(items, now, depths=RunDepths.ALL_KNOWN)  # type: ignore[arg-type]  # the run: a dict
             else:  # (L1 holds every page of the run: their ids are current)
-                cast(IdTierPool, l2).insert_run(items, now, known=known)  # type: ignore[arg-type]  # the run: a dict
+                cast(IdTierPool, l2).insert_run(items, now, known=known)
 
     def _evict_one(self, tier: Tier, page: PageHash, now: float) -> None:
         pool = self.tier(tier)
@@ -396,23 +404,36 @@ class KvPool:
             self._skipped += 1
         self._after()
 
-    def store_all(self, tier: Tier, items: Run, now: float, *, owner: Owner, from_reservation: bool = True,
-                  ids: Ids | None = None) -> None:  # fmt: skip
+    def store_all(self, tier: Tier, items: Run | ChainRun, now: float, *, owner: Owner,
+                  from_reservation: bool = True, ids: Ids | None = None) -> None:  # fmt: skip
         """`store` (pinned) each (page, parent) of `items`, in order: the same state (events: see the module
         docstring), done as one run when no page is resident or being written in `tier` and `_l2_plan` allows.
         `ids` (id tables): the pages' current ids (`PageIds.lookup`, -1: no tier holds it), where the caller
-        resolved them; a chain that L1 lacks is then planned and stored without resolving its pages again."""
+        resolved them; a chain that L1 lacks is then planned and stored without resolving its pages again (a
+        `ChainRun`: without listing its pairs either)."""
         if not items:
             return
+        run: Mapping[PageHash, PageHash | None] | None = None
+        if ids is not None and tier is Tier.GPU and self._ids is not None:
+            run = items if isinstance(items, ChainRun) else dict(items)
+            if len(run) == len(items):
+                l1 = cast(IdTierPool, self.l1)
+                if not l1.t.holds(ids).any() and (not l1.writing or l1.writing_set().isdisjoint(run)):
+                    if not self._insert_known(items, run, ids, now, owner, "reserved" if from_reservation else "free"):
+                        for page, parent in _pairs(items):  # the plan could choose differently: page by page
+                            self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
+                    return
+        if isinstance(items, ChainRun):
+            items, run = items.pairs(), None
+        self._store_run(tier, items, None if run is None else cast(dict[PageHash, PageHash | None], run), now,
+                        owner, from_reservation)  # fmt: skip
+
+    def _store_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None] | None, now: float,
+                   owner: Owner, from_reservation: bool) -> None:  # fmt: skip
+        """`store_all` by the pages' hashes (`run`: `items` as a dict, where the caller made it)."""
         pool = self.tier(tier)
-        run = dict(items)
-        if ids is not None and tier is Tier.GPU and self._ids is not None and len(run) == len(items):
-            l1 = cast(IdTierPool, pool)
-            if not l1.t.holds(ids).any() and (not l1.writing or l1.writing_set().isdisjoint(run)):
-                if not self._insert_known(items, run, ids, now, owner, "reserved" if from_reservation else "free"):
-                    for page, parent in items:  # the plan could choose differently: page by page, as below
-                        self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
-                return
+        if run is None:
+            run = dict(items)
         resident = pool.resident_set()
         distinct = len(run) == len(items)
         fresh = distinct and resident.isdisjoint(run)
@@ -436,24 +457,30 @@ class KvPool:
         for page, parent in items:
             self.store(tier, page, parent, now, owner=owner, from_reservation=from_reservation)
 
-    def _insert_known(self, items: Run, run: dict[PageHash, PageHash | None], ids: Ids, now: float, owner: Owner,
-                      slots: str) -> bool:  # fmt: skip
-        """Make the run `items` (`run`: the same as a dict) resident in L1 by the pages' current ids (`ids`), the
-        caller's checks made (`store_all`'s or `land_all`'s): its write-through planned from the ids, then the run
-        inserted from `slots` without resolving its pages again. False, changing nothing, when the plan could
-        choose differently from page by page (the caller goes page by page)."""
+    def store_chain(self, run: ChainRun, now: float, *, owner: Owner) -> None:
+        """`store_all` in L1, from `owner`'s reservation, of the chain `run` (a prefill's computed pages, a
+        decode's filled ones): with the id tables by its pages' ids looked up now (current), so a chain that L1
+        lacks is planned and stored without listing its pairs (the same state: `store_all`)."""
+        ids = None if self._ids is None else self._ids.lookup(run.pages)
+        self.store_all(Tier.GPU, run, now, owner=owner, ids=ids)
+
+    def _insert_known(self, items: Run | ChainRun, run: Mapping[PageHash, PageHash | None], ids: Ids, now: float,
+                      owner: Owner, slots: str) -> bool:  # fmt: skip
+        """Make the run `items` (`run`: the same as a mapping; a `ChainRun` is both) resident in L1 by the pages'
+        current ids (`ids`), the caller's checks made (`store_all`'s or `land_all`'s): its write-through planned
+        from the ids, then the run inserted from `slots` without resolving its pages again. False, changing
+        nothing, when the plan could choose differently from page by page (the caller goes page by page)."""
         l1, l2 = cast(IdTierPool, self.l1), cast(IdTierPool, self.l2)
-        pages = list(run)
-        parents = list(run.values())
+        pages, parents, chain = pages_and_parents(run)
         missing = set(compress(pages, (~l2.t.holds(ids)).tolist()))
-        if parents[1:] == pages[:-1] or bool((ids >= 0).all()):
+        if chain or bool((ids >= 0).all()):
             plan = l2.room_for_ids(pages, parents[0], ids, missing, now)
             if plan is not None and plan[1] and self.check:
                 expected = self.expected_victims(Tier.HOST, len(plan[1]))
                 if plan[1] != expected:
                     raise PoolInvariantError(f"host: eviction order {plan[1]} differs from the policy's {expected}")
         else:  # (new pages outside a chain: their depths are the hash path's)
-            plan = self._l2_plan(run, now, missing)
+            plan = self._l2_plan(cast(dict[PageHash, PageHash | None], run), now, missing)  # (not a chain: a dict)
         if plan is None:
             return False
         stored = l1.insert_run(run, now, owner=owner, slots=slots, known=ids)
@@ -514,7 +541,7 @@ class KvPool:
             return RunDepths.NONE_KNOWN
         return RunDepths.LOOKUP if missing else RunDepths.ALL_KNOWN
 
-    def _after_run(self, tier: Tier, items: Run, run: dict[PageHash, PageHash | None], plan: Plan, now: float,
+    def _after_run(self, tier: Tier, items: Run | ChainRun, run: Mapping[PageHash, PageHash | None], plan: Plan, now: float,
                    ids: Ids | None = None) -> None:  # fmt: skip
         """The write-through (plan from `_l2_plan`) and the events of a run just made resident in `tier` (`ids`:
         its pages' ids, in order, from the id tables' insert; None from the set tables)."""

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evolving_infra.core.pages import PageHash
+from evolving_infra.node_agent.engine.chainrun import pages_and_parents
 from evolving_infra.node_agent.engine.labelblocks import LabelBlocks
 
 if TYPE_CHECKING:
@@ -249,16 +250,16 @@ class PageIds:
         self._id[page] = i = _INTS[i]
         return i
 
-    def intern_run(self, items: dict[PageHash, PageHash | None], ids: Ids | None = None) -> Ids:
+    def intern_run(self, items: Mapping[PageHash, PageHash | None], ids: Ids | None = None) -> Ids:
         """`intern` each page of `items` (page -> parent, in chain order), at once where the pages form one chain
-        (each the parent of the next): the new pages take one id block (in the order `intern` would take them),
-        and each stretch of new pages gets consecutive depths from the page before it (or its parent). `ids`:
-        the pages' ids as `lookup` gives them now, where the caller has them (no page is looked up again)."""
-        pages = list(items)
+        (each the parent of the next; a `ChainRun` is one): the new pages take one id block (in the order `intern`
+        would take them), and each stretch of new pages gets consecutive depths from the page before it (or its
+        parent). `ids`: the pages' ids as `lookup` gives them now, where the caller has them (no page is looked
+        up again)."""
+        pages, parents, chain = pages_and_parents(items)
         k = len(pages)
-        parents = list(items.values())
         known = self._id
-        chain = k >= 2 and parents[1:] == pages[:-1]
+        chain = k >= 2 and chain
         if chain and ids is not None:
             fresh = False
         else:
@@ -271,7 +272,7 @@ class PageIds:
         if fresh:
             ids = self._block(k)
             self.depth[ids] = np.arange(base, base + k)
-            self._fill(ids, pages, parents)
+            self._fill(ids, pages, parents, chain=True)
             return ids
         ids = self.lookup(pages) if ids is None else ids.copy()
         new = np.flatnonzero(ids < 0)
@@ -280,11 +281,16 @@ class PageIds:
         fresh_ids = self._block(len(new))
         ids[new] = fresh_ids
         depth = self.depth
-        for lo, hi in stretches(new):  # each but a first one follows a known page
+        runs = list(stretches(new))
+        for lo, hi in runs:  # each but a first one follows a known page
             at = int(depth[ids[lo - 1]]) + 1 if lo else base
             depth[ids[lo:hi]] = np.arange(at, at + hi - lo)
-        where = new.tolist()
-        self._fill(fresh_ids, [pages[j] for j in where], [parents[j] for j in where])
+        if len(runs) == 1:  # one stretch of new pages: a slice of the chain
+            ((lo, hi),) = runs
+            self._fill(fresh_ids, pages[lo:hi], parents[lo:hi], chain=True)
+        else:
+            where = new.tolist()
+            self._fill(fresh_ids, [pages[j] for j in where], [parents[j] for j in where])
         return ids
 
     def _block(self, k: int) -> Ids:
@@ -300,12 +306,13 @@ class PageIds:
             self._grow(self._next)
         return ids
 
-    def _fill(self, ids: Ids, pages: list[PageHash], parents: list[PageHash | None]) -> None:
-        """New `ids` (depths set) become those of `pages`, whose parents are `parents`."""
+    def _fill(self, ids: Ids, pages: Sequence[PageHash], parents: Sequence[PageHash | None], chain: bool = False) -> None:
+        """New `ids` (depths set) become those of `pages`, whose parents are `parents` (`chain`: known to be a
+        chain, each page the parent of the next)."""
         k = len(pages)
         hashes = np.fromiter(pages, dtype=np.uint64, count=k)
         self.hashes[ids] = hashes
-        if k and parents[1:] == pages[:-1]:  # a chain (the usual case): the parents are the hashes shifted by one
+        if k and (chain or parents[1:] == pages[:-1]):  # a chain (the usual case): the parents are the hashes shifted by one
             first = parents[0]
             self.parent[ids[1:]] = hashes[:-1]
             self.parent[ids[0]] = 0 if first is None else first

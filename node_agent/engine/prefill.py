@@ -35,6 +35,7 @@ from itertools import repeat
 from evolving_infra.core.itermodel import PrefillItem
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import NodeId, RequestId, Tier
+from evolving_infra.node_agent.engine.chainrun import ChainRun
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import Ids
 from evolving_infra.node_agent.engine.kvpool import KvPool
@@ -57,12 +58,6 @@ class PrefillStage(enum.Enum):
     LOADING = "loading"
     READY = "ready"
     RUNNING = "running"
-
-
-def page_pairs(pages: tuple[PageHash, ...], start: int, end: int) -> list[tuple[PageHash, PageHash | None]]:
-    """(page, parent) of `pages[start:end]` (0 <= start < end <= len(pages)), as `PrefillJob.parent` gives them."""
-    parents = pages[start - 1 : end - 1] if start else (None, *pages[: end - 1])
-    return list(zip(pages[start:end], parents))
 
 
 def fetch_table(req: PrefillRequest) -> dict[PageHash, tuple[NodeId, PageHash | None]]:
@@ -357,8 +352,7 @@ class PrefillScheduler:
             covered = job.prefix_pages * self.pt + job.done
             full = min(len(req.prompt_pages), covered // self.pt)
             if full > job.next_page:
-                computed = page_pairs(req.prompt_pages, job.next_page, full)
-                self.pool.store_all(Tier.GPU, computed, end, owner=job.rid)
+                self.pool.store_chain(ChainRun.of(req.prompt_pages, job.next_page, full), end, owner=job.rid)
                 job.next_page = full
             if covered < req.prompt_tokens:
                 continue

@@ -22,6 +22,7 @@ import numpy as np
 
 from evolving_infra.core.pages import PageHash
 from evolving_infra.core.types import Tier
+from evolving_infra.node_agent.engine.chainrun import ChainRun
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import CACHED, Ids, PageIds, held_prefix
 from evolving_infra.node_agent.engine.idpool import IdTierPool
@@ -105,6 +106,7 @@ def admit_prompt(pool: KvPool, owner: Owner, prompt: tuple[PageHash, ...], footp
     l1 = pool.l1
     page_ids = pool.page_ids
     received_ids: Ids | None = None  # (id tables) the received pages' ids, while current
+    received: Run | ChainRun
     if page_ids is None:
         resident = l1.resident_set() & prompt
         need = footprint - len(resident)
@@ -126,8 +128,8 @@ def admit_prompt(pool: KvPool, owner: Owner, prompt: tuple[PageHash, ...], footp
                 return False
         if r:
             t.pin(owner, ids[held], now)
-        if held[:r].all():
-            received = received_pages(prompt, r)  # (the leading r pages are the ones L1 holds)
+        if held[:r].all():  # (the leading r pages are the ones L1 holds: the rest is one chain)
+            received = ChainRun.of(prompt, r) if r < len(prompt) else []
             received_ids = ids[r:]
         else:
             received = list(compress(zip(prompt, (None, *prompt)), (~held).tolist()))

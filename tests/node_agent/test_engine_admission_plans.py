@@ -25,7 +25,8 @@ from evolving_infra.core.types import BranchId, NodeId, NodeMode, RequestId, Tie
 from evolving_infra.node_agent.engine import DataPlane, EngineCore, FetchRun, PrefillRequest
 from evolving_infra.node_agent.engine.walks import received_pages
 from evolving_infra.node_agent.engine.outputs import FetchStarted
-from evolving_infra.node_agent.engine.prefill import Admission, PrefillJob, PrefillScheduler, fetch_table, page_pairs
+from evolving_infra.node_agent.engine.chainrun import ChainRun
+from evolving_infra.node_agent.engine.prefill import Admission, PrefillJob, PrefillScheduler, fetch_table
 from evolving_infra.node_agent.profile import DecodeModel, HardwareProfile, PrefillModel
 
 PAGE = 4
@@ -295,9 +296,9 @@ def test_seeded_engines_take_every_admission_path_and_plan_what_the_old_walks_pl
 
 
 @given(st.integers(1, 30), st.data())
-def test_page_pairs_name_each_page_s_parent_in_the_prompt(n: int, data: st.DataObject) -> None:
+def test_a_chunk_s_chain_run_names_each_page_s_parent_in_the_prompt(n: int, data: st.DataObject) -> None:
     prompt = tuple(chain_hashes(f"q{i}".encode() for i in range(n)))
     start = data.draw(st.integers(0, n - 1))
     end = data.draw(st.integers(start + 1, n))
     job = PrefillJob(PrefillRequest(RequestId("r"), BranchId("b"), prompt, n * PAGE))
-    assert page_pairs(prompt, start, end) == [(prompt[i], job.parent(i)) for i in range(start, end)]
+    assert ChainRun.of(prompt, start, end).pairs() == [(prompt[i], job.parent(i)) for i in range(start, end)]

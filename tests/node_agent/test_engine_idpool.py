@@ -18,6 +18,7 @@ from evolving_infra.core.eviction import BranchCountEviction, LruEviction
 from evolving_infra.core.pages import CountUpdates, PageHash, chain_hashes
 from evolving_infra.core.types import NodeId, Tier
 from evolving_infra.node_agent.engine import KvPool, walks
+from evolving_infra.node_agent.engine.chainrun import ChainRun
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idorder import IdOrder
 from evolving_infra.node_agent.engine.pageids import _INTS, PageIds
@@ -51,7 +52,7 @@ def _walks_keep_ids_for_any_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "restore", "admit", "admit", "walk", "walk", "hostwalk", "hostwalk", "single", "release", "release", "count", "count", "counts", "counts", "evict", "fetch",
+        st.sampled_from(["store", "store", "store", "restore", "chain", "chain", "admit", "admit", "walk", "walk", "hostwalk", "hostwalk", "single", "release", "release", "count", "count", "counts", "counts", "evict", "fetch",
                          "land", "cancel", "room", "release_l1", "release_l1", "pin", "pin", "touch", "unpin", "load", "load", "loaded",
                          "loaded"]),
         st.integers(0, 2), st.integers(0, 11), st.integers(1, 8), st.integers(0, 3),
@@ -107,6 +108,12 @@ def _apply(p: KvPool, op: str, pages: list[tuple[PageHash, PageHash | None]], n:
         if p.make_room(Tier.GPU, len(pages), now):
             p.l1.reserve(owner, len(pages))
             p.store_all(Tier.GPU, pages, now, owner=owner)
+            return True
+        return False
+    if op == "chain":  # a prefill's computed pages or a decode's filled ones: one chain (some may be resident)
+        if p.make_room(Tier.GPU, len(pages), now):
+            p.l1.reserve(owner, len(pages))
+            p.store_chain(ChainRun(tuple(page for page, _ in pages), pages[0][1]), now, owner=owner)
             return True
         return False
     if op == "admit":  # a decode's admission of a received prompt: pins what L1 holds, stores the rest
