@@ -35,12 +35,9 @@ def main() -> int:
         parser.error("--pages, --l1, --l2 and --admissions must be >= 1, and a prompt must fit L1")
     if args.tree is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import sim_reference_runs as refs
+        import sim_reference_runs
 
-        tree = args.tree.resolve()
-        sys.path.insert(0, str(tree))
-        refs._TreeFinder.tree = tree
-        sys.meta_path.insert(0, refs._TreeFinder)
+        sim_reference_runs.import_from(args.tree.resolve())
 
     from evolving_infra.core.eviction import BranchCountEviction
     from evolving_infra.core.pages import PageHash

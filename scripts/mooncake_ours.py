@@ -35,10 +35,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import sim_reference_runs
 
-        tree = args.tree.resolve()
-        sys.path.insert(0, str(tree))
-        sim_reference_runs._TreeFinder.tree = tree
-        sys.meta_path.insert(0, sim_reference_runs._TreeFinder)
+        sim_reference_runs.import_from(args.tree.resolve())
 
     from evolving_infra.cli.bench_sim import MOONCAKE, PEER_PROFILE, default_split
     from evolving_infra.peers.judge import OurSide, run_ours

@@ -61,11 +61,16 @@ class _TreeFinder(importlib.machinery.PathFinder):
                                                       submodule_search_locations=[str(folder)])  # fmt: skip
 
 
-def as_tree(tree: Path, argv: list[str]) -> None:
-    """Run `python -m evolving_infra ARGV` with every module taken from `tree`."""
+def import_from(tree: Path) -> None:
+    """Import every component of `evolving_infra` from `tree` (a copy of the repository) from now on."""
     sys.path.insert(0, str(tree))
     _TreeFinder.tree = tree
     sys.meta_path.insert(0, _TreeFinder)
+
+
+def as_tree(tree: Path, argv: list[str]) -> None:
+    """Run `python -m evolving_infra ARGV` with every module taken from `tree`."""
+    import_from(tree)
     import evolving_infra
 
     if not Path(evolving_infra.__file__ or "").resolve().is_relative_to(tree):

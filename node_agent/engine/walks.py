@@ -26,7 +26,8 @@ from evolving_infra.node_agent.engine.chainrun import ChainRun
 from evolving_infra.node_agent.engine.errors import PoolInvariantError
 from evolving_infra.node_agent.engine.idpages import CACHED, Ids, PageIds, held_prefix
 from evolving_infra.node_agent.engine.idpool import IdTierPool
-from evolving_infra.node_agent.engine.kvpool import KvPool, Run
+from evolving_infra.node_agent.engine.kvpool import KvPool
+from evolving_infra.node_agent.engine.poolruns import Run
 from evolving_infra.node_agent.engine.tier import Owner
 
 _NO_IDS: Ids = np.zeros(0, dtype=np.int64)
