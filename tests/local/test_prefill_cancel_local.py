@@ -80,7 +80,11 @@ def test_disconnected_clients_cancel_their_queued_and_running_prefills(tmp_path:
         # most of the burst never ran: cancelled while queued (or mid-run), not computed for nobody
         assert accepted >= BURST - 1
         assert cancelled >= BURST // 2, (accepted, finished, cancelled)
-        router_cancels = metric(cluster.router_metrics_url, 'evolving_router_prefill_cancels_total{outcome="cancelled"}')
+        # the node counts a cancel before its answer reaches the router: wait (bounded) for the router's count
+        end = time.monotonic() + 10
+        cancels = 'evolving_router_prefill_cancels_total{outcome="cancelled"}'
+        while (router_cancels := metric(cluster.router_metrics_url, cancels)) < cancelled and time.monotonic() < end:
+            time.sleep(0.1)
         assert router_cancels == cancelled
         # the node serves a new request at once
         body = {"messages": [{"role": "user", "content": "after the burst"}], "max_tokens": 4}

@@ -10,7 +10,12 @@ import asyncio
 from typing import Any
 
 from evolving_infra.core.types import NodeMode
-from tests.router.test_service_live import PROMPT, Cluster, run, until
+from evolving_infra.node_agent.profiles import load_profile
+from tests.router.test_service_live import PROMPT, Cluster, node_settings, run, until
+
+LONG = load_profile(node_settings("p0", NodeMode.PREFILL).profile).chunk_tokens + 800
+"""Words (tokens) in a long prompt: more than one chunk, so no prefill iteration takes two of them, and
+requests accepted together stay queued behind the first however late the node's scheduler runs."""
 
 
 def test_a_client_leaving_mid_stream_cancels_the_decode_and_corrects_the_counts() -> None:
@@ -54,7 +59,7 @@ def test_clients_leaving_before_their_prefill_ran_cancel_it_on_the_prefill_node(
         out: dict[str, Any] = {}
         async with Cluster({"p0": NodeMode.PREFILL, "d0": NodeMode.DECODE}, speed_up=0.1) as c:
             p0 = c.agents["p0"]
-            long_prompt = " ".join(f"x{i}" for i in range(4000))
+            long_prompt = " ".join(f"x{i}" for i in range(LONG))
             responses = []
             for i in range(4):
                 body = {"model": "evolving-emulated", "prompt": f"{i} {long_prompt}", "max_tokens": 8, "stream": True}
@@ -95,7 +100,7 @@ def test_a_request_past_its_deadline_in_the_prefill_queue_is_cancelled_there() -
             await c.server.stop()
             c.server = await start_server(RouterHttpSettings(port=0, request_timeout_s=1.5), c.router)
             p0 = c.agents["p0"]
-            long_prompt = " ".join(f"q{i}" for i in range(4000))
+            long_prompt = " ".join(f"q{i}" for i in range(LONG))
             bodies = [{"model": "evolving-emulated", "prompt": f"{i} {long_prompt}", "max_tokens": 8} for i in range(3)]
 
             async def send(body: dict[str, Any]) -> int:
@@ -108,7 +113,10 @@ def test_a_request_past_its_deadline_in_the_prefill_queue_is_cancelled_there() -
             settled = lambda: sum(requests.labels("prefill", o)._value.get() for o in ("finished", "cancelled")) == 3  # noqa: E731
             await until(settled, "every prefill to finish or be cancelled")
             out["cancelled"] = requests.labels("prefill", "cancelled")._value.get()
-            out["router_cancels"] = c.router.metrics.prefill_cancels.labels(outcome="cancelled")._value.get()
+            cancels = c.router.metrics.prefill_cancels.labels(outcome="cancelled")
+            # the node counts a cancel before its answer reaches the router
+            await until(lambda: cancels._value.get() >= out["cancelled"], "the router to count the cancels")
+            out["router_cancels"] = cancels._value.get()
             out["left"] = (p0.engine.gauges().prefill_queued, len(c.router.core.nodes["p0"].sent))
         return out
 
