@@ -128,19 +128,28 @@ def open_executor(kind: ExecutorKind | str = ExecutorKind.PROCESSES, workers: in
 def map_ordered(executor: Executor, fn: Callable[[T], R], items: Iterable[T],
                 on_done: Callable[[int, R], None] | None = None) -> list[R]:
     """`fn(item)` for every item on `executor`; results in item order. `on_done(index, result)` is called as each
-    finishes (in completion order, for progress). The first failure is raised after the others were cancelled."""
+    finishes (in completion order, for progress and for keeping results). On the first failure the items not yet
+    started are cancelled; those already running still finish and reach `on_done` (their work is not thrown away:
+    a stopped fleet run resumes from what was kept), then the first failure is raised."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     futures: Sequence[Future[R]] = [executor.submit(fn, item) for item in items]
     index = {f: i for i, f in enumerate(futures)}
     pending = set(futures)
+    failure: BaseException | None = None
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
         for future in sorted(done, key=index.__getitem__):
-            if future.exception() is not None:
-                for other in pending:
-                    other.cancel()
-                raise future.exception()  # type: ignore[misc]  # checked not None just above
+            if future.cancelled():
+                continue
+            error = future.exception()
+            if error is not None:
+                if failure is None:
+                    failure = error
+                    pending = {other for other in pending if not other.cancel()}
+                continue
             if on_done is not None:
                 on_done(index[future], future.result())
+    if failure is not None:
+        raise failure
     return [f.result() for f in futures]

@@ -42,8 +42,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from evolving_infra.fleet import cache as fleet_cache
 from evolving_infra.fleet.binding import Binder, BindingError, Requirements
 from evolving_infra.fleet.executors import map_ordered
 from evolving_infra.fleet.partitions import FleetPartition
@@ -398,19 +400,41 @@ class FleetResult:
 
 
 def simulate_fleet(partitions: Sequence[FleetPartition], workload: FleetWorkload, opts: FleetOptions,
-                   executor: Executor, on_done: Callable[[PartitionResult], None] | None = None) -> FleetResult:
+                   executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
+                   cache: Path | None = None) -> FleetResult:
     """Run every partition on `executor`; results in the order of `partitions`."""
-    return simulate_fleets(partitions, workload, [opts], executor, on_done)[0]
+    return simulate_fleets(partitions, workload, [opts], executor, on_done, cache)[0]
 
 
 def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkload, runs: Sequence[FleetOptions],
-                    executor: Executor, on_done: Callable[[PartitionResult], None] | None = None) -> list[FleetResult]:
+                    executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
+                    cache: Path | None = None, on_cached: Callable[[PartitionResult], None] | None = None,
+                    ) -> list[FleetResult]:
     """Several runs of the same fleet and workload (e.g. adaptive and static), every partition of every run
-    submitted at once (a cluster runs them side by side); one `FleetResult` per run, in order."""
-    all_tasks = [partition_tasks(partitions, workload, opts) for opts in runs]
+    submitted at once (a cluster runs them side by side); one `FleetResult` per run, in order. With `cache` (a
+    folder, `fleet.cache`), partitions whose result is stored there are read (`on_cached` called for each) and
+    every partition run here is stored as soon as it finishes, before `on_done` is called."""
+    tasks = [t for opts in runs for t in partition_tasks(partitions, workload, opts)]
+    flat: list[PartitionResult | None] = [None] * len(tasks)
+    if cache is not None:
+        for i, task in enumerate(tasks):
+            stored = flat[i] = fleet_cache.load(cache, task)
+            if stored is not None and on_cached is not None:
+                on_cached(stored)
+    todo = [i for i, r in enumerate(flat) if r is None]
+
+    def finished(j: int, result: PartitionResult) -> None:
+        if cache is not None:
+            fleet_cache.store(cache, tasks[todo[j]], result)
+        if on_done is not None:
+            on_done(result)
+
     start = time.perf_counter()
-    flat = map_ordered(executor, run_partition, [t for tasks in all_tasks for t in tasks],
-                       on_done=None if on_done is None else (lambda _i, r: on_done(r)))
+    ran = map_ordered(executor, run_partition, [tasks[i] for i in todo], on_done=finished)
     wall = time.perf_counter() - start
+    for i, result in zip(todo, ran, strict=True):
+        flat[i] = result
+    done = [r for r in flat if r is not None]
+    assert len(done) == len(tasks)
     n = len(partitions)
-    return [FleetResult(opts, flat[k * n:(k + 1) * n], wall) for k, opts in enumerate(runs)]
+    return [FleetResult(opts, done[k * n:(k + 1) * n], wall) for k, opts in enumerate(runs)]

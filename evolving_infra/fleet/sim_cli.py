@@ -14,6 +14,9 @@ initial split; `--compare-static` runs the fleet twice (the CRs' planners, then 
 Partitions run on `--executor processes` (default, `--workers` processes), `ray` (`--ray-address`, or a private
 local instance on loopback) or `inline`; the result does not depend on the executor or the worker count.
 
+`--partition-cache DIR` keeps each partition's result as it finishes and reuses stored ones (`fleet.cache`): a
+long run that is stopped starts again where it stopped.
+
 Output: a table per partition (or `--json`); `--out DIR` writes `fleet.json` (every partition's metrics and time
 series, the fleet summary), `fleet.md` (the tables of docs/evaluation.md) and `fleet.png` (like figure D.2).
 
@@ -32,6 +35,7 @@ from typing import Any
 from rich.console import Console
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.fleet.cache import CacheError
 from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
 from evolving_infra.fleet.partitions import FleetFileError, load_partitions
 from evolving_infra.fleet.sim import (
@@ -62,6 +66,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fleet-set", action="append", default=[], metavar="PATH=VALUE",
                    help="set a parameter of the generated fleet workload (repeatable; as `workload generate --set`, "
                    "e.g. cc.main_steps=12, task_estimate_s='{\"cc\": 360, \"codex\": 440}')")
+    g.add_argument("--partition-cache", metavar="DIR",
+                   help="keep each finished partition's result in DIR and reuse the ones stored there (same inputs "
+                   "and code), so a stopped run resumes where it stopped")
     g.add_argument("--fleet-drain", type=float, metavar="S",
                    help="run at most S s past the scored window to finish its requests (default: the simulator's)")
 
@@ -85,6 +92,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     runs = [opts] + ([replace(opts, planner="static")] if args.compare_static else [])
+    cache = Path(args.partition_cache) if args.partition_cache else None
     start = time.perf_counter()
     try:
         with open_executor(kind, args.workers, args.ray_address) as executor:
@@ -94,10 +102,15 @@ def run_fleet(args: argparse.Namespace) -> int:
                 err.print(f"  {r.key} ({r.planner}): {r.requests:,} requests, {r.sim_end_s:,.0f} simulated s in "
                           f"{r.wall_s:,.0f} s wall")
 
-            results = simulate_fleets(partitions, workload, runs, executor, on_done=done)
+            def cached(r: PartitionResult) -> None:
+                err.print(f"  {r.key} ({r.planner}): stored in {cache} ({r.requests:,} requests, {r.sim_end_s:,.0f} "
+                          f"simulated s; simulated in {r.wall_s:,.0f} s wall then)")
+
+            results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
+                                      on_cached=cached)
     except ExecutorUnavailable as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
-    except FleetRunError as exc:
+    except (FleetRunError, CacheError) as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     adaptive = results[0]
     static = results[1] if len(results) > 1 else None

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from evolving_infra.cli.bench_transfer import netns_unavailable, private_netns_command
 from evolving_infra.cli.errors import USAGE_ERROR
 from evolving_infra.cli.main import main as cli_main
+from evolving_infra.fleet import cache as fleet_cache
 from evolving_infra.fleet.executors import ExecutorKind, map_ordered, open_executor, ray_unavailable
 from evolving_infra.fleet.partitions import load_partitions
 from evolving_infra.fleet.sim import (
@@ -34,7 +36,9 @@ from evolving_infra.fleet.sim import (
     bind_tasks,
     partition_concurrency,
     partition_config,
+    partition_tasks,
     simulate_fleet,
+    simulate_fleets,
 )
 from evolving_infra.sim.run import simulate
 from evolving_infra.traces.loader import trace_from_records
@@ -253,3 +257,109 @@ def test_bad_fleet_settings_are_refused(fleet_dir: Path, capsys: pytest.CaptureF
                      "--fleet-set", "no_such_parameter=3"])
     assert code == USAGE_ERROR and "--fleet-set" in capsys.readouterr().err
     assert cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "cc", "--agents", "6"]) == USAGE_ERROR
+
+
+class _Refusing(Executor):
+    """An executor that runs nothing (a fully stored fleet must not submit a partition)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a stored partition was simulated again: {args[0].key}")
+
+
+class _FailingOn(Executor):
+    """Runs tasks inline but fails the one of partition `key` (a worker that dies mid-run)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.ran: list[str] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        if args[0].key == self.key:
+            future.set_exception(RuntimeError("worker lost"))
+        else:
+            self.ran.append(args[0].key)
+            future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_a_partition_cache_keeps_finished_partitions_and_resumes_a_stopped_run(fleet_dir: Path, inline_result: Any,
+                                                                              tmp_path: Path) -> None:
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    cache = tmp_path / "cache"
+    failing = _FailingOn(partitions[1].key)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        simulate_fleet(partitions, workload, OPTS, failing, cache=cache)
+    assert failing.ran == [partitions[0].key, partitions[2].key]
+    assert len(list(cache.glob("*.json"))) == 2  # the two that finished are kept
+    resumed: list[str] = []
+    stored: list[str] = []
+    with open_executor(ExecutorKind.INLINE) as executor:
+        result = simulate_fleet(partitions, workload, OPTS, executor, on_done=lambda r: resumed.append(r.key),
+                                cache=cache)
+    assert resumed == [partitions[1].key]
+    assert result.same_outcome() == inline_result.same_outcome()  # stored results read back exactly
+    again = simulate_fleets(partitions, workload, [OPTS], _Refusing(), cache=cache,
+                            on_cached=lambda r: stored.append(r.key))[0]
+    assert stored == [p.key for p in partitions]
+    assert again.same_outcome() == inline_result.same_outcome()
+    assert not list(cache.glob("*.tmp"))
+
+
+def test_a_partition_cache_never_serves_other_inputs_or_code(fleet_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    tasks = partition_tasks(partitions, workload, OPTS)
+    names = {fleet_cache.result_path(tmp_path, t).name for t in tasks}
+    assert len(names) == len(tasks)
+    for other in (dataclasses.replace(OPTS, duration_s=90.0), dataclasses.replace(OPTS, planner="static"),
+                  dataclasses.replace(OPTS, bucket_s=60.0)):
+        assert not names & {fleet_cache.result_path(tmp_path, t).name for t in partition_tasks(partitions, workload, other)}
+    reseeded = partition_tasks(partitions, FleetWorkload.generated(PARAMS, AGENTS, seed=4), OPTS)
+    assert not names & {fleet_cache.result_path(tmp_path, t).name for t in reseeded}
+    monkeypatch.setattr(fleet_cache, "code_digest", lambda: "0" * 16)  # the simulator's code changed
+    assert not names & {fleet_cache.result_path(tmp_path, t).name for t in tasks}
+    # nothing is stored for runs that keep their records (tests): those results are not what the file holds
+    kept = partition_tasks(partitions, workload, dataclasses.replace(OPTS, keep_records=True))
+    assert fleet_cache.load(tmp_path, kept[0]) is None
+
+
+def test_an_unreadable_stored_result_is_refused_naming_the_file(fleet_dir: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    partitions = load_partitions([fleet_dir])
+    task = partition_tasks(partitions, FleetWorkload.generated(PARAMS, AGENTS, seed=3), OPTS)[0]
+    path = fleet_cache.result_path(tmp_path, task)
+    path.write_text("{not json")
+    with pytest.raises(fleet_cache.CacheError, match=path.name):
+        fleet_cache.load(tmp_path, task)
+    path.write_text(json.dumps({"format": fleet_cache.FORMAT, "digest": "another", "result": {}}))
+    with pytest.raises(fleet_cache.CacheError, match="not a stored partition result"):
+        fleet_cache.load(tmp_path, task)
+
+
+def test_simulate_fleet_command_resumes_from_its_partition_cache(fleet_dir: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "fleet.jsonl"
+    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
+    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    argv = ["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60", "--seed", "3",
+            "--bucket", "30", "--executor", "inline", "--json", "--partition-cache", str(tmp_path / "parts")]
+    assert cli_main(argv) == 0
+    first = capsys.readouterr()
+    assert len(list((tmp_path / "parts").glob("*.json"))) == 3 and "stored in" not in first.err
+    assert cli_main(argv) == 0
+    second = capsys.readouterr()
+    assert second.err.count("stored in") == 3
+
+    def outcome(out: str) -> Any:
+        run = json.loads(out)["run"]
+        return run["rows"], [{k: v for k, v in p.items() if k not in ("wall_s", "peak_rss_mb")} for p in run["partitions"]]
+
+    assert outcome(second.out) == outcome(first.out)
+    (next((tmp_path / "parts").glob("*.json"))).write_text("[]")
+    assert cli_main(argv) == USAGE_ERROR
+    assert "not a stored partition result" in capsys.readouterr().err
