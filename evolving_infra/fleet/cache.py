@@ -35,6 +35,10 @@ FORMAT = 1
 CODE_PACKAGES = ("core", "fleet", "node_agent", "operator", "peers", "router", "sim", "traces", "workloads")
 """The `evolving_infra` packages whose source a partition run executes (the CLI, the gateway's server, the
 evaluation runner and the local cluster are left out: they cannot change a simulated result)."""
+NOT_CODE = frozenset({"fleet/cache.py", "fleet/executors.py", "fleet/sim_cli.py", "fleet/sim_report.py",
+                      "fleet/source.py", "fleet/status.py"})
+"""Modules of `CODE_PACKAGES` that never run inside a partition's simulation (storing, scheduling, reporting and
+the gateway's reading): changing them keeps stored results valid."""
 
 
 class CacheError(ValueError):
@@ -43,13 +47,15 @@ class CacheError(ValueError):
 
 @functools.cache
 def code_digest() -> str:
-    """16 hex digits of a hash over the source (`*.py`, by relative path) of `CODE_PACKAGES`."""
+    """16 hex digits of a hash over the source (`*.py`, by relative path) of `CODE_PACKAGES`, less `NOT_CODE`."""
     digest = hashlib.sha256()
     for name in CODE_PACKAGES:
         module = importlib.import_module(f"evolving_infra.{name}")
         root = Path(module.__file__ or "").parent
         for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-            digest.update(f"{name}/{path.relative_to(root).as_posix()}".encode() + b"\0" + path.read_bytes() + b"\0")
+            relative = f"{name}/{path.relative_to(root).as_posix()}"
+            if relative not in NOT_CODE:
+                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

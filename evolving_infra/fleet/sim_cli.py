@@ -15,7 +15,8 @@ Partitions run on `--executor processes` (default, `--workers` processes), `ray`
 local instance on loopback) or `inline`; the result does not depend on the executor or the worker count.
 
 `--partition-cache DIR` keeps each partition's result as it finishes and reuses stored ones (`fleet.cache`): a
-long run that is stopped starts again where it stopped.
+long run that is stopped starts again where it stopped; `--stored-only` shows what DIR holds for the run (per
+partition, adaptive / static where both are done) without simulating.
 
 Output: a table per partition (or `--json`); `--out DIR` writes `fleet.json` (every partition's metrics and time
 series, the fleet summary), `fleet.md` (the tables of docs/evaluation.md) and `fleet.png` (like figure D.2).
@@ -36,17 +37,27 @@ from rich.console import Console
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.fleet.cache import CacheError
+from evolving_infra.fleet.cache import load as load_stored
 from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
-from evolving_infra.fleet.partitions import FleetFileError, load_partitions
+from evolving_infra.fleet.partitions import FleetFileError, FleetPartition, load_partitions
 from evolving_infra.fleet.sim import (
     FleetOptions,
     FleetResult,
     FleetRunError,
     FleetWorkload,
     PartitionResult,
+    partition_tasks,
     simulate_fleets,
 )
-from evolving_infra.fleet.sim_report import compare, fleet_summary, partition_rows, render_markdown, write_figure
+from evolving_infra.fleet.sim_report import (
+    compare,
+    fleet_summary,
+    partition_rows,
+    render_markdown,
+    render_stored,
+    stored_rows,
+    write_figure,
+)
 
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +80,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--partition-cache", metavar="DIR",
                    help="keep each finished partition's result in DIR and reuse the ones stored there (same inputs "
                    "and code), so a stopped run resumes where it stopped")
+    g.add_argument("--stored-only", action="store_true",
+                   help="simulate nothing: list what --partition-cache holds for this run (per partition and run; "
+                   "adaptive / static where both are stored) and what is still missing")
     g.add_argument("--fleet-drain", type=float, metavar="S",
                    help="run at most S s past the scored window to finish its requests (default: the simulator's)")
 
@@ -93,6 +107,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise CliError(str(exc), USAGE_ERROR) from None
     runs = [opts] + ([replace(opts, planner="static")] if args.compare_static else [])
     cache = Path(args.partition_cache) if args.partition_cache else None
+    if args.stored_only:
+        if cache is None:
+            raise CliError("--stored-only reads --partition-cache DIR: give the folder", USAGE_ERROR)
+        return _print_stored(args, partitions, workload, runs, cache)
     start = time.perf_counter()
     try:
         with open_executor(kind, args.workers, args.ray_address) as executor:
@@ -129,6 +147,22 @@ def run_fleet(args: argparse.Namespace) -> int:
     else:
         print(render_markdown(adaptive, static))
     err.print(f"{len(partitions)} partitions simulated in {time.perf_counter() - start:,.1f} s wall")
+    return 0
+
+
+def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], workload: FleetWorkload,
+                  runs: list[FleetOptions], cache: Path) -> int:
+    """`--stored-only`: the partitions of each run that `cache` holds, without simulating anything."""
+    names = ["adaptive", "static"] if len(runs) > 1 else ["run"]
+    try:
+        stored = [(name, [load_stored(cache, t) for t in partition_tasks(partitions, workload, opts)])
+                  for name, opts in zip(names, runs, strict=True)]
+    except (FleetRunError, CacheError) as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
+    if args.json:
+        print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored)}, indent=2))
+    else:
+        print(render_stored(stored, [p.key for p in partitions]))
     return 0
 
 

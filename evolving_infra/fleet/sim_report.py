@@ -162,6 +162,67 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
     return "\n".join(lines)
 
 
+def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) -> list[dict[str, Any]]:
+    """Per partition, what a partly done fleet run has stored: each run's (`(name, results)`, results in partition
+    order, None where not stored) throughput, requests, switches and splits, and adaptive / static where the first
+    two runs both have it. The fleet's figures need every partition; these do not."""
+    if not runs:
+        return []
+    out: list[dict[str, Any]] = []
+    for i in range(len(runs[0][1])):
+        row: dict[str, Any] = {"partition": None}
+        for name, results in runs:
+            r = results[i]
+            if r is not None:
+                row["partition"] = short_name(r.key)
+            row[name] = None if r is None else {
+                "throughput_rps": r.metrics["overall"].get("throughput_rps"), "requests": r.requests,
+                "sim_end_s": r.sim_end_s, "wall_s": r.wall_s,
+                "switches": (r.metrics.get("switches") or {}).get("count"),
+                "splits": [f"{p}P{d}D" + (f"+{c}C" if c else "") for _at, p, d, c in _changes(r.splits)],
+            }
+        if len(runs) > 1:
+            a, b = row[runs[0][0]], row[runs[1][0]]
+            row["ratio"] = None if a is None or b is None else _ratio(a["throughput_rps"] or 0.0, b["throughput_rps"] or 0.0)
+        out.append(row)
+    return out
+
+
+def _changes(splits: Sequence[tuple[float, int, int, int]]) -> list[tuple[float, int, int, int]]:
+    kept: list[tuple[float, int, int, int]] = []
+    for s in sorted(splits):
+        if not kept or kept[-1][1:] != s[1:]:
+            kept.append(s)
+    return kept
+
+
+def render_stored(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]], keys: Sequence[str]) -> str:
+    """`stored_rows` as a markdown table, then how many partition runs are stored and which are missing."""
+    rows = stored_rows(runs)
+    names = [name for name, _ in runs]
+    header = "| partition | " + " | ".join(f"{n}: req/s | {n}: requests | {n}: splits" for n in names)
+    header += " | adaptive / static |" if len(names) > 1 else " |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    missing: list[str] = []
+    for key, row in zip(keys, rows, strict=True):
+        cells = [short_name(key)]
+        for n in names:
+            r = row[n]
+            if r is None:
+                missing.append(f"{short_name(key)} ({n})")
+                cells += ["-", "-", "not stored"]
+            else:
+                cells += [_f(r["throughput_rps"]), f"{r['requests']:,}", " → ".join(r["splits"])]
+        if len(names) > 1:
+            cells.append(_f(row["ratio"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    total = len(rows) * len(names)
+    lines += ["", f"{total - len(missing)} of {total} partition runs stored"
+              + (f"; not yet: {', '.join(missing)}" if missing else " (the whole fleet: run without --stored-only "
+                                                                     "for its figures)")]
+    return "\n".join(lines)
+
+
 def _get(row: Mapping[str, Any] | None, key: str) -> float | None:
     return None if row is None else row.get(key)
 

@@ -363,3 +363,43 @@ def test_simulate_fleet_command_resumes_from_its_partition_cache(fleet_dir: Path
     (next((tmp_path / "parts").glob("*.json"))).write_text("[]")
     assert cli_main(argv) == USAGE_ERROR
     assert "not a stored partition result" in capsys.readouterr().err
+
+
+def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "fleet.jsonl"
+    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
+    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    cache = tmp_path / "parts"
+    argv = ["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60", "--seed", "3",
+            "--bucket", "30", "--compare-static", "--partition-cache", str(cache)]
+    assert cli_main([*argv, "--stored-only"]) == 0
+    assert "0 of 6 partition runs stored" in capsys.readouterr().out
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.from_records(json.loads(line) for line in trace.read_text().splitlines())
+    opts = FleetOptions(duration_s=60.0, warmup_s=0.0, seed=3, bucket_s=30.0)
+    failing = _FailingOn(partitions[1].key)  # p1 fails in both runs: four of six are stored
+    with pytest.raises(RuntimeError):
+        simulate_fleets(partitions, workload, [opts, dataclasses.replace(opts, planner="static")], failing, cache=cache)
+    assert len(list(cache.glob("*.json"))) == 4
+    assert cli_main([*argv, "--stored-only"]) == 0
+    out = capsys.readouterr().out
+    assert "4 of 6 partition runs stored; not yet: tiny-p1 (adaptive), tiny-p1 (static)" in out
+    p0 = next(line for line in out.splitlines() if line.startswith("| tiny-p0 |"))
+    assert "not stored" not in p0 and p0.rstrip(" |").split("| ")[-1] != "-"  # both runs: a ratio
+    assert cli_main([*argv, "--stored-only", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["adaptive"] is None for r in rows] == [False, True, False]
+    assert rows[0]["ratio"] == pytest.approx(rows[0]["adaptive"]["throughput_rps"] / rows[0]["static"]["throughput_rps"])
+    assert cli_main([*argv[:-2], "--stored-only"]) == USAGE_ERROR  # no cache given
+
+
+def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
+    seen = set()
+    for name in fleet_cache.CODE_PACKAGES:  # every excluded module exists (a rename would otherwise go unnoticed)
+        root = Path(__import__(f"evolving_infra.{name}", fromlist=["_"]).__file__).parent
+        seen |= {f"{name}/{p.relative_to(root).as_posix()}" for p in root.rglob("*.py")}
+    assert fleet_cache.NOT_CODE <= seen
+    # what builds and runs a partition (its config, binding, trace, simulation) is in the digest
+    assert {"fleet/sim.py", "fleet/binding.py", "fleet/partitions.py", "operator/rendered.py", "sim/run.py",
+            "node_agent/engine/engine.py", "router/core/core.py", "workloads/fleet.py"} <= seen - fleet_cache.NOT_CODE
