@@ -126,11 +126,13 @@ def open_executor(kind: ExecutorKind | str = ExecutorKind.PROCESSES, workers: in
 
 
 def map_ordered(executor: Executor, fn: Callable[[T], R], items: Iterable[T],
-                on_done: Callable[[int, R], None] | None = None) -> list[R]:
+                on_done: Callable[[int, R], None] | None = None, on_wait: Callable[[], None] | None = None,
+                wait_s: float = 60.0) -> list[R]:
     """`fn(item)` for every item on `executor`; results in item order. `on_done(index, result)` is called as each
     finishes (in completion order, for progress and for keeping results). On the first failure the items not yet
     started are cancelled; those already running still finish and reach `on_done` (their work is not thrown away:
-    a stopped fleet run resumes from what was kept), then the first failure is raised."""
+    a stopped fleet run resumes from what was kept), then the first failure is raised. `on_wait()` is called
+    whenever `wait_s` seconds pass with nothing finishing (progress while long items run)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     futures: Sequence[Future[R]] = [executor.submit(fn, item) for item in items]
@@ -138,7 +140,9 @@ def map_ordered(executor: Executor, fn: Callable[[T], R], items: Iterable[T],
     pending = set(futures)
     failure: BaseException | None = None
     while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        done, pending = wait(pending, timeout=None if on_wait is None else wait_s, return_when=FIRST_COMPLETED)
+        if not done and on_wait is not None:
+            on_wait()
         for future in sorted(done, key=index.__getitem__):
             if future.cancelled():
                 continue

@@ -41,11 +41,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from evolving_infra.fleet import cache as fleet_cache
+from evolving_infra.fleet import progress as fleet_progress
 from evolving_infra.fleet.binding import Binder, BindingError, Requirements
 from evolving_infra.fleet.executors import map_ordered
 from evolving_infra.fleet.partitions import FleetPartition
@@ -238,6 +239,9 @@ class PartitionTask:
     bucket_s: float
     keep_records: bool = False
     users: int = 0
+    progress_path: str | None = None
+    """Where the run reports how far it is (`fleet.progress`); watching never changes the result, so this is not
+    part of the task's stored name."""
 
     def trace(self) -> Trace | GrowingTrace:
         """The partition's trace: whole, or growing agent by agent where it is generated and the loop closed."""
@@ -295,7 +299,16 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     agents as the replay starts them (`GrowingTrace`, the same trace as the whole one, less memory)."""
     trace = task.trace()
     start = time.perf_counter()
-    result = simulate(task.config, trace)
+    if task.progress_path is None:
+        result = simulate(task.config, trace)
+    else:
+        path = Path(task.progress_path)
+        end = task.config.scored_end
+        hook = fleet_progress.writer(path, None if end is None else end + task.config.drain_s)
+        try:
+            result = simulate(task.config, trace, progress=hook, progress_every=fleet_progress.EVERY)
+        finally:
+            fleet_progress.done(path)
     wall = time.perf_counter() - start
     digest = hashlib.sha256()
     for r in result.records:
@@ -389,6 +402,15 @@ def partition_tasks(partitions: Sequence[FleetPartition], workload: FleetWorkloa
     return out
 
 
+WAIT_S = 60.0
+"""Seconds between two calls of `simulate_fleets`'s `on_wait` (progress while partitions run)."""
+
+
+def progress_file(folder: Path, task: PartitionTask) -> Path:
+    """The progress file of `task` in `folder`: its stored result's name with `fleet.progress.SUFFIX`."""
+    return fleet_cache.result_path(folder, task).with_suffix(fleet_progress.SUFFIX)
+
+
 @dataclass
 class FleetResult:
     options: FleetOptions
@@ -409,12 +431,19 @@ def simulate_fleet(partitions: Sequence[FleetPartition], workload: FleetWorkload
 def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkload, runs: Sequence[FleetOptions],
                     executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
                     cache: Path | None = None, on_cached: Callable[[PartitionResult], None] | None = None,
-                    ) -> list[FleetResult]:
+                    progress_dir: Path | None = None,
+                    on_wait: Callable[[list[PartitionTask]], None] | None = None) -> list[FleetResult]:
     """Several runs of the same fleet and workload (e.g. adaptive and static), every partition of every run
     submitted at once (a cluster runs them side by side); one `FleetResult` per run, in order. With `cache` (a
     folder, `fleet.cache`), partitions whose result is stored there are read (`on_cached` called for each) and
-    every partition run here is stored as soon as it finishes, before `on_done` is called."""
+    every partition run here is stored as soon as it finishes, before `on_done` is called. With `progress_dir`,
+    each partition run here reports how far it is in a file there (`fleet.progress`; the cache's folder when
+    None); `on_wait(tasks not yet finished)` is called every `WAIT_S` seconds while the runs go on."""
     tasks = [t for opts in runs for t in partition_tasks(partitions, workload, opts)]
+    where = progress_dir if progress_dir is not None else cache
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+        tasks = [replace(t, progress_path=str(progress_file(where, t))) for t in tasks]
     flat: list[PartitionResult | None] = [None] * len(tasks)
     if cache is not None:
         for i, task in enumerate(tasks):
@@ -429,8 +458,19 @@ def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkloa
         if on_done is not None:
             on_done(result)
 
+    unfinished = set(todo)
+
+    def waiting() -> None:
+        if on_wait is not None:
+            on_wait([tasks[i] for i in sorted(unfinished)])
+
+    def finished_one(j: int, result: PartitionResult) -> None:
+        unfinished.discard(todo[j])
+        finished(j, result)
+
     start = time.perf_counter()
-    ran = map_ordered(executor, run_partition, [tasks[i] for i in todo], on_done=finished)
+    ran = map_ordered(executor, run_partition, [tasks[i] for i in todo], on_done=finished_one,
+                      on_wait=waiting if on_wait is not None else None, wait_s=WAIT_S)
     wall = time.perf_counter() - start
     for i, result in zip(todo, ran, strict=True):
         flat[i] = result

@@ -16,7 +16,8 @@ local instance on loopback) or `inline`; the result does not depend on the execu
 
 `--partition-cache DIR` keeps each partition's result as it finishes and reuses stored ones (`fleet.cache`): a
 long run that is stopped starts again where it stopped; `--stored-only` shows what DIR holds for the run (per
-partition, adaptive / static where both are done) without simulating.
+partition, adaptive / static where both are done, and how far the partitions still running are) without
+simulating. While partitions run, a line per running partition every minute says how far it is (`fleet.progress`).
 
 Output: a table per partition (or `--json`); `--out DIR` writes `fleet.json` (every partition's metrics and time
 series, the fleet summary), `fleet.md` (the tables of docs/evaluation.md) and `fleet.png` (like figure D.2).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import Any
 from rich.console import Console
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
+from evolving_infra.fleet import progress as fleet_progress
 from evolving_infra.fleet.cache import CacheError
 from evolving_infra.fleet.cache import load as load_stored
 from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
@@ -46,7 +49,9 @@ from evolving_infra.fleet.sim import (
     FleetRunError,
     FleetWorkload,
     PartitionResult,
+    PartitionTask,
     partition_tasks,
+    progress_file,
     simulate_fleets,
 )
 from evolving_infra.fleet.sim_report import (
@@ -124,8 +129,15 @@ def run_fleet(args: argparse.Namespace) -> int:
                 err.print(f"  {r.key} ({r.planner}): stored in {cache} ({r.requests:,} requests, {r.sim_end_s:,.0f} "
                           f"simulated s; simulated in {r.wall_s:,.0f} s wall then)")
 
-            results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
-                                      on_cached=cached)
+            def waiting(unfinished: list[PartitionTask]) -> None:
+                for task in unfinished:
+                    state = fleet_progress.read(Path(task.progress_path or ""))
+                    if state is not None:
+                        err.print(f"  {task.key} ({task.config.planner}): {fleet_progress.describe(state)}")
+
+            with tempfile.TemporaryDirectory(prefix="fleet-progress-") as scratch:
+                results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
+                                          on_cached=cached, progress_dir=cache or Path(scratch), on_wait=waiting)
     except ExecutorUnavailable as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     except (FleetRunError, CacheError) as exc:
@@ -155,14 +167,19 @@ def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], wo
     """`--stored-only`: the partitions of each run that `cache` holds, without simulating anything."""
     names = ["adaptive", "static"] if len(runs) > 1 else ["run"]
     try:
-        stored = [(name, [load_stored(cache, t) for t in partition_tasks(partitions, workload, opts)])
-                  for name, opts in zip(names, runs, strict=True)]
+        tasks = [(name, partition_tasks(partitions, workload, opts)) for name, opts in zip(names, runs, strict=True)]
+        stored = [(name, [load_stored(cache, t) for t in ts]) for name, ts in tasks]
     except (FleetRunError, CacheError) as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
+    running = {f"{t.key} ({name})": state for name, ts in tasks for t in ts
+               if (state := fleet_progress.read(progress_file(cache, t))) is not None}
     if args.json:
-        print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored)}, indent=2))
+        print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored),
+                          "running": running}, indent=2))
     else:
         print(render_stored(stored, [p.key for p in partitions]))
+        for what, state in running.items():
+            print(f"running: {what}: {fleet_progress.describe(state)}")
     return 0
 
 

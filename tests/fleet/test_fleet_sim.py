@@ -392,6 +392,14 @@ def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_
     assert [r["adaptive"] is None for r in rows] == [False, True, False]
     assert rows[0]["ratio"] == pytest.approx(rows[0]["adaptive"]["throughput_rps"] / rows[0]["static"]["throughput_rps"])
     assert cli_main([*argv[:-2], "--stored-only"]) == USAGE_ERROR  # no cache given
+    # a partition still running elsewhere shows how far it is
+    from evolving_infra.fleet.sim import progress_file
+
+    task = partition_tasks(partitions, workload, opts)[1]
+    progress_file(cache, task).write_text(json.dumps({"sim_s": 30.0, "end_s": 60.0, "events": 1234, "wall_s": 90.0,
+                                                      "pid": 7, "host": "h", "written": 0.0}))
+    assert cli_main([*argv, "--stored-only"]) == 0
+    assert "running: default/tiny-p1 (adaptive): 30 / 60 simulated s, 1,234 events, 1.5 min wall" in capsys.readouterr().out
 
 
 def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
@@ -403,3 +411,52 @@ def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
     # what builds and runs a partition (its config, binding, trace, simulation) is in the digest
     assert {"fleet/sim.py", "fleet/binding.py", "fleet/partitions.py", "operator/rendered.py", "sim/run.py",
             "node_agent/engine/engine.py", "router/core/core.py", "workloads/fleet.py"} <= seen - fleet_cache.NOT_CODE
+
+
+def test_partitions_report_progress_without_changing_their_results(fleet_dir: Path, inline_result: Any,
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolving_infra.fleet import progress as fleet_progress
+
+    monkeypatch.setattr(fleet_progress, "EVERY", 50)  # a look at the clock every 50 events
+    monkeypatch.setattr(fleet_progress, "MIN_INTERVAL_S", 0.0)  # and a write at each
+    seen: list[dict[str, Any]] = []
+    real = fleet_progress.writer
+
+    def watched(path: Path, end_s: float | None) -> Any:
+        hook = real(path, end_s)
+
+        def report(p: Any) -> None:
+            hook(p)
+            state = fleet_progress.read(path)
+            assert state is not None
+            seen.append(state)
+
+        return report
+
+    monkeypatch.setattr(fleet_progress, "writer", watched)
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.generated(PARAMS, AGENTS, seed=3)
+    with open_executor(ExecutorKind.INLINE) as executor:
+        result = simulate_fleet(partitions, workload, OPTS, executor, cache=tmp_path)
+    assert result.same_outcome() == inline_result.same_outcome()  # watched runs give the same results
+    assert len(seen) > 10 and all(s["end_s"] == pytest.approx(OPTS.duration_s + OPTS.drain_s) for s in seen)
+    times = [s["sim_s"] for s in seen]
+    assert max(times) > 0 and all(0 <= t <= OPTS.duration_s + OPTS.drain_s for t in times)
+    assert not list(tmp_path.glob("*.progress")) and not list(tmp_path.glob("*.tmp"))  # removed at the end
+    line = fleet_progress.describe(seen[-1], now=seen[-1]["written"] + 4)
+    assert "simulated s" in line and "written 4 s ago" in line
+
+
+def test_map_ordered_calls_on_wait_while_items_run() -> None:
+    waits: list[int] = []
+    with open_executor(ExecutorKind.PROCESSES, 1) as executor:
+        got = map_ordered(executor, _sleep_then, [0.6, 0.0], on_wait=lambda: waits.append(1), wait_s=0.1)
+    assert got == [0.6, 0.0] and len(waits) >= 2
+
+
+def _sleep_then(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
