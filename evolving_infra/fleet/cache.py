@@ -17,6 +17,7 @@ Boundary: naming, writing and reading stored results; running them is `fleet.sim
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import importlib
 import json
@@ -82,6 +83,23 @@ def result_path(folder: Path, task: PartitionTask) -> Path:
     and `_` become `_`; the digest alone tells tasks apart)."""
     readable = re.sub(r"[^A-Za-z0-9._-]", "_", f"{task.key}-{task.config.planner}")
     return folder / f"{readable}-{task_digest(task)}.json"
+
+
+def others(folder: Path, task: PartitionTask) -> dict[Path, str]:
+    """Files in `folder` for the same partition and planner as `task` but stored under another digest (other
+    inputs, or other code): each with the code digest it records ("?" where it cannot be read)."""
+    mine = result_path(folder, task)
+    prefix = mine.name[: -len(task_digest(task)) - len(".json")]
+    out: dict[Path, str] = {}
+    for path in sorted(folder.glob(f"{glob.escape(prefix)}*.json")):
+        if path == mine or not re.fullmatch(r"[0-9a-f]{24}\.json", path.name[len(prefix):]):
+            continue
+        try:
+            code = json.loads(path.read_text()).get("code")
+        except (OSError, ValueError, AttributeError):
+            code = None
+        out[path] = code if isinstance(code, str) else "?"
+    return out
 
 
 def load(folder: Path, task: PartitionTask) -> PartitionResult | None:

@@ -39,8 +39,9 @@ from rich.console import Console
 
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.fleet import progress as fleet_progress
-from evolving_infra.fleet.cache import CacheError
+from evolving_infra.fleet.cache import CacheError, code_digest
 from evolving_infra.fleet.cache import load as load_stored
+from evolving_infra.fleet.cache import others as stored_elsewhere
 from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
 from evolving_infra.fleet.partitions import FleetFileError, FleetPartition, load_partitions
 from evolving_infra.fleet.sim import (
@@ -173,13 +174,20 @@ def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], wo
         raise CliError(str(exc), USAGE_ERROR) from None
     running = {f"{t.key} ({name})": state for name, ts in tasks for t in ts
                if (state := fleet_progress.read(progress_file(cache, t))) is not None}
+    other_code = sorted({code for (name, ts), (_n, got) in zip(tasks, stored, strict=True)
+                         for t, r in zip(ts, got, strict=True) if r is None
+                         for code in stored_elsewhere(cache, t).values()})
     if args.json:
         print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored),
-                          "running": running}, indent=2))
+                          "running": running, "code": code_digest(), "other_code": other_code}, indent=2))
     else:
         print(render_stored(stored, [p.key for p in partitions]))
         for what, state in running.items():
             print(f"running: {what}: {fleet_progress.describe(state)}")
+        if other_code:
+            print(f"note: {cache} also holds results of these partitions stored under other inputs or code (code "
+                  f"{', '.join(other_code)}; this code is {code_digest()}): give the same flags, or run "
+                  "--stored-only from the tree that made them")
     return 0
 
 

@@ -400,6 +400,14 @@ def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_
                                                       "pid": 7, "host": "h", "written": 0.0}))
     assert cli_main([*argv, "--stored-only"]) == 0
     assert "running: default/tiny-p1 (adaptive): 30 / 60 simulated s, 1,234 events, 1.5 min wall" in capsys.readouterr().out
+    # p1's result stored by other code (another digest) is not used, but named
+    theirs = fleet_cache.result_path(cache, task)
+    theirs = theirs.with_name(theirs.name[: -len(".json") - 24] + "f" * 24 + ".json")
+    theirs.write_text(json.dumps({"format": fleet_cache.FORMAT, "digest": "f" * 24, "code": "0123456789abcdef"}))
+    assert fleet_cache.others(cache, task) == {theirs: "0123456789abcdef"}
+    assert cli_main([*argv, "--stored-only"]) == 0
+    out = capsys.readouterr().out
+    assert "4 of 6 partition runs stored" in out and "other inputs or code (code 0123456789abcdef;" in out
 
 
 def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
