@@ -360,6 +360,8 @@ def test_simulate_fleet_command_resumes_from_its_partition_cache(fleet_dir: Path
         return run["rows"], [{k: v for k, v in p.items() if k not in ("wall_s", "peak_rss_mb")} for p in run["partitions"]]
 
     assert outcome(second.out) == outcome(first.out)
+    cost = [json.loads(o)["run"]["summary"]["partition_wall_s_sum"] for o in (first.out, second.out)]
+    assert cost[0] > 0 and cost[1] == cost[0]  # what the stored partitions took when they ran, not this reading
     (next((tmp_path / "parts").glob("*.json"))).write_text("[]")
     assert cli_main(argv) == USAGE_ERROR
     assert "not a stored partition result" in capsys.readouterr().err
