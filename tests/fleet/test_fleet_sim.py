@@ -470,3 +470,31 @@ def _sleep_then(seconds: float) -> float:
 
     time.sleep(seconds)
     return seconds
+
+
+DIGEST_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_fleet_sim import AGENTS, OPTS, PARAMS
+    from evolving_infra.fleet.cache import task_digest
+    from evolving_infra.fleet.partitions import load_partitions
+    from evolving_infra.fleet.sim import FleetWorkload, partition_tasks
+    tasks = partition_tasks(load_partitions([{fleet!r}]), FleetWorkload.generated(PARAMS, AGENTS, seed=3), OPTS)
+    print(" ".join(task_digest(t) for t in tasks))
+""")
+
+
+def test_stored_names_do_not_depend_on_the_process(fleet_dir: Path) -> None:
+    """A later session (another process, another hash seed) finds what an earlier one stored."""
+    import os
+
+    script = DIGEST_SCRIPT.format(tests=str(Path(__file__).parent), fleet=str(fleet_dir))
+    names = []
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr[-2000:]
+        names.append(done.stdout.split())
+    here = [fleet_cache.task_digest(t) for t in partition_tasks(load_partitions([fleet_dir]),
+                                                               FleetWorkload.generated(PARAMS, AGENTS, seed=3), OPTS)]
+    assert names[0] == names[1] == here and len(set(here)) == 3
