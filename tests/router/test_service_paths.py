@@ -66,9 +66,9 @@ class EventLog:
 def test_a_queued_prefill_holds_no_decode_binding_until_its_node_starts_it() -> None:
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        # p0 at a quarter of the wall clock: the long prompt's first chunk (8,192 tokens) runs over a second, so the
+        # p0 at a tenth of the wall clock: the long prompt's first chunk (8,192 tokens) runs for about 3.5 s, so the
         # short request arrives while it runs and stays queued behind it however slowly this process is scheduled
-        async with Cluster({"p0": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.25}) as c:
+        async with Cluster({"p0": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.1}) as c:
             p0, d0 = c.agents["p0"], c.agents["d0"]
             long = asyncio.ensure_future(c.complete(words("L", 12000), "long", max_tokens=2))
             await until(lambda: p0.engine.gauges().prefill_running >= 1, "the long prefill running", 10)
@@ -241,9 +241,9 @@ def test_attempt_ids_are_unique_per_attempt() -> None:
 def test_a_node_still_holding_the_request_id_gets_the_attempt_under_a_fresh_id() -> None:
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        # p0 at a quarter of the wall clock and a blocker longer than a chunk (8,192 tokens): no iteration takes both,
-        # and "dup-1" stays queued for over a second however slowly this process is scheduled
-        async with Cluster({"p0": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.25}) as c:
+        # p0 at a twentieth of the wall clock and a blocker longer than a chunk (8,192 tokens): no iteration takes
+        # both, and "dup-1" stays queued for about 7 s, time for the request below to be routed under any load
+        async with Cluster({"p0": P, "d0": D}, speed_up=1.0, speed_ups={"p0": 0.05}) as c:
             client = c.router.clients[NodeId("p0")]
             for rid, n in (("blocker", 64 * 140), ("dup-1", 64 * 4)):  # "dup-1": an abandoned attempt still queued
                 ids = tuple(range(1 + len(rid), n + len(rid)))
