@@ -182,7 +182,7 @@ def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) ->
                 "throughput_rps": r.metrics["overall"].get("throughput_rps"), "requests": r.requests,
                 "sim_end_s": r.sim_end_s, "wall_s": r.wall_s,
                 "switches": (r.metrics.get("switches") or {}).get("count"),
-                "splits": [f"{p}P{d}D" + (f"+{c}C" if c else "") for _at, p, d, c in _changes(r.splits)],
+                "splits": _bucket_splits(r),
             }
         if len(runs) > 1:
             a, b = row[runs[0][0]], row[runs[1][0]]
@@ -191,12 +191,18 @@ def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) ->
     return out
 
 
-def _changes(splits: Sequence[tuple[float, int, int, int]]) -> list[tuple[float, int, int, int]]:
-    kept: list[tuple[float, int, int, int]] = []
-    for s in sorted(splits):
-        if not kept or kept[-1][1:] != s[1:]:
-            kept.append(s)
-    return kept
+def _bucket_splits(r: PartitionResult) -> list[str]:
+    """The split at each bucket's end over the whole run, repeats merged (`+nC`: nodes still collocated)."""
+    out: list[str] = []
+    for row in r.series:
+        if row["prefill_nodes"] is None:
+            continue
+        label = f"{row['prefill_nodes']}P{row['decode_nodes']}D"
+        if row.get("collocated_nodes"):
+            label += f"+{row['collocated_nodes']}C"
+        if not out or out[-1] != label:
+            out.append(label)
+    return out
 
 
 def render_stored(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]], keys: Sequence[str]) -> str:
