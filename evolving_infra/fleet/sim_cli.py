@@ -174,9 +174,9 @@ def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], wo
         raise CliError(str(exc), USAGE_ERROR) from None
     running = {f"{t.key} ({name})": state for name, ts in tasks for t in ts
                if (state := fleet_progress.read(progress_file(cache, t))) is not None}
-    other_code = sorted({code for (name, ts), (_n, got) in zip(tasks, stored, strict=True)
-                         for t, r in zip(ts, got, strict=True) if r is None
-                         for code in stored_elsewhere(cache, t).values()})
+    missing = [t for (_, ts), (_, got) in zip(tasks, stored, strict=True)
+               for t, r in zip(ts, got, strict=True) if r is None]
+    other_code = sorted({code for t in missing for code in stored_elsewhere(cache, t).values()})
     if args.json:
         print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored),
                           "running": running, "code": code_digest(), "other_code": other_code}, indent=2))

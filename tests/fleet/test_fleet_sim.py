@@ -88,6 +88,13 @@ def write_fleet(folder: Path, *, profile: str = "glm-5.2-4xgb300-tp4", overlap: 
     return folder
 
 
+def write_fleet_trace(path: Path) -> Path:
+    """The small fleet's workload (seed 3) as a fleet trace file, as `workload generate --kind fleet` writes it."""
+    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
+    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_fleet(tmp_path_factory.mktemp("fleet") / "tiny")
@@ -235,9 +242,7 @@ def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, agen
 
 def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_dir: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "fleet.jsonl"
-    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
-    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    trace = write_fleet_trace(tmp_path / "fleet.jsonl")
     out = tmp_path / "out"
     code = cli_main(["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60",
                      "--seed", "3", "--bucket", "30", "--executor", "inline", "--compare-static", "--json",
@@ -343,9 +348,7 @@ def test_an_unreadable_stored_result_is_refused_naming_the_file(fleet_dir: Path,
 
 def test_simulate_fleet_command_resumes_from_its_partition_cache(fleet_dir: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "fleet.jsonl"
-    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
-    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    trace = write_fleet_trace(tmp_path / "fleet.jsonl")
     argv = ["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60", "--seed", "3",
             "--bucket", "30", "--executor", "inline", "--json", "--partition-cache", str(tmp_path / "parts")]
     assert cli_main(argv) == 0
@@ -369,9 +372,7 @@ def test_simulate_fleet_command_resumes_from_its_partition_cache(fleet_dir: Path
 
 def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "fleet.jsonl"
-    params = dataclasses.replace(PARAMS, concurrency=AGENTS)
-    write_trace(generate_with("fleet", tasks_for(params, AGENTS), 3, params), trace)
+    trace = write_fleet_trace(tmp_path / "fleet.jsonl")
     cache = tmp_path / "parts"
     argv = ["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60", "--seed", "3",
             "--bucket", "30", "--compare-static", "--partition-cache", str(cache)]
