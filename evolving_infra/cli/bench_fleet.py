@@ -37,7 +37,8 @@ from rich.table import Table
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.fleet.executors import ExecutorKind, open_executor
 from evolving_infra.fleet.partitions import load_partitions
-from evolving_infra.fleet.sim import FleetOptions, FleetWorkload, simulate_fleet
+from evolving_infra.fleet.runs import simulate_fleet
+from evolving_infra.fleet.sim import FleetOptions, FleetWorkload
 from evolving_infra.workloads.fleet import FleetParams
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet-d2"

@@ -11,7 +11,7 @@ fleet's many core-hours can be spent in several sittings or on machines that com
 
 Results that keep every request record (`keep_records`, tests) are never stored.
 
-Boundary: naming, writing and reading stored results; running them is `fleet.sim`'s.
+Boundary: naming, writing and reading stored results; running them is `fleet.runs`'s.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ FORMAT = 1
 CODE_PACKAGES = ("core", "fleet", "node_agent", "operator", "peers", "router", "sim", "traces", "workloads")
 """The `evolving_infra` packages whose source a partition run executes (the CLI, the gateway's server, the
 evaluation runner and the local cluster are left out: they cannot change a simulated result)."""
-NOT_CODE = frozenset({"fleet/cache.py", "fleet/executors.py", "fleet/progress.py", "fleet/sim_cli.py",
-                      "fleet/sim_report.py", "fleet/source.py", "fleet/status.py"})
+NOT_CODE = frozenset({"fleet/cache.py", "fleet/executors.py", "fleet/progress.py", "fleet/runs.py",
+                      "fleet/sim_cli.py", "fleet/sim_report.py", "fleet/source.py", "fleet/status.py"})
 """Modules of `CODE_PACKAGES` that never run inside a partition's simulation (storing, scheduling, reporting and
 the gateway's reading): changing them keeps stored results valid."""
 

@@ -2,8 +2,8 @@
 
     partitions = load_partitions(["examples/fleet-d2/fleet-1of8.yaml"])
     workload = FleetWorkload.generated(FleetParams(), concurrency=3_840, seed=0)
-    with open_executor("processes", workers=8) as executor:
-        result = simulate_fleet(partitions, workload, FleetOptions(duration_s=5_400), executor)
+    tasks = partition_tasks(partitions, workload, FleetOptions(duration_s=5_400))
+    results = [run_partition(task) for task in tasks]  # or on any executor: `fleet.runs`
 
 How a fleet run goes:
 
@@ -28,7 +28,8 @@ Each `PartitionResult` carries the run's metrics, a digest of every request reco
 buckets of `bucket_s` (requests issued and finished, uncached prompt and output tokens, prefill queueing sums,
 the split at the bucket's end) from which `fleet.sim_report` builds the fleet's tables and figure.
 
-Boundary: building and running partition simulations; no printing (the CLI is `fleet.sim_cli`).
+Boundary: building and running partition simulations; running many of them (executors, stored results,
+progress) is `fleet.runs`, printing is `fleet.sim_cli`.
 """
 
 from __future__ import annotations
@@ -39,16 +40,13 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from evolving_infra.fleet import cache as fleet_cache
 from evolving_infra.fleet import progress as fleet_progress
 from evolving_infra.fleet.binding import Binder, BindingError, Requirements
-from evolving_infra.fleet.executors import map_ordered
 from evolving_infra.fleet.partitions import FleetPartition
 from evolving_infra.operator.rendered import planner_settings, prefill_settings
 from evolving_infra.sim.config import SimConfig
@@ -402,15 +400,6 @@ def partition_tasks(partitions: Sequence[FleetPartition], workload: FleetWorkloa
     return out
 
 
-WAIT_S = 60.0
-"""Seconds between two calls of `simulate_fleets`'s `on_wait` (progress while partitions run)."""
-
-
-def progress_file(folder: Path, task: PartitionTask) -> Path:
-    """The progress file of `task` in `folder`: its stored result's name with `fleet.progress.SUFFIX`."""
-    return fleet_cache.result_path(folder, task).with_suffix(fleet_progress.SUFFIX)
-
-
 @dataclass
 class FleetResult:
     options: FleetOptions
@@ -419,62 +408,3 @@ class FleetResult:
 
     def same_outcome(self) -> list[dict[str, Any]]:
         return [p.same_outcome() for p in self.partitions]
-
-
-def simulate_fleet(partitions: Sequence[FleetPartition], workload: FleetWorkload, opts: FleetOptions,
-                   executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
-                   cache: Path | None = None) -> FleetResult:
-    """Run every partition on `executor`; results in the order of `partitions`."""
-    return simulate_fleets(partitions, workload, [opts], executor, on_done, cache)[0]
-
-
-def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkload, runs: Sequence[FleetOptions],
-                    executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
-                    cache: Path | None = None, on_cached: Callable[[PartitionResult], None] | None = None,
-                    progress_dir: Path | None = None,
-                    on_wait: Callable[[list[PartitionTask]], None] | None = None) -> list[FleetResult]:
-    """Several runs of the same fleet and workload (e.g. adaptive and static), every partition of every run
-    submitted at once (a cluster runs them side by side); one `FleetResult` per run, in order. With `cache` (a
-    folder, `fleet.cache`), partitions whose result is stored there are read (`on_cached` called for each) and
-    every partition run here is stored as soon as it finishes, before `on_done` is called. With `progress_dir`,
-    each partition run here reports how far it is in a file there (`fleet.progress`; the cache's folder when
-    None); `on_wait(tasks not yet finished)` is called every `WAIT_S` seconds while the runs go on."""
-    tasks = [t for opts in runs for t in partition_tasks(partitions, workload, opts)]
-    where = progress_dir if progress_dir is not None else cache
-    if where is not None:
-        where.mkdir(parents=True, exist_ok=True)
-        tasks = [replace(t, progress_path=str(progress_file(where, t))) for t in tasks]
-    flat: list[PartitionResult | None] = [None] * len(tasks)
-    if cache is not None:
-        for i, task in enumerate(tasks):
-            stored = flat[i] = fleet_cache.load(cache, task)
-            if stored is not None and on_cached is not None:
-                on_cached(stored)
-    todo = [i for i, r in enumerate(flat) if r is None]
-
-    def finished(j: int, result: PartitionResult) -> None:
-        if cache is not None:
-            fleet_cache.store(cache, tasks[todo[j]], result)
-        if on_done is not None:
-            on_done(result)
-
-    unfinished = set(todo)
-
-    def waiting() -> None:
-        if on_wait is not None:
-            on_wait([tasks[i] for i in sorted(unfinished)])
-
-    def finished_one(j: int, result: PartitionResult) -> None:
-        unfinished.discard(todo[j])
-        finished(j, result)
-
-    start = time.perf_counter()
-    ran = map_ordered(executor, run_partition, [tasks[i] for i in todo], on_done=finished_one,
-                      on_wait=waiting if on_wait is not None else None, wait_s=WAIT_S)
-    wall = time.perf_counter() - start
-    for i, result in zip(todo, ran, strict=True):
-        flat[i] = result
-    done = [r for r in flat if r is not None]
-    assert len(done) == len(tasks)
-    n = len(partitions)
-    return [FleetResult(opts, done[k * n:(k + 1) * n], wall) for k, opts in enumerate(runs)]

@@ -17,12 +17,16 @@ local instance on loopback) or `inline`; the result does not depend on the execu
 `--partition-cache DIR` keeps each partition's result as it finishes and reuses stored ones (`fleet.cache`): a
 long run that is stopped starts again where it stopped; `--stored-only` shows what DIR holds for the run (per
 partition, adaptive / static where both are done, and how far the partitions still running are) without
-simulating. While partitions run, a line per running partition every minute says how far it is (`fleet.progress`).
+simulating. `--partitions NAME,...` runs only those partitions (every run of each), e.g. the ones a reader wants
+first, or a share of the fleet per machine over a shared DIR; users are still bound over the whole fleet, so each
+is exactly the run (and the stored file) the whole fleet's command makes. While partitions run, a line per running
+partition every minute says how far it is (`fleet.progress`).
 
 Output: a table per partition (or `--json`); `--out DIR` writes `fleet.json` (every partition's metrics and time
 series, the fleet summary), `fleet.md` (the tables of docs/evaluation.md) and `fleet.png` (like figure D.2).
 
-Boundary: argument handling, progress and printing; the simulation is `fleet.sim`, the figures `fleet.sim_report`.
+Boundary: argument handling, progress and printing; the simulation is `fleet.sim`, running many partitions
+`fleet.runs`, the figures `fleet.sim_report`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from evolving_infra.fleet.cache import load as load_stored
 from evolving_infra.fleet.cache import others as stored_elsewhere
 from evolving_infra.fleet.executors import ExecutorKind, ExecutorUnavailable, open_executor
 from evolving_infra.fleet.partitions import FleetFileError, FleetPartition, load_partitions
+from evolving_infra.fleet.runs import progress_file, run_tasks, simulate_fleets
 from evolving_infra.fleet.sim import (
     FleetOptions,
     FleetResult,
@@ -52,8 +57,6 @@ from evolving_infra.fleet.sim import (
     PartitionResult,
     PartitionTask,
     partition_tasks,
-    progress_file,
-    simulate_fleets,
 )
 from evolving_infra.fleet.sim_report import (
     compare,
@@ -89,6 +92,10 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stored-only", action="store_true",
                    help="simulate nothing: list what --partition-cache holds for this run (per partition and run; "
                    "adaptive / static where both are stored) and what is still missing")
+    g.add_argument("--partitions", metavar="NAME[,NAME...]",
+                   help="run only these partitions (CR names, or namespace/name), every run of each; users are "
+                   "still bound over the whole fleet, so each is the same run as in the whole fleet (and stored "
+                   "under the same name); prints what is stored, as --stored-only")
     g.add_argument("--fleet-drain", type=float, metavar="S",
                    help="run at most S s past the scored window to finish its requests (default: the simulator's)")
 
@@ -117,10 +124,15 @@ def run_fleet(args: argparse.Namespace) -> int:
         if cache is None:
             raise CliError("--stored-only reads --partition-cache DIR: give the folder", USAGE_ERROR)
         return _print_stored(args, partitions, workload, runs, cache)
+    only = _selected(partitions, args.partitions) if args.partitions is not None else None
+    if only is not None and args.out:
+        raise CliError("--out writes the whole fleet's report: run without --partitions for it (partitions stored "
+                       "in --partition-cache are read, not simulated again)", USAGE_ERROR)
     start = time.perf_counter()
     try:
         with open_executor(kind, args.workers, args.ray_address) as executor:
-            err.print(f"simulating {len(partitions)} partitions x {len(runs)} run(s) on {kind.value}...")
+            what = f"{len(partitions)} partitions" if only is None else f"{len(only)} of {len(partitions)} partitions"
+            err.print(f"simulating {what} x {len(runs)} run(s) on {kind.value}...")
 
             def done(r: PartitionResult) -> None:
                 err.print(f"  {r.key} ({r.planner}): {r.requests:,} requests, {r.sim_end_s:,.0f} simulated s in "
@@ -137,6 +149,15 @@ def run_fleet(args: argparse.Namespace) -> int:
                         err.print(f"  {task.key} ({task.config.planner}): {fleet_progress.describe(state)}")
 
             with tempfile.TemporaryDirectory(prefix="fleet-progress-") as scratch:
+                if only is not None:
+                    names = _run_names(runs)
+                    tasks = [(name, t) for name, opts in zip(names, runs, strict=True)
+                             for t in partition_tasks(partitions, workload, opts) if t.key in only]
+                    ran = run_tasks([t for _, t in tasks], executor, on_done=done, cache=cache, on_cached=cached,
+                                    progress_dir=cache or Path(scratch), on_wait=waiting)
+                    fresh = {(name, t.key): r for (name, t), r in zip(tasks, ran, strict=True)}
+                    err.print(f"{len(only)} partitions simulated in {time.perf_counter() - start:,.1f} s wall")
+                    return _print_stored(args, partitions, workload, runs, cache, fresh)
                 results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
                                           on_cached=cached, progress_dir=cache or Path(scratch), on_wait=waiting)
     except ExecutorUnavailable as exc:
@@ -163,20 +184,50 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selected(partitions: list[FleetPartition], names: str) -> set[str]:
+    """The keys of the partitions `names` (comma-separated CR names or namespace/name keys) selects."""
+    keys = {p.key for p in partitions}
+    by_name: dict[str, list[str]] = {}
+    for p in partitions:
+        by_name.setdefault(p.key.rpartition("/")[2], []).append(p.key)
+    chosen: set[str] = set()
+    for name in (n.strip() for n in names.split(",")):
+        if name in keys:
+            chosen.add(name)
+        elif len(by_name.get(name, [])) == 1:
+            chosen.add(by_name[name][0])
+        elif name in by_name:
+            raise CliError(f"--partitions: {name!r} names several partitions ({', '.join(by_name[name])}): give "
+                           "namespace/name", USAGE_ERROR)
+        else:
+            raise CliError(f"--partitions: no partition {name!r} in the fleet files (partitions: "
+                           f"{', '.join(sorted(keys))})", USAGE_ERROR)
+    return chosen
+
+
+def _run_names(runs: list[FleetOptions]) -> list[str]:
+    return ["adaptive", "static"] if len(runs) > 1 else ["run"]
+
+
 def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], workload: FleetWorkload,
-                  runs: list[FleetOptions], cache: Path) -> int:
-    """`--stored-only`: the partitions of each run that `cache` holds, without simulating anything."""
-    names = ["adaptive", "static"] if len(runs) > 1 else ["run"]
+                  runs: list[FleetOptions], cache: Path | None,
+                  fresh: dict[tuple[str, str], PartitionResult] | None = None) -> int:
+    """`--stored-only`: the partitions of each run that `cache` holds, without simulating anything; with
+    `fresh` (`--partitions`: results by run name and partition key, just simulated), those too."""
+    names = _run_names(runs)
+    fresh = fresh or {}
     try:
         tasks = [(name, partition_tasks(partitions, workload, opts)) for name, opts in zip(names, runs, strict=True)]
-        stored = [(name, [load_stored(cache, t) for t in ts]) for name, ts in tasks]
+        stored = [(name, [fresh.get((name, t.key)) or (None if cache is None else load_stored(cache, t))
+                          for t in ts]) for name, ts in tasks]
     except (FleetRunError, CacheError) as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
-    running = {f"{t.key} ({name})": state for name, ts in tasks for t in ts
-               if (state := fleet_progress.read(progress_file(cache, t))) is not None}
+    running = {} if cache is None else {f"{t.key} ({name})": state for name, ts in tasks for t in ts
+                                        if (state := fleet_progress.read(progress_file(cache, t))) is not None}
     missing = [t for (_, ts), (_, got) in zip(tasks, stored, strict=True)
                for t, r in zip(ts, got, strict=True) if r is None]
-    other_code = sorted({code for t in missing for code in stored_elsewhere(cache, t).values()})
+    other_code = [] if cache is None else sorted(
+        {code for t in missing for code in stored_elsewhere(cache, t).values()})
     if args.json:
         print(json.dumps({"partitions": [p.key for p in partitions], "rows": stored_rows(stored),
                           "running": running, "code": code_digest(), "other_code": other_code}, indent=2))

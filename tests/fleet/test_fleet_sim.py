@@ -29,6 +29,7 @@ from evolving_infra.cli.main import main as cli_main
 from evolving_infra.fleet import cache as fleet_cache
 from evolving_infra.fleet.executors import ExecutorKind, map_ordered, open_executor, ray_unavailable
 from evolving_infra.fleet.partitions import load_partitions
+from evolving_infra.fleet.runs import simulate_fleet, simulate_fleets
 from evolving_infra.fleet.sim import (
     FleetOptions,
     FleetRunError,
@@ -37,8 +38,6 @@ from evolving_infra.fleet.sim import (
     partition_concurrency,
     partition_config,
     partition_tasks,
-    simulate_fleet,
-    simulate_fleets,
 )
 from evolving_infra.sim.run import simulate
 from evolving_infra.traces.loader import trace_from_records
@@ -163,7 +162,8 @@ RAY_SCRIPT = textwrap.dedent("""
     from test_fleet_sim import AGENTS, OPTS, PARAMS
     from evolving_infra.fleet.executors import open_executor
     from evolving_infra.fleet.partitions import load_partitions
-    from evolving_infra.fleet.sim import FleetWorkload, simulate_fleet
+    from evolving_infra.fleet.runs import simulate_fleet
+    from evolving_infra.fleet.sim import FleetWorkload
     with open_executor("ray", 2) as executor:
         result = simulate_fleet(load_partitions([{fleet!r}]), FleetWorkload.generated(PARAMS, AGENTS, seed=3),
                                 OPTS, executor)
@@ -396,7 +396,7 @@ def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_
     assert rows[0]["ratio"] == pytest.approx(rows[0]["adaptive"]["throughput_rps"] / rows[0]["static"]["throughput_rps"])
     assert cli_main([*argv[:-2], "--stored-only"]) == USAGE_ERROR  # no cache given
     # a partition still running elsewhere shows how far it is
-    from evolving_infra.fleet.sim import progress_file
+    from evolving_infra.fleet.runs import progress_file
 
     task = partition_tasks(partitions, workload, opts)[1]
     progress_file(cache, task).write_text(json.dumps({"sim_s": 30.0, "end_s": 60.0, "events": 1234, "wall_s": 90.0,
@@ -411,6 +411,45 @@ def test_stored_only_lists_what_a_partly_done_run_has_kept(fleet_dir: Path, tmp_
     assert cli_main([*argv, "--stored-only"]) == 0
     out = capsys.readouterr().out
     assert "4 of 6 partition runs stored" in out and "other inputs or code (code 0123456789abcdef;" in out
+
+
+def test_partitions_flag_runs_only_the_named_partitions_as_the_whole_fleet_would(
+        fleet_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_fleet_trace(tmp_path / "fleet.jsonl")
+    cache = tmp_path / "parts"
+    argv = ["simulate", "--fleet", str(fleet_dir), str(trace), "--warmup", "0", "--duration", "60", "--seed", "3",
+            "--bucket", "30", "--compare-static", "--executor", "inline"]
+    assert cli_main([*argv, "--partition-cache", str(cache), "--partitions", "tiny-p1"]) == 0
+    out = capsys.readouterr().out
+    assert ("2 of 6 partition runs stored; not yet: tiny-p0 (adaptive), tiny-p0 (static), tiny-p2 (adaptive), "
+            "tiny-p2 (static)") in out
+    # p1's two runs, stored under the names the whole fleet's run gives them (users bound over the whole fleet)
+    partitions = load_partitions([fleet_dir])
+    workload = FleetWorkload.from_records(json.loads(line) for line in trace.read_text().splitlines())
+    opts = FleetOptions(duration_s=60.0, warmup_s=0.0, seed=3, bucket_s=30.0)
+    p1 = [partition_tasks(partitions, workload, o)[1] for o in (opts, dataclasses.replace(opts, planner="static"))]
+    assert sorted(cache.glob("*.json")) == sorted(fleet_cache.result_path(cache, t) for t in p1)
+    # the whole run reads them and runs the rest; its figures equal a run that never stored anything
+    assert cli_main([*argv, "--partition-cache", str(cache), "--json"]) == 0
+    resumed = capsys.readouterr()
+    assert resumed.err.count("stored in") == 2 and len(list(cache.glob("*.json"))) == 6
+    assert cli_main([*argv, "--json"]) == 0
+    whole = capsys.readouterr()
+
+    def outcome(out: str) -> Any:
+        report = json.loads(out)
+        return [[{k: v for k, v in p.items() if k not in ("wall_s", "peak_rss_mb")} for p in report[run]["partitions"]]
+                for run in ("adaptive", "static")]
+
+    assert outcome(resumed.out) == outcome(whole.out)
+    # without a cache the named partitions are simulated and shown, nothing kept; namespace/name works too
+    assert cli_main([*argv, "--partitions", "default/tiny-p2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["adaptive"] is None, r["static"] is None) for r in rows] == [(True, True), (True, True), (False, False)]
+    assert cli_main([*argv, "--partitions", "tiny-p9"]) == USAGE_ERROR
+    assert "no partition 'tiny-p9' in the fleet files (partitions: default/tiny-p0," in capsys.readouterr().err
+    assert cli_main([*argv, "--partitions", "tiny-p1", "--out", str(tmp_path / "out")]) == USAGE_ERROR
+    assert "--out writes the whole fleet's report" in capsys.readouterr().err
 
 
 def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
