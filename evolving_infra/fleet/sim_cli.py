@@ -123,7 +123,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if args.stored_only:
         if cache is None:
             raise CliError("--stored-only reads --partition-cache DIR: give the folder", USAGE_ERROR)
-        return _print_stored(args, partitions, workload, runs, cache)
+        return _print_stored(args, partitions, _tasks_by_run(partitions, workload, runs), cache)
     only = _selected(partitions, args.partitions) if args.partitions is not None else None
     if only is not None and args.out:
         raise CliError("--out writes the whole fleet's report: run without --partitions for it (partitions stored "
@@ -150,14 +150,13 @@ def run_fleet(args: argparse.Namespace) -> int:
 
             with tempfile.TemporaryDirectory(prefix="fleet-progress-") as scratch:
                 if only is not None:
-                    names = _run_names(runs)
-                    tasks = [(name, t) for name, opts in zip(names, runs, strict=True)
-                             for t in partition_tasks(partitions, workload, opts) if t.key in only]
+                    by_run = _tasks_by_run(partitions, workload, runs)
+                    tasks = [(name, t) for name, ts in by_run for t in ts if t.key in only]
                     ran = run_tasks([t for _, t in tasks], executor, on_done=done, cache=cache, on_cached=cached,
                                     progress_dir=cache or Path(scratch), on_wait=waiting)
                     fresh = {(name, t.key): r for (name, t), r in zip(tasks, ran, strict=True)}
                     err.print(f"{len(only)} partitions simulated in {time.perf_counter() - start:,.1f} s wall")
-                    return _print_stored(args, partitions, workload, runs, cache, fresh)
+                    return _print_stored(args, partitions, by_run, cache, fresh)
                 results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
                                           on_cached=cached, progress_dir=cache or Path(scratch), on_wait=waiting)
     except ExecutorUnavailable as exc:
@@ -205,22 +204,26 @@ def _selected(partitions: list[FleetPartition], names: str) -> set[str]:
     return chosen
 
 
-def _run_names(runs: list[FleetOptions]) -> list[str]:
-    return ["adaptive", "static"] if len(runs) > 1 else ["run"]
+def _tasks_by_run(partitions: list[FleetPartition], workload: FleetWorkload,
+                  runs: list[FleetOptions]) -> list[tuple[str, list[PartitionTask]]]:
+    """Each run's name ("adaptive" / "static", or "run") and its partitions' bound tasks."""
+    names = ["adaptive", "static"] if len(runs) > 1 else ["run"]
+    try:
+        return [(name, partition_tasks(partitions, workload, opts)) for name, opts in zip(names, runs, strict=True)]
+    except FleetRunError as exc:
+        raise CliError(str(exc), USAGE_ERROR) from None
 
 
-def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition], workload: FleetWorkload,
-                  runs: list[FleetOptions], cache: Path | None,
+def _print_stored(args: argparse.Namespace, partitions: list[FleetPartition],
+                  tasks: list[tuple[str, list[PartitionTask]]], cache: Path | None,
                   fresh: dict[tuple[str, str], PartitionResult] | None = None) -> int:
-    """`--stored-only`: the partitions of each run that `cache` holds, without simulating anything; with
-    `fresh` (`--partitions`: results by run name and partition key, just simulated), those too."""
-    names = _run_names(runs)
+    """`--stored-only`: the partitions of each run (`_tasks_by_run`) that `cache` holds, without simulating
+    anything; with `fresh` (`--partitions`: results by run name and partition key, just simulated), those too."""
     fresh = fresh or {}
     try:
-        tasks = [(name, partition_tasks(partitions, workload, opts)) for name, opts in zip(names, runs, strict=True)]
         stored = [(name, [fresh.get((name, t.key)) or (None if cache is None else load_stored(cache, t))
                           for t in ts]) for name, ts in tasks]
-    except (FleetRunError, CacheError) as exc:
+    except CacheError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     running = {} if cache is None else {f"{t.key} ({name})": state for name, ts in tasks for t in ts
                                         if (state := fleet_progress.read(progress_file(cache, t))) is not None}
