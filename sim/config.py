@@ -96,6 +96,11 @@ class SimConfig(BaseModel):
     )
     agents: int | None = Field(default=None, ge=1, le=1_000_000, description="closed-loop concurrency (None: open loop)")
     max_active: int | None = Field(default=None, ge=1, description="open loop: cap on active agents (None: no cap)")
+    skip_late_s: float | None = Field(
+        default=None, ge=0, le=7 * 86_400, description="closed loop: a freed slot skips agents whose start_s is more "
+        "than this many seconds before the run's current time, so the replay follows a schedule laid out in the "
+        "trace (None: every agent starts, in file order)"
+    )
     seed: int = Field(default=0, ge=0, description="seed of every random stream of the run")
     noise: float = Field(
         default=0.05, ge=0, le=1.0, description="relative std. dev. of the engines' log-normal iteration-time noise, "
@@ -152,6 +157,8 @@ class SimConfig(BaseModel):
             raise ValueError("exact_models runs the engines without noise; leave noise unset or 0")
         if self.agents is not None and self.max_active is not None:
             raise ValueError("agents (closed loop) and max_active (open loop) exclude each other")
+        if self.skip_late_s is not None and self.agents is None:
+            raise ValueError("skip_late_s is a closed-loop setting; give agents (open loop starts agents at start_s)")
         return self
 
     @property

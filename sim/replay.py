@@ -12,13 +12,19 @@ Semantics (trace format version 1):
 - An agent finishes when all its requests have completed (an agent without requests finishes as it starts).
 - Closed loop (`ReplayMode.closed_loop(n)`): `n` agents are active; when one finishes, the next agent in file
   order starts at that moment (`start_s` is ignored). The run thins out once the trace has no agent left.
+  With `skip_late_s` (`ReplayMode.closed_loop(n, skip_late_s=w)`) the loop follows the trace's schedule: a freed
+  slot skips every agent whose `start_s` is more than `w` before the time since `start` (such an agent never
+  starts, issues nothing and counts in `skipped_agents`), so the mix of agents started stays where the schedule
+  is even when agents last longer than the trace was laid out for. Agents due later than now still start at once
+  (the loop never leaves a slot empty).
 - Open loop (`ReplayMode.open_loop(...)`): agent `i` arrives at `t0 + start_s` (or `t0 + arrivals[i]`),
   where `t0` is the time given to `start`. With `max_active`, arrivals beyond the cap wait in a FIFO
   admission queue; the wait counts toward the latency of the agent's first requests: their `since` (the
   time latency is measured from) is `arrival + delay_s` while `at` is `start + delay_s`.
 
 Invariant: every request is issued exactly once, at a time >= (completion of its last dependency, or its
-agent's start) + `delay_s`; effects come out in order of `at`; `done` once every agent has finished.
+agent's start) + `delay_s`; effects come out in order of `at`; `done` once every agent has finished (or was
+skipped).
 
 With a `StreamedPlan` (closed loop only) an agent's requests are taken from the plan when the agent starts and
 forgotten when it finishes (the plan is told, so the trace can drop what it holds for the agent): memory follows
@@ -73,6 +79,8 @@ class ReplayMode:
     """Open loop: cap on active agents (None: no cap, no admission queue)."""
     arrivals: tuple[float, ...] | None = None
     """Open loop: arrival offsets replacing each agent's `start_s`, in file order (e.g. Poisson arrivals)."""
+    skip_late_s: float | None = None
+    """Closed loop: skip agents whose `start_s` is more than this before now (None: start every agent)."""
 
     def __post_init__(self) -> None:
         if self.kind is ReplayKind.CLOSED_LOOP:
@@ -80,7 +88,13 @@ class ReplayMode:
                 raise ValueError(f"closed-loop concurrency must be an int >= 1, got {self.concurrency!r}")
             if self.max_active is not None or self.arrivals is not None:
                 raise ValueError("closed loop takes only a concurrency; max_active and arrivals are open-loop options")
+            late = self.skip_late_s
+            if late is not None and (isinstance(late, bool) or not isinstance(late, int | float)
+                                     or not math.isfinite(late) or late < 0):  # fmt: skip
+                raise ValueError(f"closed-loop skip_late_s must be None or a finite number >= 0 s, got {late!r}")
             return
+        if self.skip_late_s is not None:
+            raise ValueError("skip_late_s is a closed-loop option; open loop starts agents at their start_s")
         if self.concurrency is not None:
             raise ValueError("open loop takes no concurrency; use max_active to cap active agents")
         if self.max_active is not None and not _positive_int(self.max_active):
@@ -91,9 +105,10 @@ class ReplayMode:
                 raise ValueError(f"open-loop arrivals must be finite and >= 0, got {bad[0]!r}")
 
     @staticmethod
-    def closed_loop(concurrency: int) -> ReplayMode:
-        """Keep `concurrency` agents active, replacing each finished one with the next in file order."""
-        return ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=concurrency)
+    def closed_loop(concurrency: int, skip_late_s: float | None = None) -> ReplayMode:
+        """Keep `concurrency` agents active, replacing each finished one with the next in file order (with
+        `skip_late_s`: the next whose `start_s` is at most that long ago)."""
+        return ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=concurrency, skip_late_s=skip_late_s)
 
     @staticmethod
     def open_loop(max_active: int | None = None, arrivals: Sequence[float] | None = None) -> ReplayMode:
@@ -213,6 +228,8 @@ class AgentReplayer:
                 f"open-loop arrivals give {len(mode.arrivals)} times for {count} agents; give one per agent"
             )
         self._now = -math.inf
+        self._t0 = 0.0
+        """The time given to `start` (the origin of `start_s`)."""
         self._started_run = False
         self._timers: list[tuple[float, int, int, _Timer, str]] = []
         self._seq = 0
@@ -229,6 +246,7 @@ class AgentReplayer:
         """Open loop: (arrival, start) of every agent started, in start order (appendix D.3's admission)."""
         self._next_agent = 0
         self._finished = 0
+        self._skipped = 0
         self._issued = 0
         self._in_flight = 0
         self._to_arrive = 0
@@ -265,7 +283,7 @@ class AgentReplayer:
     @property
     def done(self) -> bool:
         """Every agent of the trace has finished."""
-        return self._started_run and self._finished == self._plan.agent_count
+        return self._started_run and self._finished + self._skipped == self._plan.agent_count
 
     @property
     def active_agents(self) -> int:
@@ -284,6 +302,11 @@ class AgentReplayer:
     @property
     def finished_agents(self) -> int:
         return self._finished
+
+    @property
+    def skipped_agents(self) -> int:
+        """Closed loop with `skip_late_s`: agents never started because their time had passed."""
+        return self._skipped
 
     @property
     def issued_requests(self) -> int:
@@ -313,6 +336,7 @@ class AgentReplayer:
             raise ReplayError("start() was already called for this replayer")
         now = self._advance(now)
         self._started_run = True
+        self._t0 = now
         out: list[Effect] = []
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
             self._fill(now, out)
@@ -408,11 +432,17 @@ class AgentReplayer:
         arrival (open loop). Agents without requests finish at once and free their slot again."""
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
             assert self._mode.concurrency is not None
+            late = self._mode.skip_late_s
             while len(self._active) < self._mode.concurrency and not self.exhausted:
                 agent = self._plan.agent(self._next_agent)
+                self._next_agent += 1
+                if late is not None and agent.start_s + late < at - self._t0:
+                    self._skipped += 1
+                    if self._streamed:
+                        self._plan.release(agent.index)
+                    continue
                 if self._streamed:
                     self._load(agent)
-                self._next_agent += 1
                 self._arrived[agent.agent] = at
                 self._start_agent(agent, at, out)
         else:

@@ -188,7 +188,15 @@ def _stats(state: ClusterState, now: float, events: int, reason: str) -> dict[st
         "fitted_models": fitted_model_quality(state),
         "disaggregated_at": state.disaggregated_at,
         **_admission(state, now),
+        **_skipped(state),
     }
+
+
+def _skipped(state: ClusterState) -> dict[str, Any]:
+    """Closed loop that follows the trace's schedule only (other metrics stay as they were): agents skipped."""
+    if state.replayer.mode.skip_late_s is None:
+        return {}
+    return {"skipped_agents": state.replayer.skipped_agents}
 
 
 def _admission(state: ClusterState, now: float) -> dict[str, Any]:

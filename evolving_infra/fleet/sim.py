@@ -18,7 +18,10 @@ How a fleet run goes:
    partition for the whole run (users are never released in a run).
 3. **Concurrency**: the fleet's concurrent agents (the trace header's `fleet.concurrency`, or `agents`) are
    split over the partitions in proportion to their GPUs; each partition replays its own tasks in file order in
-   closed loop at its share.
+   closed loop at its share. The replay follows the workload's schedule: a freed slot skips tasks whose `start_s`
+   is more than one slice of the header's `fleet.schedule` in the past (`FleetOptions.skip_late_s` to set it,
+   `follow_schedule=False` to start every task however late), so a partition's mix moves when the schedule says
+   even where tasks last longer than the trace was laid out for.
 4. **Runs**: one `PartitionTask` per partition (picklable: the config, the tasks' records or, for a generated
    workload, only their slots, generated in the worker), executed by any `fleet.executors` executor. A task's
    result is a pure function of the task, so the fleet's result is the same for every executor and worker count,
@@ -80,6 +83,11 @@ class FleetOptions:
     """Run every partition with this planner instead of its CR's (e.g. `static`, the baseline of D.2)."""
     agents: int | None = None
     """The fleet's concurrent agents (None: the trace header's `fleet.concurrency`)."""
+    follow_schedule: bool = True
+    """Replay each partition's tasks on the workload's schedule: a freed slot skips tasks whose start is more than
+    `skip_late_s` past (`SimConfig.skip_late_s`); False: every task, in file order, however late."""
+    skip_late_s: float | None = None
+    """How late a task may start (None: one slice of the trace header's `fleet.schedule`; no skipping without one)."""
     seed: int = 0
     bucket_s: float = 300.0
     """Width of the time-series buckets (s)."""
@@ -96,6 +104,8 @@ class FleetOptions:
             raise FleetRunError(f"agents must be >= 1, got {self.agents}")
         if not self.bucket_s > 0:
             raise FleetRunError(f"bucket_s must be > 0, got {self.bucket_s}")
+        if self.skip_late_s is not None and not (math.isfinite(self.skip_late_s) and self.skip_late_s >= 0):
+            raise FleetRunError(f"skip_late_s must be a finite number >= 0, got {self.skip_late_s}")
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,26 @@ class FleetWorkload:
         fleet = (self.header or {}).get("fleet")
         value = fleet.get("concurrency") if isinstance(fleet, dict) else None
         return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
+    def slice_s(self) -> float | None:
+        """One slice of the header's schedule (`fleet.span_s` over the schedule's steps), None without one."""
+        fleet = (self.header or {}).get("fleet")
+        if not isinstance(fleet, dict):
+            return None
+        span, schedule = fleet.get("span_s"), fleet.get("schedule")
+        if not isinstance(span, int | float) or not span > 0 or not isinstance(schedule, dict) or not schedule:
+            return None
+        steps = {len(points) - 1 for points in schedule.values() if isinstance(points, list)}
+        if len(steps) != 1 or min(steps) < 1:
+            return None
+        return float(span) / steps.pop()
+
+    def skip_late_s(self, opts: FleetOptions) -> float | None:
+        """How late a task may start in this workload's replay under `opts` (None: every task starts)."""
+        if not opts.follow_schedule:
+            return None
+        return opts.skip_late_s if opts.skip_late_s is not None else self.slice_s
 
     @classmethod
     def from_records(cls, records: Iterable[Record]) -> FleetWorkload:
@@ -197,8 +227,10 @@ def partition_concurrency(partitions: Sequence[FleetPartition], fleet_agents: in
     return {p.key: 1 + n for p, n in zip(partitions, shares, strict=True)}
 
 
-def partition_config(p: FleetPartition, opts: FleetOptions, agents: int) -> SimConfig:
-    """The simulator's config for one partition: its CR's nodes, profile, split, planner and routing."""
+def partition_config(p: FleetPartition, opts: FleetOptions, agents: int,
+                     skip_late_s: float | None = None) -> SimConfig:
+    """The simulator's config for one partition: its CR's nodes, profile, split, planner and routing; its tasks
+    replayed in closed loop at `agents`, skipping those more than `skip_late_s` late (None: none skipped)."""
     spec = p.spec
     planner = spec.planner.effective_policy.value
     settings = planner_settings(spec)
@@ -215,6 +247,8 @@ def partition_config(p: FleetPartition, opts: FleetOptions, agents: int) -> SimC
         "agents": agents, "seed": opts.seed, "warmup_s": warmup, "duration_s": opts.duration_s,
         "drain_s": opts.drain_s,
     }
+    if skip_late_s is not None:
+        overrides["skip_late_s"] = skip_late_s
     if spec.engine.profile is not None:
         overrides["profile"] = spec.engine.profile
     if warmup == 0:
@@ -336,11 +370,12 @@ def peak_rss_mb() -> float:
 
 def bucket_series(records: Sequence[RequestRecord], splits: Sequence[SplitRecord], bucket_s: float,
                   end: float) -> list[dict[str, Any]]:
-    """Per bucket `[t0, t1)`: counts and sums (never means) of the requests, and the split at `t1`."""
+    """Per bucket `[t0, t1)`: counts and sums (never means) of the requests (`issued_by_workload`: requests issued
+    per workload label), and the split at `t1`."""
     n = max(1, math.ceil(end / bucket_s))
     rows: list[dict[str, Any]] = [
         {"t0": i * bucket_s, "t1": (i + 1) * bucket_s, "issued": 0, "finished": 0, "prefills": 0,
-         "uncached_tokens": 0, "output_tokens": 0, "queue_s_sum": 0.0}
+         "uncached_tokens": 0, "output_tokens": 0, "queue_s_sum": 0.0, "issued_by_workload": {}}
         for i in range(n)
     ]
 
@@ -348,7 +383,9 @@ def bucket_series(records: Sequence[RequestRecord], splits: Sequence[SplitRecord
         return rows[min(n - 1, max(0, int(t // bucket_s)))]
 
     for r in records:
-        at(r.issued)["issued"] += 1
+        issued = at(r.issued)
+        issued["issued"] += 1
+        issued["issued_by_workload"][r.workload] = issued["issued_by_workload"].get(r.workload, 0) + 1
         row = at(r.prefill_start)
         row["prefills"] += 1
         row["uncached_tokens"] += r.prompt_tokens - r.cached_tokens
@@ -386,7 +423,7 @@ def partition_tasks(partitions: Sequence[FleetPartition], workload: FleetWorkloa
         users[binding[task.agent]].add(task.user)
     out: list[PartitionTask] = []
     for p in partitions:
-        cfg = partition_config(p, opts, concurrency[p.key])
+        cfg = partition_config(p, opts, concurrency[p.key], workload.skip_late_s(opts))
         if workload.records is not None:
             recs = [r for agent in bound[p.key] for r in workload.records[agent]]
             out.append(PartitionTask(p.key, cfg, workload.prefixes, recs, None, opts.bucket_s, opts.keep_records,

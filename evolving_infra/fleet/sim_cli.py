@@ -9,7 +9,9 @@ The partitions are the AgentServingClusters in the files (a directory: its YAML 
 simulated cluster (router, planner, KV directory) with its CR's nodes, profile, split, planner and routing. Tasks
 are bound to partitions by user with the global router's binding (`fleet.binding`). The workload is a fleet trace
 file (agent records with `user` and `requires`) or `--workload fleet` (generated; `--agents` is the fleet's
-concurrency, and the generated schedule spans warmup + duration). `--planner static` runs every partition at its
+concurrency, and the generated schedule spans warmup + duration). Each partition follows the workload's schedule
+(`--skip-late`: a freed slot skips tasks more than one slice of the schedule late, so a local shift happens when
+the schedule says even where tasks outlast the trace's layout). `--planner static` runs every partition at its
 initial split; `--compare-static` runs the fleet twice (the CRs' planners, then static) and reports both.
 Partitions run on `--executor processes` (default, `--workers` processes), `ray` (`--ray-address`, or a private
 local instance on loopback) or `inline`; the result does not depend on the executor or the worker count.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -96,8 +99,25 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only these partitions (CR names, or namespace/name), every run of each; users are "
                    "still bound over the whole fleet, so each is the same run as in the whole fleet (and stored "
                    "under the same name); prints what is stored, as --stored-only")
+    g.add_argument("--skip-late", type=_skip_late, metavar="S|off",
+                   help="replay each partition on the workload's schedule: a freed slot skips tasks whose scheduled "
+                   "start is more than S s past (default: one slice of the trace header's fleet.schedule); off: "
+                   "every task in file order, however late")
     g.add_argument("--fleet-drain", type=float, metavar="S",
                    help="run at most S s past the scored window to finish its requests (default: the simulator's)")
+
+
+def _skip_late(text: str) -> float | str:
+    """`--skip-late`: seconds >= 0, or `off`."""
+    if text.strip().lower() == "off":
+        return "off"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'off', got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'off', got {text!r}")
+    return value
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -114,7 +134,9 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise CliError(f"cannot use the fleet files:\n{exc}", USAGE_ERROR) from None
     try:
         opts = FleetOptions(duration_s=args.duration, warmup_s=args.warmup, planner=args.planner,
-                            agents=args.agents, seed=args.seed, bucket_s=args.bucket, drain_s=args.fleet_drain)
+                            agents=args.agents, seed=args.seed, bucket_s=args.bucket, drain_s=args.fleet_drain,
+                            follow_schedule=args.skip_late != "off",
+                            skip_late_s=args.skip_late if isinstance(args.skip_late, float) else None)
         workload = _workload(args, opts)
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None

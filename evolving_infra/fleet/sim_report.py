@@ -13,6 +13,8 @@ wholly inside the window count):
 - **Throughput**: each partition's scored throughput (`sim.metrics`), summed for the fleet. Adaptive over static
   compares two runs of the same fleet and workload that differ only in the planner.
 - **Split over time**: prefill and decode nodes at each bucket's end.
+- **Mix**: the share of requests issued by one workload (the first label in sorted order, `cc` in D.2's fleet) in
+  the first and the last third of the window, to see whether a partition's local shift was replayed.
 - **Cost**: the sum of the partitions' own wall times (each measured by the run that simulated it, so a run
   resumed from stored partitions still shows what the whole fleet took); `wall_s` is this invocation's.
 
@@ -88,8 +90,31 @@ def partition_rows(result: FleetResult) -> list[dict[str, Any]]:
             "work_variation": variation([float(r["issued"]) for r in w]),
             "splits": splits,
             "switches": (p.metrics.get("switches") or {}).get("count"),
+            "mix": mix(w),
         })
     return rows
+
+
+def mix(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """`{"workload", "first", "last"}`: the share of requests issued by the first workload label (sorted) in the
+    first and last third of `rows` (buckets), None without per-workload counts or requests."""
+    labels = sorted({w for r in rows for w in r.get("issued_by_workload") or {}})
+    third = len(rows) // 3
+    if not labels or third == 0:
+        return None
+    label = labels[0]
+
+    def share(part: Sequence[Mapping[str, Any]]) -> float | None:
+        mine = sum((r.get("issued_by_workload") or {}).get(label, 0) for r in part)
+        return _ratio(mine, sum(sum((r.get("issued_by_workload") or {}).values()) for r in part))
+
+    return {"workload": label, "first": share(rows[:third]), "last": share(rows[-third:])}
+
+
+def _mix_text(m: Mapping[str, Any] | None) -> str:
+    if m is None:
+        return "-"
+    return f"{m['workload']} {_f(_pct(m['first']), 0, ' %')} → {_f(_pct(m['last']), 0, ' %')}"
 
 
 def fleet_summary(result: FleetResult) -> dict[str, Any]:
@@ -143,7 +168,7 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
         lines.append(f"| {name} | {f['requests']:,} | {_f(f['throughput_rps'])} | {_f(_pct(f['pd_ratio_variation']), 1, ' %')} "
                      f"| {_f(_pct(f['work_variation']), 1, ' %')} | {_f(f['queue_mean_s'])} | {f['partition_wall_s_sum']:,.0f} |")
     lines.append("")
-    header = ("| partition | agents | users | PD ratio variation | work variation | queue vs fleet (static) | "
+    header = ("| partition | agents | users | mix (adaptive) | PD ratio variation | work variation | queue vs fleet (static) | "
               "peak (static) | queue vs fleet (adaptive) | peak (adaptive) | splits (adaptive) | req/s static | "
               "req/s adaptive | adaptive / static |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
@@ -153,14 +178,15 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
     for a, s, c in zip(ra, rs, cmp_rows, strict=True):
         base = s or a
         lines.append(
-            f"| {a['partition']} | {a['agents']} | {a['users']} | {_f(_pct(base['pd_ratio_variation']), 1, ' %')} | "
+            f"| {a['partition']} | {a['agents']} | {a['users']} | {_mix_text(a['mix'])} | "
+            f"{_f(_pct(base['pd_ratio_variation']), 1, ' %')} | "
             f"{_f(_pct(base['work_variation']), 1, ' %')} | {_f(_get(s, 'queue_vs_fleet'))} | "
             f"{_f(_get(s, 'queue_peak_vs_fleet'))} | {_f(a['queue_vs_fleet'])} | {_f(a['queue_peak_vs_fleet'])} | "
             f"{' → '.join(a['splits'])} | {_f(_get(c, 'static_rps'))} | {_f(a['throughput_rps'])} | "
             f"{_f(_get(c, 'ratio'))} |")
     if static:
         fleet = compare(adaptive, static)["fleet"]
-        lines.append(f"| **fleet** | | | | | 1.00 | | 1.00 | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
+        lines.append(f"| **fleet** | | | | | | 1.00 | | 1.00 | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
                      f"| **{_f(fleet['ratio'])}** |")
     return "\n".join(lines)
 
@@ -183,12 +209,21 @@ def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) ->
                 "sim_end_s": r.sim_end_s, "wall_s": r.wall_s,
                 "switches": (r.metrics.get("switches") or {}).get("count"),
                 "splits": _bucket_splits(r),
+                "mix": mix(_scored(r)),
+                "skipped_agents": (r.metrics.get("simulation") or {}).get("skipped_agents"),
             }
         if len(runs) > 1:
             a, b = row[runs[0][0]], row[runs[1][0]]
             row["ratio"] = None if a is None or b is None else _ratio(a["throughput_rps"] or 0.0, b["throughput_rps"] or 0.0)
         out.append(row)
     return out
+
+
+def _scored(r: PartitionResult) -> list[Mapping[str, Any]]:
+    """The buckets of `r`'s series wholly inside its scored window."""
+    window = r.metrics.get("window") or {}
+    start, end = float(window.get("start", 0.0)), float(window.get("end") or r.sim_end_s)
+    return _in_window(r.series, start, end)
 
 
 def _bucket_splits(r: PartitionResult) -> list[str]:
@@ -209,7 +244,7 @@ def render_stored(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]], 
     """`stored_rows` as a markdown table, then how many partition runs are stored and which are missing."""
     rows = stored_rows(runs)
     names = [name for name, _ in runs]
-    header = "| partition | " + " | ".join(f"{n}: req/s | {n}: requests | {n}: splits" for n in names)
+    header = "| partition | " + " | ".join(f"{n}: req/s | {n}: requests | {n}: mix | {n}: splits" for n in names)
     header += " | adaptive / static |" if len(names) > 1 else " |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     missing: list[str] = []
@@ -219,9 +254,9 @@ def render_stored(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]], 
             r = row[n]
             if r is None:
                 missing.append(f"{short_name(key)} ({n})")
-                cells += ["-", "-", "not stored"]
+                cells += ["-", "-", "-", "not stored"]
             else:
-                cells += [_f(r["throughput_rps"]), f"{r['requests']:,}", " → ".join(r["splits"])]
+                cells += [_f(r["throughput_rps"]), f"{r['requests']:,}", _mix_text(r["mix"]), " → ".join(r["splits"])]
         if len(names) > 1:
             cells.append(_f(row["ratio"]))
         lines.append("| " + " | ".join(cells) + " |")

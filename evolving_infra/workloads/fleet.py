@@ -17,7 +17,9 @@ the fleet's aggregate mix stays constant while those two partitions see a local 
 of the fleet's concurrency (`concurrency`, e.g. 3,840 at 1/8 scale: ~10 per GPU; unset, the concurrency that
 `agents` tasks keep busy for `span_s` at the estimated task durations), plus a tail at the final mix.
 `tasks_for(params, concurrency)` is the number of tasks that fills the span. Within each region, the agents are in
-file order of the schedule: replaying a partition's agents in file order at its concurrency follows the shift.
+file order of the schedule: replaying a partition's agents in file order at its concurrency follows the shift as
+long as tasks last about their estimate; skipping tasks whose slice has passed (`sim.replay`'s `skip_late_s`, one
+slice: what `simulate --fleet` does) follows it whatever the tasks' real durations.
 
 Boundary: pure generation (seeded `random.Random` streams per agent), like the other kinds; binding users to
 partitions and simulating them is `evolving_infra.fleet`.
@@ -271,7 +273,8 @@ def fleet_header(p: FleetParams, agents: int, seed: int, slots: list[AgentSlot])
             f"regions ({', '.join(f'{r.name}: {r.partitions} partitions' for r in p.regions)}), CC-like and "
             f"codex-like tasks. Agent records carry 'user' and 'requires' (partition labels, key {REGION_LABEL!r}). "
             "Replay each partition's agents in file order in closed loop at its share of the fleet concurrency "
-            "(fleet.concurrency) to follow the regions' CC share over time (fleet.schedule)."
+            "(fleet.concurrency), skipping agents whose start_s is more than one slice of fleet.schedule past "
+            "when a slot frees, to follow the regions' CC share over time (fleet.schedule)."
         ),
         "fleet": {
             "concurrency": concurrency,

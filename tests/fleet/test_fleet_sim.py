@@ -38,10 +38,13 @@ from evolving_infra.fleet.sim import (
     partition_concurrency,
     partition_config,
     partition_tasks,
+    run_partition,
 )
+from evolving_infra.fleet.sim_report import mix
 from evolving_infra.sim.run import simulate
 from evolving_infra.traces.loader import trace_from_records
 from evolving_infra.workloads import generate_with, write_trace
+from evolving_infra.workloads.dist import LogNormal
 from evolving_infra.workloads.fleet import REGION_LABEL, FleetParams, Region, fleet_plan, tasks_for
 
 PARTITION = """\
@@ -121,11 +124,12 @@ def test_fleet_equals_its_partitions_simulated_one_by_one(fleet_dir: Path, inlin
     def agent_of(record: dict[str, Any]) -> str:
         return str(record["agent"]) if "agent" in record else branch_agent[str(record["branch"])]
 
+    assert workload.skip_late_s(OPTS) == PARAMS.span_s / PARAMS.slices  # the header's schedule, one slice
     assert len(inline_result.partitions) == 3
     for p, fleet_part in zip(partitions, inline_result.partitions, strict=True):
         mine = [r for r in records if r["kind"] not in ("header", "prefix") and binding[agent_of(r)] == p.key]
         trace = trace_from_records([{"kind": "header", "version": 1, "name": "alone"}, *prefixes, *mine])
-        alone = simulate(partition_config(p, OPTS, concurrency[p.key]), trace)
+        alone = simulate(partition_config(p, OPTS, concurrency[p.key], workload.skip_late_s(OPTS)), trace)
         assert fleet_part.key == p.key
         assert fleet_part.requests == len(alone.records) > 0
         assert fleet_part.records == alone.records
@@ -257,11 +261,37 @@ def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_
     assert (out / "fleet.png").stat().st_size > 0 and "| **fleet** |" in (out / "fleet.md").read_text()
 
 
+def test_a_partition_follows_its_schedule_when_tasks_outlast_the_layout(fleet_dir: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # The east region's CC share moves 0.2 -> 0.8 over 600 s; the trace is laid out for 15-s tasks, which last
+    # longer when simulated, so a replay in file order falls behind the schedule and never reaches the shift.
+    short = LogNormal(3, 0.3, lo=2, hi=6)
+    params = dataclasses.replace(PARAMS, cc=dataclasses.replace(PARAMS.cc, main_steps=short),
+                                 codex=dataclasses.replace(PARAMS.codex, main_steps=short), span_s=600.0, slices=6,
+                                 task_estimate_s={"cc": 15.0, "codex": 15.0})
+    workload = FleetWorkload.generated(params, 12, seed=3)
+    assert workload.slice_s == 100.0
+    opts = FleetOptions(duration_s=600.0, warmup_s=0.0, seed=3, bucket_s=50.0, drain_s=30.0)
+    east = [run_partition(partition_tasks(load_partitions([fleet_dir]), workload, o)[2])
+            for o in (opts, dataclasses.replace(opts, follow_schedule=False))]
+    following, plain = (mix(r.series[:12]) for r in east)
+    assert following is not None and plain is not None and following["workload"] == "cc"
+    assert following["first"] <= 0.35 and following["last"] >= 0.55  # the shift happens when the schedule says
+    assert plain["last"] < 0.4  # in file order the replay is still near its starting mix
+    assert east[0].metrics["simulation"]["skipped_agents"] > 0 and east[0].metrics["config"]["skip_late_s"] == 100.0
+    assert "skipped_agents" not in east[1].metrics["simulation"] and east[1].metrics["config"]["skip_late_s"] is None
+
+
 def test_bad_fleet_settings_are_refused(fleet_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "fleet", "--agents", "6", "--duration", "60",
                      "--fleet-set", "no_such_parameter=3"])
     assert code == USAGE_ERROR and "--fleet-set" in capsys.readouterr().err
     assert cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "cc", "--agents", "6"]) == USAGE_ERROR
+    capsys.readouterr()
+    for bad in ("-5", "soon", "inf"):
+        with pytest.raises(SystemExit):
+            cli_main(["simulate", "--fleet", str(fleet_dir), "--workload", "fleet", "--agents", "6", "--skip-late", bad])
+        assert "--skip-late: expected seconds >= 0 or 'off'" in capsys.readouterr().err
 
 
 class _Refusing(Executor):

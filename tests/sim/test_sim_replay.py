@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,53 @@ def test_branch_end_takes_effect_at_its_request_even_if_the_agent_goes_on() -> N
     replayer.due(7.0)
     out = replayer.completed("a.r2", 8.0)
     assert out == [BranchEnded("a.main", "a", 8.0), AgentFinished("a", "cc", 8.0)]
+
+
+def scheduled_trace(slices: int = 10, per_slice: int = 8, width: float = 100.0) -> Any:
+    """Agents laid out for tasks of `width` s: `per_slice` starts per slice, the `cc` share moving 0.2 -> 0.8
+    (cc and codex interleaved within a slice)."""
+    records: list[dict[str, Any]] = []
+    for i in range(slices):
+        cc = round(per_slice * (0.2 + 0.6 * i / (slices - 1)))
+        labels = sorted(range(per_slice), key=lambda k: (k * cc) % per_slice)[:cc]
+        for k in range(per_slice):
+            name = f"s{i}k{k}"
+            records += [agent(name, i * width + k * width / per_slice, "cc" if k in labels else "codex"),
+                        req(f"{name}.r1", f"{name}.main")]
+    return trace_from_records(records)
+
+
+@pytest.mark.parametrize("slower", [1.0, 3.0, 7.0])
+def test_a_schedule_following_loop_keeps_to_the_schedule_however_long_tasks_last(slower: float) -> None:
+    trace = scheduled_trace()
+    start_s = {a.agent: a.start_s for a in trace.agents.values()}
+
+    def service(spec: Any) -> float:  # tasks last `slower` times what the trace was laid out for (+- 40 %)
+        return 100.0 * slower * (0.6 + 0.8 * (spec.index * 7 % 11) / 10)
+
+    def started(mode: ReplayMode) -> tuple[list[AgentStarted], AgentReplayer]:
+        replayer = AgentReplayer(trace, mode)
+        log = run_replay(replayer, service)
+        return [e for e in log.effects if isinstance(e, AgentStarted) and e.at < 1_000.0], replayer
+
+    following, replayer = started(ReplayMode.closed_loop(8, skip_late_s=100.0))
+    plain, _ = started(ReplayMode.closed_loop(8))
+    assert replayer.done
+    assert all(start_s[e.agent] + 100.0 >= e.at for e in following)  # never more than a slice late
+    if slower == 1.0:
+        assert replayer.skipped_agents == 0 and following == plain
+        return
+    assert replayer.skipped_agents > 0
+    # Agents started in the span's second half: on the schedule with skipping, far behind it without.
+    second = [e for e in following if e.at >= 500.0]
+    plain_second = [e for e in plain if e.at >= 500.0]
+    assert second and all(start_s[e.agent] >= e.at - 100.0 >= 400.0 for e in second)
+    assert all(start_s[e.agent] < 1_000.0 / slower * 1.5 for e in plain_second)
+
+    def cc_share(events: list[AgentStarted]) -> float:
+        return sum(e.workload == "cc" for e in events) / len(events)
+
+    assert cc_share(second) >= 0.5 > cc_share(plain_second) if plain_second else cc_share(second) >= 0.5
 
 
 def test_closed_loop_replaces_finished_agents_in_file_order_ignoring_start_s() -> None:
@@ -289,3 +337,8 @@ def test_mode_arguments_are_checked() -> None:
         ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=2, max_active=3)
     with pytest.raises(ValueError, match="takes no concurrency"):
         ReplayMode(ReplayKind.OPEN_LOOP, concurrency=2)
+    for bad in (-1.0, math.inf, math.nan, True, "10"):
+        with pytest.raises(ValueError, match="skip_late_s"):
+            ReplayMode.closed_loop(2, skip_late_s=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="closed-loop option"):
+        ReplayMode(ReplayKind.OPEN_LOOP, skip_late_s=10.0)

@@ -1,6 +1,6 @@
 """Replay invariants on random valid traces (built as records and loaded by the real trace loader):
 every request is issued exactly once, exactly when its dependencies allow; every branch and agent ends once;
-the mode's limits on active agents hold."""
+the mode's limits on active agents hold; a schedule-following closed loop skips exactly the agents it must."""
 
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def trace_records(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 modes = st.one_of(
     st.integers(1, 3).map(ReplayMode.closed_loop),
+    st.tuples(st.integers(1, 3), st.sampled_from([0.0, 1.0, 5.0])).map(lambda t: ReplayMode.closed_loop(*t)),
     st.one_of(st.none(), st.integers(1, 2)).map(lambda cap: ReplayMode.open_loop(max_active=cap)),
 )
 

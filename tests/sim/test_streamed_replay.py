@@ -24,17 +24,20 @@ SERVICE = [0.0, 0.5, 1.0, 2.5]
 
 @settings(max_examples=60)
 @given(records=trace_records(TraceShape(max_agents=5, max_steps=8)), concurrency=st.integers(1, 3),
-       service=st.lists(st.sampled_from(SERVICE), min_size=8, max_size=8), stop=st.sampled_from([None, 2.0, 6.0]))
+       service=st.lists(st.sampled_from(SERVICE), min_size=8, max_size=8), stop=st.sampled_from([None, 2.0, 6.0]),
+       late=st.sampled_from([None, None, 0.0, 1.5]))
 def test_streamed_replay_emits_the_whole_plans_effects(records: list[dict[str, Any]], concurrency: int,
-                                                       service: list[float], stop: float | None) -> None:  # fmt: skip
+                                                       service: list[float], stop: float | None,
+                                                       late: float | None) -> None:  # fmt: skip
     head, blocks = agent_blocks(records)
     whole = trace_from_records(flatten(head, blocks))
-    mode = ReplayMode.closed_loop(concurrency)
+    mode = ReplayMode.closed_loop(concurrency, skip_late_s=late)
 
     def cost(spec: Any) -> float:
         return service[spec.index % len(service)]
 
-    expected = run_replay(AgentReplayer(whole, mode), cost, until=stop)
+    reference = AgentReplayer(whole, mode)
+    expected = run_replay(reference, cost, until=stop)
     trace = growing(head, blocks)
     released: list[int] = []
     trace.on_release(lambda a: released.append(a.index))
@@ -42,9 +45,13 @@ def test_streamed_replay_emits_the_whole_plans_effects(records: list[dict[str, A
     got = run_replay(replayer, cost, until=stop)
     assert got.effects == expected.effects and got.completed == expected.completed
     started = sum(isinstance(e, AgentStarted) for e in got.effects)
-    assert trace.loaded_agents == started, "an agent is generated only when it starts"
+    assert replayer.skipped_agents == reference.skipped_agents
+    assert late is not None or replayer.skipped_agents == 0
+    assert trace.loaded_agents == started + replayer.skipped_agents, "an agent is generated when it starts or is skipped"
     index = {b[0]["agent"]: i for i, b in enumerate(blocks)}
-    assert released == [index[e.agent] for e in got.effects if isinstance(e, AgentFinished)]
+    finished = {index[e.agent] for e in got.effects if isinstance(e, AgentFinished)}
+    assert [i for i in released if i in finished] == [index[e.agent] for e in got.effects if isinstance(e, AgentFinished)]
+    assert len(released) == len(finished) + replayer.skipped_agents, "a skipped agent is released at once"
     if stop is None:
         assert replayer.done and sorted(released) == list(range(len(blocks)))
         assert not replayer._specs and not replayer._runs, "finished agents are dropped"
