@@ -30,6 +30,7 @@ from evolving_infra.fleet.partitions import FleetPartition
 from evolving_infra.fleet.sim import (
     FleetOptions,
     FleetResult,
+    FleetRunError,
     FleetWorkload,
     PartitionResult,
     PartitionTask,
@@ -101,11 +102,15 @@ def simulate_fleets(partitions: Sequence[FleetPartition], workload: FleetWorkloa
                     executor: Executor, on_done: Callable[[PartitionResult], None] | None = None,
                     cache: Path | None = None, on_cached: Callable[[PartitionResult], None] | None = None,
                     progress_dir: Path | None = None,
-                    on_wait: Callable[[list[PartitionTask]], None] | None = None) -> list[FleetResult]:
+                    on_wait: Callable[[list[PartitionTask]], None] | None = None,
+                    per_run: Sequence[Sequence[FleetPartition]] | None = None) -> list[FleetResult]:
     """Several runs of the same fleet and workload (e.g. adaptive and static), every partition of every run
     submitted at once through `run_tasks` (its arguments have the same meaning); one `FleetResult` per run, in
-    order."""
-    tasks = [t for opts in runs for t in partition_tasks(partitions, workload, opts)]
+    order. `per_run`: each run's own copy of `partitions` (the same partitions, e.g. another static split)."""
+    parts = per_run if per_run is not None else [partitions] * len(runs)
+    if len(parts) != len(runs) or any([p.key for p in ps] != [p.key for p in partitions] for ps in parts):
+        raise FleetRunError("per_run gives each run the fleet's partitions, in order")
+    tasks = [t for opts, ps in zip(runs, parts, strict=True) for t in partition_tasks(ps, workload, opts)]
     start = time.perf_counter()
     done = run_tasks(tasks, executor, on_done, cache, on_cached, progress_dir, on_wait)
     wall = time.perf_counter() - start

@@ -85,6 +85,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    "--executor ray")
     g.add_argument("--compare-static", action="store_true",
                    help="run the fleet twice: the CRs' planners, then every partition static at its initial split")
+    g.add_argument("--static-split", metavar="SPLIT",
+                   help="the static run (--compare-static, or --planner static) holds SPLIT, e.g. 4P8D, on every "
+                   "partition instead of its CR's initialSplit (adaptive runs still start from the CR's)")
     g.add_argument("--bucket", type=float, default=300.0, help="seconds per time-series bucket (default 300)")
     g.add_argument("--fleet-set", action="append", default=[], metavar="PATH=VALUE",
                    help="set a parameter of the generated fleet workload (repeatable; as `workload generate --set`, "
@@ -120,9 +123,21 @@ def _skip_late(text: str) -> float | str:
     return value
 
 
+SINGLE_CLUSTER_FLAGS = ("trace_agents", "routing", "decode_routing", "planner_set", "plugin", "eviction", "data_plane",
+                        "pool", "models", "profile", "models_from", "nodes", "split", "noise", "exact_models")
+"""`simulate` flags of one cluster that a fleet takes from its CRs (or does not vary): refused with --fleet."""
+
+
 def run_fleet(args: argparse.Namespace) -> int:
     """The `simulate --fleet` command."""
     err = Console(stderr=True, quiet=args.quiet)
+    given = [f"--{name.replace('_', '-')}" for name in SINGLE_CLUSTER_FLAGS if getattr(args, name, None) is not None]
+    if args.system != "evolving":
+        given.insert(0, "--system")
+    if given:
+        raise CliError(f"{', '.join(given)}: not a fleet setting; each partition's nodes, profile, split, planner "
+                       "and routing come from its AgentServingCluster (edit the CR files; --planner and "
+                       "--static-split set every partition's planner or static split)", USAGE_ERROR)
     if args.trace is not None and args.workload is not None:
         raise CliError("give either a fleet TRACE file or --workload fleet (not both)", USAGE_ERROR)
     if args.workload not in (None, "fleet"):
@@ -141,11 +156,16 @@ def run_fleet(args: argparse.Namespace) -> int:
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     runs = [opts] + ([replace(opts, planner="static")] if args.compare_static else [])
+    per_run = [_static_split(partitions, args.static_split) if args.static_split and o.planner == "static"
+               else partitions for o in runs]
+    if args.static_split and per_run[-1] is partitions:
+        raise CliError("--static-split sets the static run's split: add --compare-static (or --planner static)",
+                       USAGE_ERROR)
     cache = Path(args.partition_cache) if args.partition_cache else None
     if args.stored_only:
         if cache is None:
             raise CliError("--stored-only reads --partition-cache DIR: give the folder", USAGE_ERROR)
-        return _print_stored(args, partitions, _tasks_by_run(partitions, workload, runs), cache)
+        return _print_stored(args, partitions, _tasks_by_run(per_run, workload, runs), cache)
     only = _selected(partitions, args.partitions) if args.partitions is not None else None
     if only is not None and args.out:
         raise CliError("--out writes the whole fleet's report: run without --partitions for it (partitions stored "
@@ -172,7 +192,7 @@ def run_fleet(args: argparse.Namespace) -> int:
 
             with tempfile.TemporaryDirectory(prefix="fleet-progress-") as scratch:
                 if only is not None:
-                    by_run = _tasks_by_run(partitions, workload, runs)
+                    by_run = _tasks_by_run(per_run, workload, runs)
                     tasks = [(name, t) for name, ts in by_run for t in ts if t.key in only]
                     ran = run_tasks([t for _, t in tasks], executor, on_done=done, cache=cache, on_cached=cached,
                                     progress_dir=cache or Path(scratch), on_wait=waiting)
@@ -180,7 +200,8 @@ def run_fleet(args: argparse.Namespace) -> int:
                     err.print(f"{len(only)} partitions simulated in {time.perf_counter() - start:,.1f} s wall")
                     return _print_stored(args, partitions, by_run, cache, fresh)
                 results = simulate_fleets(partitions, workload, runs, executor, on_done=done, cache=cache,
-                                          on_cached=cached, progress_dir=cache or Path(scratch), on_wait=waiting)
+                                          on_cached=cached, progress_dir=cache or Path(scratch), on_wait=waiting,
+                                          per_run=per_run)
     except ExecutorUnavailable as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
     except (FleetRunError, CacheError) as exc:
@@ -226,12 +247,30 @@ def _selected(partitions: list[FleetPartition], names: str) -> set[str]:
     return chosen
 
 
-def _tasks_by_run(partitions: list[FleetPartition], workload: FleetWorkload,
+def _static_split(partitions: list[FleetPartition], split: str) -> list[FleetPartition]:
+    """The partitions with initial split `split` (`--static-split`), refused where it does not fit one."""
+    from evolving_infra.operator.spec import InitialSplit
+    from evolving_infra.router.planner import parse_split
+
+    try:
+        prefill, decode = parse_split(split)
+    except ValueError as exc:
+        raise CliError(f"--static-split: {exc}", USAGE_ERROR) from None
+    wrong = [f"{p.key} ({p.node_count} nodes)" for p in partitions if prefill + decode != p.node_count]
+    if prefill < 1 or decode < 1 or wrong:
+        raise CliError(f"--static-split {split!r}: needs >= 1 node per phase and as many nodes as each partition; "
+                       f"does not fit {', '.join(wrong) or 'any partition'}", USAGE_ERROR)
+    return [replace(p, spec=p.spec.model_copy(update={"initial_split": InitialSplit(prefill=prefill, decode=decode)}))
+            for p in partitions]
+
+
+def _tasks_by_run(per_run: list[list[FleetPartition]], workload: FleetWorkload,
                   runs: list[FleetOptions]) -> list[tuple[str, list[PartitionTask]]]:
-    """Each run's name ("adaptive" / "static", or "run") and its partitions' bound tasks."""
+    """Each run's name ("adaptive" / "static", or "run") and its partitions' (`per_run`) bound tasks."""
     names = ["adaptive", "static"] if len(runs) > 1 else ["run"]
     try:
-        return [(name, partition_tasks(partitions, workload, opts)) for name, opts in zip(names, runs, strict=True)]
+        return [(name, partition_tasks(parts, workload, opts))
+                for name, opts, parts in zip(names, runs, per_run, strict=True)]
     except FleetRunError as exc:
         raise CliError(str(exc), USAGE_ERROR) from None
 

@@ -482,6 +482,31 @@ def test_partitions_flag_runs_only_the_named_partitions_as_the_whole_fleet_would
     assert "--out writes the whole fleet's report" in capsys.readouterr().err
 
 
+def test_static_split_sets_the_static_runs_split_and_single_cluster_flags_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i, region in enumerate(("main", "east")):
+        text = PARTITION.format(name=f"p{i}", region=region, selector=f"p{i}", profile="glm-5.2-4xgb300-tp4")
+        (folder / f"p{i}.yaml").write_text(text.replace("nodeCount: 2", "nodeCount: 3").replace("decode: 1", "decode: 2"))
+    trace = write_fleet_trace(tmp_path / "fleet.jsonl")
+    argv = ["simulate", "--fleet", str(folder), str(trace), "--warmup", "0", "--duration", "30", "--seed", "3",
+            "--bucket", "30", "--executor", "inline", "--quiet"]
+    cache = tmp_path / "parts"
+    assert cli_main([*argv, "--compare-static", "--static-split", "2P1D", "--partitions", "tiny-p1",
+                     "--partition-cache", str(cache), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][1]
+    assert row["adaptive"]["splits"][0] == "1P2D" and row["static"]["splits"] == ["2P1D"]
+    stored = sorted(json.loads(f.read_text())["result"]["split"] for f in cache.glob("*.json"))
+    assert stored == ["1P2D", "2P1D"]  # the static run at 2P1D, the adaptive one from the CR's 1P2D
+    for flags, message in ((["--compare-static", "--static-split", "2P2D"], "does not fit default/tiny-p0 (3 nodes)"),
+                           (["--compare-static", "--static-split", "two"], "--static-split: split 'two' is not"),
+                           (["--static-split", "2P1D"], "add --compare-static (or --planner static)"),
+                           (["--split", "2P1D", "--profile", "x"], "--profile, --split: not a fleet setting")):
+        assert cli_main([*argv, *flags]) == USAGE_ERROR
+        assert message in capsys.readouterr().err
+
+
 def test_the_code_digest_covers_what_a_partition_run_executes() -> None:
     seen = set()
     for name in fleet_cache.CODE_PACKAGES:  # every excluded module exists (a rename would otherwise go unnoticed)
