@@ -352,7 +352,8 @@ def test_a_partition_cache_never_serves_other_inputs_or_code(fleet_dir: Path, tm
     names = {fleet_cache.result_path(tmp_path, t).name for t in tasks}
     assert len(names) == len(tasks)
     for other in (dataclasses.replace(OPTS, duration_s=90.0), dataclasses.replace(OPTS, planner="static"),
-                  dataclasses.replace(OPTS, bucket_s=60.0)):
+                  dataclasses.replace(OPTS, bucket_s=60.0), dataclasses.replace(OPTS, follow_schedule=False),
+                  dataclasses.replace(OPTS, skip_late_s=10.0)):
         assert not names & {fleet_cache.result_path(tmp_path, t).name for t in partition_tasks(partitions, workload, other)}
     reseeded = partition_tasks(partitions, FleetWorkload.generated(PARAMS, AGENTS, seed=4), OPTS)
     assert not names & {fleet_cache.result_path(tmp_path, t).name for t in reseeded}
