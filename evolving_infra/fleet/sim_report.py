@@ -31,9 +31,13 @@ from evolving_infra.fleet.sim import FleetResult, PartitionResult
 
 
 def _window(result: FleetResult) -> tuple[float, float]:
-    m = result.partitions[0].metrics
-    window = m.get("window") or {}
-    return float(window.get("start", 0.0)), float(window.get("end") or result.partitions[0].sim_end_s)
+    """The fleet's scored window (every partition shares it: the first one's)."""
+    return _run_window(result.partitions[0])
+
+
+def _run_window(p: PartitionResult) -> tuple[float, float]:
+    window = p.metrics.get("window") or {}
+    return float(window.get("start", 0.0)), float(window.get("end") or p.sim_end_s)
 
 
 def _in_window(rows: Sequence[Mapping[str, Any]], start: float, end: float) -> list[Mapping[str, Any]]:
@@ -105,8 +109,8 @@ def mix(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     label = labels[0]
 
     def share(part: Sequence[Mapping[str, Any]]) -> float | None:
-        mine = sum((r.get("issued_by_workload") or {}).get(label, 0) for r in part)
-        return _ratio(mine, sum(sum((r.get("issued_by_workload") or {}).values()) for r in part))
+        counts = [r.get("issued_by_workload") or {} for r in part]
+        return _ratio(sum(c.get(label, 0) for c in counts), sum(sum(c.values()) for c in counts))
 
     return {"workload": label, "first": share(rows[:third]), "last": share(rows[-third:])}
 
@@ -221,9 +225,7 @@ def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) ->
 
 def _scored(r: PartitionResult) -> list[Mapping[str, Any]]:
     """The buckets of `r`'s series wholly inside its scored window."""
-    window = r.metrics.get("window") or {}
-    start, end = float(window.get("start", 0.0)), float(window.get("end") or r.sim_end_s)
-    return _in_window(r.series, start, end)
+    return _in_window(r.series, *_run_window(r))
 
 
 def _bucket_splits(r: PartitionResult) -> list[str]:
