@@ -116,3 +116,16 @@ def test_shift_periods_are_in_order(generated: dict[str, list[dict[str, object]]
     mid = periods[1]["agents"]
     assert mid["putnam"] > mid["osworld"]
     assert "closed-loop" in str(header["notes"]).lower()
+
+
+def test_fleet_cc_keeps_table_d4s_prefill_load_per_request(generated: dict[str, list[dict[str, object]]]) -> None:
+    """The fleet's short CC tasks resume long sessions: per request they carry the cc kind's prefill load (table
+    D.4: ~150K-token prompts, 7,660 uncached tokens at a 94.9 % hit rate), not the ~2.3K of 30-step tasks that start
+    from a fresh 30K-token prompt and never compact; codex stays the decode-heavier workload."""
+    fleet, cc_kind = shapes(generated["fleet"]), shape(generated, "cc")
+    cc, codex = fleet["cc"], fleet["codex"]
+    assert cc.requests_per_agent < cc_kind.requests_per_agent / 2, "short tasks, so agents turn over in the span"
+    assert 120_000 <= cc.mean_prompt <= 170_000, "table D.4: ~150K-token prompts"
+    assert 0.9 * cc_kind.mean_new <= cc.mean_new <= 7_660, "at least the cc kind's load; at most D.4's uncached"
+    assert 0.95 <= cc.ideal_hit_rate <= 0.98
+    assert cc.mean_new > 2.5 * codex.mean_new and codex.mean_output > 2.5 * cc.mean_output
