@@ -208,12 +208,16 @@ def _files(paths: Iterable[str | Path], problems: list[Problem]) -> list[tuple[P
 
 
 def load_partitions(
-    paths: Iterable[str | Path],
+    paths: str | Path | Iterable[str | Path],
     *,
     default_namespace: str = "default",
     profiles: Mapping[str, HardwareProfile] | None = None,
 ) -> list[FleetPartition]:
-    """The partitions in the files and directories, checked one by one and as a fleet (see module doc)."""
+    """The partitions in the files and directories (one path or several), checked one by one and as a fleet
+    (see module doc)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
     problems: list[Problem] = []
     objects: list[tuple[str, Mapping[str, Any], str]] = []
     for path, namespace in _files(paths, problems):

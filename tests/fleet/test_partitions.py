@@ -54,6 +54,11 @@ def test_the_example_fleet_loads_as_eight_partitions() -> None:
     assert binding.labels["evolving-infra.io/profile"] == "glm-5.2-4xgb300-tp4"
 
 
+def test_one_path_is_read_as_one_file_not_as_characters() -> None:
+    assert [p.key for p in load_partitions(FLEET)] == [p.key for p in load_partitions([FLEET])]
+    assert [p.key for p in load_partitions(str(FLEET))] == [f"agents/fleet-p{i}" for i in range(8)]
+
+
 def test_router_url_annotation_and_namespace(tmp_path: Path) -> None:
     obj = cluster("a", "pa", region="eu")
     obj["metadata"]["namespace"] = "ns1"  # type: ignore[index]
