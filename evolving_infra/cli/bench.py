@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "router": "evolving_infra.cli.bench_router",
     "switch": "evolving_infra.cli.bench_router",
     "fleet": "evolving_infra.cli.bench_fleet",
+    "machine": "evolving_infra.cli.bench_machine",
 }
 """Benchmarks and the module that registers each (in the order of the help; a module may register several)."""
 

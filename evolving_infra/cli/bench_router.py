@@ -38,6 +38,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from evolving_infra.cli.bench_machine import machine_reference
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.cli.router import shape_from_profile
 from evolving_infra.core.kv_events import KvStored
@@ -238,7 +239,8 @@ def _router(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if not args.json:
         console.print(f"building the directory and queues ({args.prefill_nodes} prefill nodes, {args.branches} branches)...")
-    figures = {"routing": bench_decisions(args), "http": asyncio.run(bench_http(args.http_requests))}
+    figures = {"routing": bench_decisions(args), "http": asyncio.run(bench_http(args.http_requests)),
+               "machine": machine_reference()}
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
@@ -255,6 +257,7 @@ def _router(args: argparse.Namespace) -> int:
     t.add_row("HTTP streaming request, mean (p99)", f"{h['http_mean_ms']:.2f} ({h['http_p99_ms']:.2f}) ms")
     t.add_row("backend called directly, mean", f"{h['direct_mean_ms']:.3f} ms")
     t.add_row("HTTP overhead per request", f"{h['overhead_mean_ms']:.2f} ms")
+    t.add_row("machine reference (bench machine), M per CPU s", f"{figures['machine']['reference_mops_per_cpu_s']:.2f}")
     Console().print(t)
     return 0
 

@@ -43,6 +43,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from evolving_infra.cli.bench_machine import machine_reference
 from evolving_infra.cli.errors import USAGE_ERROR, CliError
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.run import simulate, workload_stream, workload_trace
@@ -143,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         "simulated_s_per_wall_s": result.end_time / wall, "split": cfg.split, "peak_rss_mib": peak_rss_mib(),
         "cpu_s": cpu, "requests_hashed": content.hashed_requests, "content_mib_at_end": content.memory_bytes() / 2**20,
         "agents_generated": trace.loaded_agents if isinstance(trace, GrowingTrace) else len(trace.agents),
+        "machine": machine_reference(),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -158,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     table.add_row("events per wall second", f"{figures['events_per_wall_s']:,.0f}")
     table.add_row("simulated seconds per wall second", f"{figures['simulated_s_per_wall_s']:,.1f}")
     table.add_row("peak resident memory (MiB)", f"{figures['peak_rss_mib']:,.0f}")
+    table.add_row("machine reference (bench machine), M per CPU s", f"{figures['machine']['reference_mops_per_cpu_s']:.2f}")
     Console().print(table)
     return 0
 

@@ -44,3 +44,17 @@ def test_against_dynamo_skips_with_the_reason_without_dynamo(
     out = json.loads(capsys.readouterr().out)
     assert "comparison skipped" in out["against_dynamo"]["skipped"]
     assert "no ai-dynamo side environment" in out["against_dynamo"]["skipped"]
+
+
+def test_machine_reference_is_printed_with_its_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from evolving_infra.cli.bench_machine import machine_reference
+
+    ref = machine_reference(repeats=2, loop=1_000)
+    assert ref["reference_mops_per_cpu_s"] > 0 and ref["reference_loop"] == 1_000 and ref["repeats"] == 2
+    with pytest.raises(ValueError, match="must be >= 1"):
+        machine_reference(repeats=0)
+    assert main(["bench", "machine", "--repeats", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["machine"]
+    assert printed["reference_mops_per_cpu_s"] > 0 and printed["repeats"] == 1 and printed["python"]
+    assert main(["bench", "machine", "--repeats", "0"]) != 0
+    assert "--repeats must be >= 1" in capsys.readouterr().err
