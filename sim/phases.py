@@ -103,14 +103,18 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
         elif isinstance(effect, PlannerDecided):
             state.stats.planner_ticks += 1
             decision = effect.decision
-            if decision.outcome is Outcome.SWITCH:
+            explained = isinstance(decision.diagnostics, OursDiagnostics)
+            if decision.outcome is Outcome.SWITCH or (explained and decision.outcome is Outcome.HOLD):
                 record = {"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
                           "mode": decision.mode.value}  # fmt: skip
                 if isinstance(decision.diagnostics, OursDiagnostics):  # why: every candidate, as a live CR shows
                     record["candidates"] = decision.diagnostics.candidate_summary()
                     record["active_kv_pages"] = decision.diagnostics.active_kv_pages
-                state.decisions.append(record)
-                state.stats.planner_switches += 1
+                if decision.outcome is Outcome.SWITCH:
+                    state.decisions.append(record)
+                    state.stats.planner_switches += 1
+                else:  # a hold that weighed candidates: why the planner stayed (skips carry no candidates)
+                    state.holds.append(record)
         elif isinstance(effect, SwitchOrder):
             node = state.nodes[effect.node]
             if effect.mode is SwitchMode.RELAUNCH:

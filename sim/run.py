@@ -124,7 +124,7 @@ def simulate(
     metrics = compute_run_metrics(
         state.records, window, ideal=ideal, switches=state.switches, splits=state.splits, spans=state.spans,
         extra={"system": cfg.system.value if cfg.system else None, "config": cfg.describe(), "simulation": stats,
-               "planner_switch_decisions": state.decisions},
+               "planner_switch_decisions": state.decisions, "planner_hold_decisions": state.holds},
     )
     return SimResult(cfg, metrics, state.records, state.switches, state.splits, state.spans, stats,
                      result.reason.value, now, kernel.processed, state if keep_state else None)

@@ -175,6 +175,9 @@ class ClusterState:
     splits: list[SplitRecord] = field(default_factory=list)
     spans: list[NodeSpan] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    """The planner's switches (`planner_switch_decisions` in the metrics)."""
+    holds: list[dict[str, Any]] = field(default_factory=list)
+    """Our planner's holds after weighing candidates (`planner_hold_decisions`): why it did not move."""
     stats: RunStats = field(default_factory=RunStats)
     on_step: Callable[[Event], list[Command]] | None = None
     on_iteration_end: Callable[[Event], list[Command]] | None = None

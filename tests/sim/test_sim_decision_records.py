@@ -50,3 +50,33 @@ def test_each_switch_of_ours_lists_its_candidates_with_the_chosen_one_first_in_g
             assert c["slices"] >= 1 and c["history"] <= c["slices"]
             if c["verdict"] == "qualified":
                 assert c["mean_gain"] > 2 * c["std_error"]
+
+
+def test_each_hold_of_ours_that_weighed_candidates_is_recorded_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[float, Any] = {}
+    inner = OursPlanner.decide
+
+    def decide(self: OursPlanner, observation: PlannerObservation, now: float) -> Any:
+        decision = inner(self, observation, now)
+        seen[now] = decision
+        return decision
+
+    monkeypatch.setattr(OursPlanner, "decide", decide)
+    cfg = build_config("evolving", agents=30, nodes=6, split="5P1D", seed=1, warmup_s=0, duration_s=400,
+                       models="profile", planner_settings={"window_s": 60, "slices": 4, "cooldown_s": 0})  # fmt: skip
+    result = simulate(cfg, workload_stream("cc", 60, 1))
+    holds = result.metrics.extra["planner_hold_decisions"]
+    switches = result.metrics.extra["planner_switch_decisions"]
+    json.dumps(holds)
+    weighed = {t: d for t, d in seen.items() if d.outcome.value == "hold"}
+    assert weighed, "the run should hold at least once after weighing candidates"
+    assert [h["at"] for h in holds] == sorted(weighed)  # every hold, in order; skips are not holds
+    assert {s["at"] for s in switches}.isdisjoint(h["at"] for h in holds)
+    for h in holds:
+        decision = weighed[h["at"]]
+        assert h["outcome"] == "hold" and h["reason"] == decision.reason and h["reason"].startswith("hold ")
+        assert h["candidates"] and not any(c["chosen"] for c in h["candidates"])
+        assert all(c["verdict"] != "qualified" for c in h["candidates"])  # a qualified candidate is a switch
+        assert len(h["candidates"]) == len(decision.diagnostics.candidates)
+    assert result.stats["planner_switches"] == len(switches)
+    assert result.stats["planner_ticks"] >= len(switches) + len(holds)
