@@ -232,6 +232,37 @@ def _charge_live_path(result: SimResult, trace: Trace | GrowingTrace, path: str,
     return rescore(result, trace, charged, {"live_path_request_s": overheads.request_s})
 
 
+def planner_summary(extra: dict[str, Any], most: int = 8) -> str | None:
+    """One line per run on our planner's decisions (switches and holds, from the metrics' `planner_switch_decisions`
+    and `planner_hold_decisions`): when, what, and for a hold the best candidate and why it did not qualify; the
+    last `most` decisions when there are more. None when the planner weighed nothing (static runs, other planners
+    without switches)."""
+    switches = list(extra.get("planner_switch_decisions") or [])
+    holds = list(extra.get("planner_hold_decisions") or [])
+    if not switches and not holds:
+        return None
+    decisions = sorted(switches + holds, key=lambda d: d["at"])
+    parts: list[str] = []
+    for d in decisions[-most:]:
+        candidates = d.get("candidates") or []
+        gained = [c for c in candidates if c.get("mean_gain") is not None]
+        if d["outcome"] == "switch":
+            chosen = [c for c in candidates if c.get("chosen")]
+            what = f"-> {chosen[0]['split']} ({chosen[0]['mean_gain']:+.2f} req/s)" if chosen else "switch"
+        elif gained:
+            best = max(gained, key=lambda c: c["mean_gain"])
+            what = f"hold (best {best['split']} {best['mean_gain']:+.2f} req/s, {best['verdict'].replace('_', ' ')})"
+        else:
+            what = "hold (too few slices)"
+        parts.append(f"{d['at']:,.0f} s {what}")
+    refused = sum(1 for d in decisions for c in d.get("candidates") or [] if c.get("verdict") == "prefill_kv_short")
+    head = f"planner: {len(switches)} switch{'es' if len(switches) != 1 else ''}, {len(holds)} hold{'s' if len(holds) != 1 else ''}"
+    if refused:
+        head += f"; {refused} candidate moves refused by the KV check"
+    more = f" (last {most} of {len(decisions)})" if len(decisions) > most else ""
+    return f"{head}{more}: " + "; ".join(parts)
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -256,6 +287,9 @@ def _table(result: SimResult, wall: float) -> None:
     splits = ", ".join(f"{s} {share:.0%}" for s, share in m.split_share.items())
     console.print(f"switches: {m.switches} (mean {_fmt(m.mean_switch_s, 1)} s); splits: {splits or '-'}; "
                   f"prefill queue balance: {_fmt(m.queue_balance_ratio)}")
+    summary = planner_summary(m.extra)
+    if summary:
+        console.print(summary)
     fits = m.extra.get("simulation", {}).get("fitted_models", {})
     errors = [f"{phase} {100 * fits[f'{phase}_held_out_error_median']:.1f} % (max {100 * fits[f'{phase}_held_out_error_max']:.1f} %)"
               for phase in ("prefill", "decode") if f"{phase}_held_out_error_median" in fits]  # fmt: skip

@@ -80,3 +80,28 @@ def test_each_hold_of_ours_that_weighed_candidates_is_recorded_with_them(monkeyp
         assert len(h["candidates"]) == len(decision.diagnostics.candidates)
     assert result.stats["planner_switches"] == len(switches)
     assert result.stats["planner_ticks"] >= len(switches) + len(holds)
+
+
+def test_simulate_prints_one_line_on_the_planners_switches_holds_and_kv_refusals() -> None:
+    from evolving_infra.cli.simulate import planner_summary
+
+    def cand(split: str, gain: float | None, verdict: str, chosen: bool = False) -> dict[str, Any]:
+        return {"split": split, "mean_gain": gain, "verdict": verdict, "chosen": chosen}
+
+    extra = {
+        "planner_switch_decisions": [{"at": 1800.0, "outcome": "switch", "candidates": [
+            cand("4P8D", 0.86, "qualified", True), cand("3P9D", 1.67, "prefill_kv_short")]}],
+        "planner_hold_decisions": [
+            {"at": 1200.0, "outcome": "hold", "candidates": [cand("4P8D", 0.24, "below_threshold"),
+                                                             cand("2P10D", 0.70, "prefill_kv_short")]},
+            {"at": 2400.0, "outcome": "hold", "candidates": [cand("5P7D", None, "too_few_slices")]},
+        ],
+    }  # fmt: skip
+    line = planner_summary(extra)
+    assert line is not None
+    assert line.startswith("planner: 1 switch, 2 holds; 2 candidate moves refused by the KV check: ")
+    assert line.index("1,200 s hold (best 2P10D +0.70 req/s, prefill kv short)") < line.index("1,800 s -> 4P8D (+0.86")
+    assert line.endswith("2,400 s hold (too few slices)")
+    assert planner_summary(extra, most=1).endswith("(last 1 of 3): 2,400 s hold (too few slices)")
+    assert planner_summary({"planner_switch_decisions": [], "planner_hold_decisions": []}) is None
+    assert planner_summary({}) is None
