@@ -17,6 +17,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -232,7 +233,7 @@ def _charge_live_path(result: SimResult, trace: Trace | GrowingTrace, path: str,
     return rescore(result, trace, charged, {"live_path_request_s": overheads.request_s})
 
 
-def planner_summary(extra: dict[str, Any], most: int = 8) -> str | None:
+def planner_summary(extra: Mapping[str, Any], most: int = 8) -> str | None:
     """One line per run on our planner's decisions (switches and holds, from the metrics' `planner_switch_decisions`
     and `planner_hold_decisions`): when, what, and for a hold the best candidate and why it did not qualify; the
     last `most` decisions when there are more. None when the planner weighed nothing (static runs, other planners
