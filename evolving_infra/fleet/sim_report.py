@@ -94,9 +94,19 @@ def partition_rows(result: FleetResult) -> list[dict[str, Any]]:
             "work_variation": variation([float(r["issued"]) for r in w]),
             "splits": splits,
             "switches": (p.metrics.get("switches") or {}).get("count"),
+            **planner_holds(p.metrics),
             "mix": mix(w),
         })
     return rows
+
+
+def planner_holds(metrics: Mapping[str, Any]) -> dict[str, int]:
+    """`planner_holds`: decisions of our planner that weighed the candidates and stayed; `kv_refused_moves`: candidate
+    moves the KV check refused over all its decisions (holds and switches), from the run's decision records."""
+    holds = list(metrics.get("planner_hold_decisions") or [])
+    decisions = holds + list(metrics.get("planner_switch_decisions") or [])
+    refused = sum(1 for d in decisions for c in d.get("candidates") or [] if c.get("verdict") == "prefill_kv_short")
+    return {"planner_holds": len(holds), "kv_refused_moves": refused}
 
 
 def mix(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -173,8 +183,8 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
                      f"| {_f(_pct(f['work_variation']), 1, ' %')} | {_f(f['queue_mean_s'])} | {f['partition_wall_s_sum']:,.0f} |")
     lines.append("")
     header = ("| partition | agents | users | mix (adaptive) | PD ratio variation | work variation | queue vs fleet (static) | "
-              "peak (static) | queue vs fleet (adaptive) | peak (adaptive) | splits (adaptive) | req/s static | "
-              "req/s adaptive | adaptive / static |")
+              "peak (static) | queue vs fleet (adaptive) | peak (adaptive) | splits (adaptive) | holds (KV-refused moves) | "
+              "req/s static | req/s adaptive | adaptive / static |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     ra = partition_rows(adaptive)
     rs = partition_rows(static) if static else [None] * len(ra)
@@ -186,11 +196,12 @@ def render_markdown(adaptive: FleetResult, static: FleetResult | None = None) ->
             f"{_f(_pct(base['pd_ratio_variation']), 1, ' %')} | "
             f"{_f(_pct(base['work_variation']), 1, ' %')} | {_f(_get(s, 'queue_vs_fleet'))} | "
             f"{_f(_get(s, 'queue_peak_vs_fleet'))} | {_f(a['queue_vs_fleet'])} | {_f(a['queue_peak_vs_fleet'])} | "
-            f"{' → '.join(a['splits'])} | {_f(_get(c, 'static_rps'))} | {_f(a['throughput_rps'])} | "
+            f"{' → '.join(a['splits'])} | {a['planner_holds']} ({a['kv_refused_moves']}) | "
+            f"{_f(_get(c, 'static_rps'))} | {_f(a['throughput_rps'])} | "
             f"{_f(_get(c, 'ratio'))} |")
     if static:
         fleet = compare(adaptive, static)["fleet"]
-        lines.append(f"| **fleet** | | | | | | 1.00 | | 1.00 | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
+        lines.append(f"| **fleet** | | | | | | 1.00 | | 1.00 | | | | {_f(fleet['static_rps'])} | {_f(fleet['adaptive_rps'])} "
                      f"| **{_f(fleet['ratio'])}** |")
     return "\n".join(lines)
 
@@ -215,6 +226,7 @@ def stored_rows(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]]) ->
                 "splits": _bucket_splits(r),
                 "mix": mix(_scored(r)),
                 "skipped_agents": (r.metrics.get("simulation") or {}).get("skipped_agents"),
+                **planner_holds(r.metrics),
             }
         if len(runs) > 1:
             a, b = row[runs[0][0]], row[runs[1][0]]
@@ -258,7 +270,8 @@ def render_stored(runs: Sequence[tuple[str, Sequence[PartitionResult | None]]], 
                 missing.append(f"{short_name(key)} ({n})")
                 cells += ["-", "-", "-", "not stored"]
             else:
-                cells += [_f(r["throughput_rps"]), f"{r['requests']:,}", _mix_text(r["mix"]), " → ".join(r["splits"])]
+                holds = f" (holds {r['planner_holds']}, KV-refused moves {r['kv_refused_moves']})" if r["planner_holds"] else ""
+                cells += [_f(r["throughput_rps"]), f"{r['requests']:,}", _mix_text(r["mix"]), " → ".join(r["splits"]) + holds]
         if len(names) > 1:
             cells.append(_f(row["ratio"]))
         lines.append("| " + " | ".join(cells) + " |")

@@ -254,11 +254,27 @@ def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["partition"] for r in report["adaptive"]["rows"]] == ["tiny-p0", "tiny-p1", "tiny-p2"]
+    for row, part in zip(report["adaptive"]["rows"], report["adaptive"]["partitions"], strict=True):
+        assert row["planner_holds"] == len(part["metrics"]["planner_hold_decisions"])
+    assert all(r["planner_holds"] == 0 == r["kv_refused_moves"] for r in report["static"]["rows"])
     assert report["static"]["options"]["planner"] == "static"
     assert report["adaptive"]["summary"]["requests"] > 0
     fleet = report["comparison"]["fleet"]
     assert fleet["static_rps"] > 0 and fleet["ratio"] == pytest.approx(fleet["adaptive_rps"] / fleet["static_rps"])
     assert (out / "fleet.png").stat().st_size > 0 and "| **fleet** |" in (out / "fleet.md").read_text()
+    table = [line for line in (out / "fleet.md").read_text().splitlines() if line.startswith("| tiny-p0 ")]
+    header = [line for line in (out / "fleet.md").read_text().splitlines() if "holds (KV-refused moves)" in line]
+    assert len(table) == 1 and len(header) == 1 and table[0].count("|") == header[0].count("|")
+
+
+def test_planner_holds_counts_the_holds_and_every_refused_candidate() -> None:
+    from evolving_infra.fleet.sim_report import planner_holds
+
+    short, low = {"verdict": "prefill_kv_short"}, {"verdict": "below_threshold"}
+    metrics = {"planner_hold_decisions": [{"candidates": [short, short, low]}, {"candidates": [low]}],
+               "planner_switch_decisions": [{"candidates": [short, {"verdict": "qualified"}]}, {"outcome": "switch"}]}
+    assert planner_holds(metrics) == {"planner_holds": 2, "kv_refused_moves": 3}
+    assert planner_holds({}) == {"planner_holds": 0, "kv_refused_moves": 0}
 
 
 def test_a_partition_follows_its_schedule_when_tasks_outlast_the_layout(fleet_dir: Path,
