@@ -103,13 +103,14 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
         elif isinstance(effect, PlannerDecided):
             state.stats.planner_ticks += 1
             decision = effect.decision
-            explained = isinstance(decision.diagnostics, OursDiagnostics)
-            if decision.outcome is Outcome.SWITCH or (explained and decision.outcome is Outcome.HOLD):
+            diag = decision.diagnostics
+            ours = isinstance(diag, OursDiagnostics)
+            if decision.outcome is Outcome.SWITCH or (ours and decision.outcome is Outcome.HOLD):
                 record = {"at": now, "outcome": decision.outcome.value, "reason": decision.reason,
                           "mode": decision.mode.value}  # fmt: skip
-                if isinstance(decision.diagnostics, OursDiagnostics):  # why: every candidate, as a live CR shows
-                    record["candidates"] = decision.diagnostics.candidate_summary()
-                    record["active_kv_pages"] = decision.diagnostics.active_kv_pages
+                if isinstance(diag, OursDiagnostics):  # why: every candidate, as a live CR shows
+                    record["candidates"] = diag.candidate_summary()
+                    record["active_kv_pages"] = diag.active_kv_pages
                 if decision.outcome is Outcome.SWITCH:
                     state.decisions.append(record)
                     state.stats.planner_switches += 1

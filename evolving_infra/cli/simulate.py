@@ -242,6 +242,8 @@ def planner_summary(extra: Mapping[str, Any], most: int = 8) -> str | None:
     holds = list(extra.get("planner_hold_decisions") or [])
     if not switches and not holds:
         return None
+    from evolving_infra.fleet.sim_report import planner_holds
+
     decisions = sorted(switches + holds, key=lambda d: d["at"])
     parts: list[str] = []
     for d in decisions[-most:]:
@@ -256,7 +258,7 @@ def planner_summary(extra: Mapping[str, Any], most: int = 8) -> str | None:
         else:
             what = "hold (too few slices)"
         parts.append(f"{d['at']:,.0f} s {what}")
-    refused = sum(1 for d in decisions for c in d.get("candidates") or [] if c.get("verdict") == "prefill_kv_short")
+    refused = planner_holds(extra)["kv_refused_moves"]
     head = f"planner: {len(switches)} switch{'es' if len(switches) != 1 else ''}, {len(holds)} hold{'s' if len(holds) != 1 else ''}"
     if refused:
         head += f"; {refused} candidate moves refused by the KV check"

@@ -27,7 +27,7 @@ from evolving_infra.cli.bench_transfer import netns_unavailable, private_netns_c
 from evolving_infra.cli.errors import USAGE_ERROR
 from evolving_infra.cli.main import main as cli_main
 from evolving_infra.fleet import cache as fleet_cache
-from evolving_infra.fleet.executors import ExecutorKind, map_ordered, open_executor, ray_unavailable
+from evolving_infra.fleet.executors import ExecutorKind, open_executor, ray_unavailable
 from evolving_infra.fleet.partitions import load_partitions
 from evolving_infra.fleet.runs import simulate_fleet, simulate_fleets
 from evolving_infra.fleet.sim import (
@@ -186,13 +186,6 @@ def test_ray_executor_gives_the_process_result(fleet_dir: Path, inline_result: A
     got = json.loads(done.stdout.strip().splitlines()[-1])
     expected = json.loads(json.dumps(inline_result.same_outcome(), sort_keys=True))
     assert got == expected
-
-
-def test_map_ordered_keeps_item_order_and_raises_the_first_failure() -> None:
-    with open_executor(ExecutorKind.PROCESSES, 2) as executor:
-        assert map_ordered(executor, abs, [-3, 2, -1, 0]) == [3, 2, 1, 0]
-        with pytest.raises(TypeError):
-            map_ordered(executor, abs, [1, "x"])
 
 
 def refused(folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -568,20 +561,6 @@ def test_partitions_report_progress_without_changing_their_results(fleet_dir: Pa
     assert not list(tmp_path.glob("*.progress")) and not list(tmp_path.glob("*.tmp"))  # removed at the end
     line = fleet_progress.describe(seen[-1], now=seen[-1]["written"] + 4)
     assert "simulated s" in line and "written 4 s ago" in line
-
-
-def test_map_ordered_calls_on_wait_while_items_run() -> None:
-    waits: list[int] = []
-    with open_executor(ExecutorKind.PROCESSES, 1) as executor:
-        got = map_ordered(executor, _sleep_then, [0.6, 0.0], on_wait=lambda: waits.append(1), wait_s=0.1)
-    assert got == [0.6, 0.0] and len(waits) >= 2
-
-
-def _sleep_then(seconds: float) -> float:
-    import time
-
-    time.sleep(seconds)
-    return seconds
 
 
 DIGEST_SCRIPT = textwrap.dedent("""

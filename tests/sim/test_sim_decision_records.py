@@ -9,26 +9,15 @@ from typing import Any
 import pytest
 
 from evolving_infra.router.planner import OursPlanner, PlannerObservation
-from evolving_infra.sim.run import simulate, workload_stream
+from evolving_infra.sim.run import SimResult, simulate, workload_stream
 from evolving_infra.sim.systems import build_config
 
 
 def test_each_switch_of_ours_lists_its_candidates_with_the_chosen_one_first_in_gain(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[tuple[float, str]] = []
-    inner = OursPlanner.decide
-
-    def decide(self: OursPlanner, observation: PlannerObservation, now: float) -> Any:
-        decision = inner(self, observation, now)
-        seen.append((now, decision.reason))
-        return decision
-
-    monkeypatch.setattr(OursPlanner, "decide", decide)
-    # a short window from a split with one decode node: the planner moves within the run
-    cfg = build_config("evolving", agents=30, nodes=6, split="5P1D", seed=1, warmup_s=0, duration_s=200,
-                       models="profile", planner_settings={"window_s": 60, "slices": 4, "cooldown_s": 0})  # fmt: skip
-    result = simulate(cfg, workload_stream("cc", 60, 1))
+    result, made = _run_seeing_decisions(monkeypatch, duration_s=200)
+    seen = [(now, decision.reason) for now, decision in made.items()]
     decisions = result.metrics.extra["planner_switch_decisions"]
     assert decisions, "the run should switch at least once"
     json.dumps(decisions)  # plain data, as metrics.json writes it
@@ -53,18 +42,7 @@ def test_each_switch_of_ours_lists_its_candidates_with_the_chosen_one_first_in_g
 
 
 def test_each_hold_of_ours_that_weighed_candidates_is_recorded_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[float, Any] = {}
-    inner = OursPlanner.decide
-
-    def decide(self: OursPlanner, observation: PlannerObservation, now: float) -> Any:
-        decision = inner(self, observation, now)
-        seen[now] = decision
-        return decision
-
-    monkeypatch.setattr(OursPlanner, "decide", decide)
-    cfg = build_config("evolving", agents=30, nodes=6, split="5P1D", seed=1, warmup_s=0, duration_s=400,
-                       models="profile", planner_settings={"window_s": 60, "slices": 4, "cooldown_s": 0})  # fmt: skip
-    result = simulate(cfg, workload_stream("cc", 60, 1))
+    result, seen = _run_seeing_decisions(monkeypatch, duration_s=400)
     holds = result.metrics.extra["planner_hold_decisions"]
     switches = result.metrics.extra["planner_switch_decisions"]
     json.dumps(holds)
@@ -105,3 +83,19 @@ def test_simulate_prints_one_line_on_the_planners_switches_holds_and_kv_refusals
     assert planner_summary(extra, most=1).endswith("(last 1 of 3): 2,400 s hold (too few slices)")
     assert planner_summary({"planner_switch_decisions": [], "planner_hold_decisions": []}) is None
     assert planner_summary({}) is None
+
+
+def _run_seeing_decisions(monkeypatch: pytest.MonkeyPatch, duration_s: float) -> tuple[SimResult, dict[float, Any]]:
+    """A short run from a split with one decode node (the planner moves within it, 60 s windows), and every decision
+    our planner returned in it, by time."""
+    seen: dict[float, Any] = {}
+    inner = OursPlanner.decide
+
+    def decide(self: OursPlanner, observation: PlannerObservation, now: float) -> Any:
+        seen[now] = decision = inner(self, observation, now)
+        return decision
+
+    monkeypatch.setattr(OursPlanner, "decide", decide)
+    cfg = build_config("evolving", agents=30, nodes=6, split="5P1D", seed=1, warmup_s=0, duration_s=duration_s,
+                       models="profile", planner_settings={"window_s": 60, "slices": 4, "cooldown_s": 0})  # fmt: skip
+    return simulate(cfg, workload_stream("cc", 60, 1)), seen
