@@ -118,7 +118,7 @@ def build_cluster(cfg: SimConfig, trace: Trace | GrowingTrace, profile: Hardware
         nodes[nid] = SimNode(id=nid, phase=None if collocated else phase, engine=make_engine(nid, mode),
                              span_phase=None if collocated else phase)
     branches = BranchTable({NodeId(n): (Phase.PREFILL if collocated else p) for n, p in start.items()})
-    replay_mode = (ReplayMode.closed_loop(cfg.agents, cfg.skip_late_s) if cfg.agents is not None
+    replay_mode = (ReplayMode.closed_loop(cfg.agents, cfg.skip_late_s, cfg.replay_mix) if cfg.agents is not None
                    else ReplayMode.open_loop(cfg.max_active))
     models = model_book(profile, cfg.models)
     core = RouterCore(

@@ -23,6 +23,7 @@ from evolving_infra.router.planner import PlannerName, parse_split
 from evolving_infra.router.planner.registry import PLANNERS
 from evolving_infra.router.routing import DecodePolicyName, PrefillPolicyName
 from evolving_infra.router.routing.registry import DECODE_BINDING, PREFILL_ROUTING
+from evolving_infra.sim.replay import AgentMix
 
 
 class DecodeReservation(enum.Enum):
@@ -101,6 +102,14 @@ class SimConfig(BaseModel):
         "than this many seconds before the run's current time, so the replay follows a schedule laid out in the "
         "trace (None: every agent starts, in file order)"
     )
+    agent_mix: dict[str, list[float]] | None = Field(
+        default=None, description="closed loop: each workload label's target share of the active agents at steps of "
+        "agent_mix_step_s from the start (linear in between, the last value after; the labels' shares add up to 1 at "
+        "every step); a freed slot goes to the label furthest below its share (None: file order alone)"
+    )
+    agent_mix_step_s: float | None = Field(
+        default=None, gt=0, le=7 * 86_400, description="closed loop: seconds between the points of agent_mix"
+    )
     seed: int = Field(default=0, ge=0, description="seed of every random stream of the run")
     noise: float = Field(
         default=0.05, ge=0, le=1.0, description="relative std. dev. of the engines' log-normal iteration-time noise, "
@@ -159,7 +168,20 @@ class SimConfig(BaseModel):
             raise ValueError("agents (closed loop) and max_active (open loop) exclude each other")
         if self.skip_late_s is not None and self.agents is None:
             raise ValueError("skip_late_s is a closed-loop setting; give agents (open loop starts agents at start_s)")
+        if (self.agent_mix is None) != (self.agent_mix_step_s is None):
+            raise ValueError("agent_mix and agent_mix_step_s go together: give both or neither")
+        if self.agent_mix is not None:
+            if self.agents is None:
+                raise ValueError("agent_mix is a closed-loop setting; give agents")
+            self.replay_mix  # noqa: B018 (validates the schedule: AgentMix raises ValueError naming the problem)
         return self
+
+    @property
+    def replay_mix(self) -> AgentMix | None:
+        """The replayer's `AgentMix` of `agent_mix` (None without one)."""
+        if self.agent_mix is None or self.agent_mix_step_s is None:
+            return None
+        return AgentMix.of(self.agent_mix_step_s, self.agent_mix)
 
     @property
     def engine_noise(self) -> float:

@@ -17,6 +17,12 @@ Semantics (trace format version 1):
   starts, issues nothing and counts in `skipped_agents`), so the mix of agents started stays where the schedule
   is even when agents last longer than the trace was laid out for. Agents due later than now still start at once
   (the loop never leaves a slot empty).
+  With a `mix` (`ReplayMode.closed_loop(n, mix=AgentMix(...))`) the loop also holds the share of the active agents
+  each workload label has to a schedule: a freed slot goes to the label furthest below its target share of `n`
+  at that moment (ties: label name), which starts its next agent in file order (agents of other labels met on
+  the way wait, in file order, for their label's turn). A label with no agent left yields the slot to the next; a
+  label the mix does not name has target 0. So the running mix is the schedule's from the first fill, whatever
+  the tasks of each label really last.
 - Open loop (`ReplayMode.open_loop(...)`): agent `i` arrives at `t0 + start_s` (or `t0 + arrivals[i]`),
   where `t0` is the time given to `start`. With `max_active`, arrivals beyond the cap wait in a FIFO
   admission queue; the wait counts toward the latency of the agent's first requests: their `since` (the
@@ -41,13 +47,14 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from evolving_infra.sim.replay_plan import AgentSpec, PlanError, ReplayPlan, RequestSpec, StreamedPlan, TraceLike
 
 __all__ = [
     "AgentFinished",
+    "AgentMix",
     "AgentReplayer",
     "AgentStarted",
     "BranchEnded",
@@ -69,6 +76,56 @@ class ReplayKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class AgentMix:
+    """Closed loop: the target share of the active agents per workload label over time since the run's start.
+
+    `shares[label][i]` is the label's share at `i * step_s`, linear in between, the last value after the last point.
+    At every point the named labels' shares add up to 1."""
+
+    step_s: float
+    shares: tuple[tuple[str, tuple[float, ...]], ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step_s, bool) or not isinstance(self.step_s, int | float) or not (
+            math.isfinite(self.step_s) and self.step_s > 0
+        ):
+            raise ValueError(f"mix step_s must be a finite number > 0 s, got {self.step_s!r}")
+        if not self.shares:
+            raise ValueError("a mix needs at least one workload label")
+        labels = [label for label, _ in self.shares]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"mix labels must be unique, got {labels}")
+        points = {len(values) for _, values in self.shares}
+        if len(points) != 1 or min(points) < 1:
+            raise ValueError("every label of a mix needs the same number (>= 1) of points")
+        for label, values in self.shares:
+            bad = [v for v in values if not (isinstance(v, int | float) and math.isfinite(v) and 0.0 <= v <= 1.0)]
+            if bad:
+                raise ValueError(f"mix share of {label!r} must be in [0, 1], got {bad[0]!r}")
+        for i in range(points.pop()):
+            total = sum(values[i] for _, values in self.shares)
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"mix shares at point {i} add up to {total:.6g}, not 1")
+
+    @staticmethod
+    def of(step_s: float, shares: Mapping[str, Sequence[float]]) -> AgentMix:
+        return AgentMix(float(step_s), tuple((label, tuple(float(v) for v in values))
+                                             for label, values in sorted(shares.items())))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.shares)
+
+    def at(self, t: float) -> dict[str, float]:
+        """Each named label's target share `t` seconds after the start."""
+        n = len(self.shares[0][1])
+        x = max(0.0, t) / self.step_s
+        i = min(n - 1, int(x))
+        frac = x - i if i < n - 1 else 0.0
+        return {label: v[i] + frac * (v[i + 1] - v[i]) if frac else v[i] for label, v in self.shares}
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayMode:
     """How agents start. Build with `ReplayMode.closed_loop(n)` or `ReplayMode.open_loop(...)`."""
 
@@ -81,6 +138,8 @@ class ReplayMode:
     """Open loop: arrival offsets replacing each agent's `start_s`, in file order (e.g. Poisson arrivals)."""
     skip_late_s: float | None = None
     """Closed loop: skip agents whose `start_s` is more than this before now (None: start every agent)."""
+    mix: AgentMix | None = None
+    """Closed loop: the share of the active agents per workload label over time (None: file order alone)."""
 
     def __post_init__(self) -> None:
         if self.kind is ReplayKind.CLOSED_LOOP:
@@ -92,7 +151,11 @@ class ReplayMode:
             if late is not None and (isinstance(late, bool) or not isinstance(late, int | float)
                                      or not math.isfinite(late) or late < 0):  # fmt: skip
                 raise ValueError(f"closed-loop skip_late_s must be None or a finite number >= 0 s, got {late!r}")
+            if self.mix is not None and not isinstance(self.mix, AgentMix):
+                raise ValueError(f"closed-loop mix must be an AgentMix or None, got {self.mix!r}")
             return
+        if self.mix is not None:
+            raise ValueError("mix is a closed-loop option; open loop starts agents at their start_s")
         if self.skip_late_s is not None:
             raise ValueError("skip_late_s is a closed-loop option; open loop starts agents at their start_s")
         if self.concurrency is not None:
@@ -105,10 +168,11 @@ class ReplayMode:
                 raise ValueError(f"open-loop arrivals must be finite and >= 0, got {bad[0]!r}")
 
     @staticmethod
-    def closed_loop(concurrency: int, skip_late_s: float | None = None) -> ReplayMode:
+    def closed_loop(concurrency: int, skip_late_s: float | None = None, mix: AgentMix | None = None) -> ReplayMode:
         """Keep `concurrency` agents active, replacing each finished one with the next in file order (with
-        `skip_late_s`: the next whose `start_s` is at most that long ago)."""
-        return ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=concurrency, skip_late_s=skip_late_s)
+        `skip_late_s`: the next whose `start_s` is at most that long ago; with `mix`: the next of the label
+        furthest below its share)."""
+        return ReplayMode(ReplayKind.CLOSED_LOOP, concurrency=concurrency, skip_late_s=skip_late_s, mix=mix)
 
     @staticmethod
     def open_loop(max_active: int | None = None, arrivals: Sequence[float] | None = None) -> ReplayMode:
@@ -245,6 +309,9 @@ class AgentReplayer:
         self._admitted: list[tuple[float, float]] = []
         """Open loop: (arrival, start) of every agent started, in start order (appendix D.3's admission)."""
         self._next_agent = 0
+        self._waiting: dict[str, deque[AgentSpec]] = {}
+        """Closed loop with a mix: agents passed over in file order, per label, until their label's turn."""
+        self._active_by_label: dict[str, int] = {}
         self._finished = 0
         self._skipped = 0
         self._issued = 0
@@ -322,7 +389,7 @@ class AgentReplayer:
         """No agent is left to start (closed loop) or to arrive (open loop): from here on, active agents
         only decrease."""
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
-            return self._next_agent >= self._plan.agent_count
+            return self._next_agent >= self._plan.agent_count and not any(self._waiting.values())
         return self._started_run and self._to_arrive == 0 and not self._admission
 
     def next_wakeup(self) -> float | None:
@@ -432,6 +499,9 @@ class AgentReplayer:
         arrival (open loop). Agents without requests finish at once and free their slot again."""
         if self._mode.kind is ReplayKind.CLOSED_LOOP:
             assert self._mode.concurrency is not None
+            if self._mode.mix is not None:
+                self._fill_mix(self._mode.mix, self._mode.concurrency, at, out)
+                return
             late = self._mode.skip_late_s
             while len(self._active) < self._mode.concurrency and not self.exhausted:
                 agent = self._plan.agent(self._next_agent)
@@ -452,8 +522,55 @@ class AgentReplayer:
                 self._admitted.append((self._arrived[agent.agent], at))
                 self._start_agent(agent, at, out)
 
+    def _fill_mix(self, mix: AgentMix, n: int, at: float, out: list[Effect]) -> None:
+        """Closed loop with a mix: each free slot to the label furthest below its target share (ties: name)."""
+        while len(self._active) < n:
+            targets = mix.at(at - self._t0)
+            tried: set[str] = set()
+            agent: AgentSpec | None = None
+            while agent is None:
+                labels = (set(targets) | set(self._waiting) | set(self._active_by_label)) - tried
+                if not labels:  # every label known is out of agents, so the whole file was read: none is left
+                    return
+                label = min(labels, key=lambda lab: (self._active_by_label.get(lab, 0) - targets.get(lab, 0.0) * n,
+                                                     lab))
+                tried.add(label)
+                agent = self._take(label, at)
+            if self._streamed:
+                self._load(agent)
+            self._arrived[agent.agent] = at
+            self._start_agent(agent, at, out)
+
+    def _take(self, label: str, at: float) -> AgentSpec | None:
+        """The next agent of `label` not too late to start, passing over (and keeping, per label) the agents of
+        other labels on the way; None when none is left (the whole file has then been read)."""
+        late = self._mode.skip_late_s
+        queue = self._waiting.get(label)
+        while queue:
+            agent = queue.popleft()
+            if late is not None and agent.start_s + late < at - self._t0:
+                self._skip(agent)
+                continue
+            return agent
+        while self._next_agent < self._plan.agent_count:
+            agent = self._plan.agent(self._next_agent)
+            self._next_agent += 1
+            if late is not None and agent.start_s + late < at - self._t0:
+                self._skip(agent)
+            elif agent.workload == label:
+                return agent
+            else:
+                self._waiting.setdefault(agent.workload, deque()).append(agent)
+        return None
+
+    def _skip(self, agent: AgentSpec) -> None:
+        self._skipped += 1
+        if self._streamed:
+            self._plan.release(agent.index)
+
     def _start_agent(self, agent: AgentSpec, at: float, out: list[Effect]) -> None:
         self._active.add(agent.agent)
+        self._active_by_label[agent.workload] = self._active_by_label.get(agent.workload, 0) + 1
         out.append(AgentStarted(agent.agent, agent.workload, at, self._arrived[agent.agent]))
         if not agent.requests:
             self._finish(agent, at, out)
@@ -477,6 +594,7 @@ class AgentReplayer:
         for branch in agent.branches:
             self._end_branch(branch, agent.agent, at, out)
         self._active.discard(agent.agent)
+        self._active_by_label[agent.workload] -= 1
         self._finished += 1
         out.append(AgentFinished(agent.agent, agent.workload, at))
         if self._streamed:

@@ -20,8 +20,10 @@ How a fleet run goes:
    split over the partitions in proportion to their GPUs; each partition replays its own tasks in file order in
    closed loop at its share. The replay follows the workload's schedule: a freed slot skips tasks whose `start_s`
    is more than one slice of the header's `fleet.schedule` in the past (`FleetOptions.skip_late_s` to set it,
-   `follow_schedule=False` to start every task however late), so a partition's mix moves when the schedule says
-   even where tasks last longer than the trace was laid out for.
+   `follow_schedule=False` to start every task however late), and, where the header carries `fleet.mix` (the
+   share of each workload label among a region's running agents over time), a freed slot goes to the label
+   furthest below its share (`sim.replay.AgentMix`), so a partition's running mix is the schedule's from the
+   first minute and moves when the schedule says, whatever each workload's tasks really last.
 4. **Runs**: one `PartitionTask` per partition (picklable: the config, the tasks' records or, for a generated
    workload, only their slots, generated in the worker), executed by any `fleet.executors` executor. A task's
    result is a pure function of the task, so the fleet's result is the same for every executor and worker count,
@@ -149,6 +151,36 @@ class FleetWorkload:
             return None
         return float(span) / steps.pop()
 
+    def mix_for(self, tasks: Sequence[FleetTask], opts: FleetOptions) -> tuple[dict[str, list[float]], float] | None:
+        """The share of the running agents per workload label over time for a partition running `tasks` (the
+        header's `fleet.mix` of their regions, averaged by task count where they come from several), and the step
+        between its points: `(shares, step_s)`. None without a schedule to follow (`follow_schedule` off, no
+        `fleet.mix`, or tasks of a region it does not name)."""
+        fleet = (self.header or {}).get("fleet")
+        step = self.slice_s
+        if not opts.follow_schedule or not isinstance(fleet, dict) or step is None or not tasks:
+            return None
+        mix, label = fleet.get("mix"), fleet.get("region_label")
+        if not isinstance(mix, dict) or not isinstance(label, str):
+            return None
+        counts: dict[str, int] = {}
+        for task in tasks:
+            region = task.requires.get(label)
+            if region is None or region not in mix:
+                return None
+            counts[region] = counts.get(region, 0) + 1
+        labels = sorted({lab for region in counts for lab in mix[region]})
+        points = {len(v) for region in counts for v in mix[region].values()}
+        if len(points) != 1:
+            raise FleetRunError(f"the header's fleet.mix has schedules of different lengths: {sorted(points)}")
+        n, total = points.pop(), len(tasks)
+        if len(counts) == 1:
+            (only,) = counts
+            return {lab: [float(v) for v in mix[only][lab]] for lab in labels}, step
+        shares = {lab: [sum(counts[r] * float(mix[r].get(lab, [0.0] * n)[i]) for r in counts) / total
+                        for i in range(n)] for lab in labels}
+        return shares, step
+
     def skip_late_s(self, opts: FleetOptions) -> float | None:
         """How late a task may start in this workload's replay under `opts` (None: every task starts)."""
         if not opts.follow_schedule:
@@ -227,10 +259,11 @@ def partition_concurrency(partitions: Sequence[FleetPartition], fleet_agents: in
     return {p.key: 1 + n for p, n in zip(partitions, shares, strict=True)}
 
 
-def partition_config(p: FleetPartition, opts: FleetOptions, agents: int,
-                     skip_late_s: float | None = None) -> SimConfig:
+def partition_config(p: FleetPartition, opts: FleetOptions, agents: int, skip_late_s: float | None = None,
+                     mix: tuple[dict[str, list[float]], float] | None = None) -> SimConfig:
     """The simulator's config for one partition: its CR's nodes, profile, split, planner and routing; its tasks
-    replayed in closed loop at `agents`, skipping those more than `skip_late_s` late (None: none skipped)."""
+    replayed in closed loop at `agents`, skipping those more than `skip_late_s` late (None: none skipped), holding
+    the running agents' mix of workloads to `mix` (`(shares per label, step_s)`; None: file order alone)."""
     spec = p.spec
     planner = spec.planner.effective_policy.value
     settings = planner_settings(spec)
@@ -249,6 +282,8 @@ def partition_config(p: FleetPartition, opts: FleetOptions, agents: int,
     }
     if skip_late_s is not None:
         overrides["skip_late_s"] = skip_late_s
+    if mix is not None:
+        overrides["agent_mix"], overrides["agent_mix_step_s"] = mix
     if spec.engine.profile is not None:
         overrides["profile"] = spec.engine.profile
     if warmup == 0:
@@ -418,12 +453,15 @@ def partition_tasks(partitions: Sequence[FleetPartition], workload: FleetWorkloa
     concurrency = partition_concurrency(partitions, agents)
     users: dict[str, set[str]] = {p.key: set() for p in partitions}
     bound: dict[str, list[str]] = {p.key: [] for p in partitions}
+    bound_tasks: dict[str, list[FleetTask]] = {p.key: [] for p in partitions}
     for task in workload.tasks:
         bound[binding[task.agent]].append(task.agent)
+        bound_tasks[binding[task.agent]].append(task)
         users[binding[task.agent]].add(task.user)
     out: list[PartitionTask] = []
     for p in partitions:
-        cfg = partition_config(p, opts, concurrency[p.key], workload.skip_late_s(opts))
+        cfg = partition_config(p, opts, concurrency[p.key], workload.skip_late_s(opts),
+                               workload.mix_for(bound_tasks[p.key], opts))
         if workload.records is not None:
             recs = [r for agent in bound[p.key] for r in workload.records[agent]]
             out.append(PartitionTask(p.key, cfg, workload.prefixes, recs, None, opts.bucket_s, opts.keep_records,

@@ -10,8 +10,9 @@ simulated cluster (router, planner, KV directory) with its CR's nodes, profile, 
 are bound to partitions by user with the global router's binding (`fleet.binding`). The workload is a fleet trace
 file (agent records with `user` and `requires`) or `--workload fleet` (generated; `--agents` is the fleet's
 concurrency, and the generated schedule spans warmup + duration). Each partition follows the workload's schedule
-(`--skip-late`: a freed slot skips tasks more than one slice of the schedule late, so a local shift happens when
-the schedule says even where tasks outlast the trace's layout). `--planner static` runs every partition at its
+(`--skip-late`: a freed slot skips tasks more than one slice of the schedule late and goes to the workload furthest
+below its scheduled share of the running agents, so a local shift happens when the schedule says even where tasks
+outlast the trace's layout). `--planner static` runs every partition at its
 initial split; `--compare-static` runs the fleet twice (the CRs' planners, then static) and reports both.
 Partitions run on `--executor processes` (default, `--workers` processes), `ray` (`--ray-address`, or a private
 local instance on loopback) or `inline`; the result does not depend on the executor or the worker count.
@@ -104,8 +105,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    "under the same name); prints what is stored, as --stored-only")
     g.add_argument("--skip-late", type=_skip_late, metavar="S|off",
                    help="replay each partition on the workload's schedule: a freed slot skips tasks whose scheduled "
-                   "start is more than S s past (default: one slice of the trace header's fleet.schedule); off: "
-                   "every task in file order, however late")
+                   "start is more than S s past (default: one slice of the trace header's fleet.schedule) and "
+                   "goes to the workload furthest below its share of the running agents (the header's fleet.mix); "
+                   "off: every task in file order, however late")
     g.add_argument("--fleet-drain", type=float, metavar="S",
                    help="run at most S s past the scored window to finish its requests (default: the simulator's)")
 

@@ -16,6 +16,8 @@ Boundary: pure; randomness only from the `random.Random` passed in.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from dataclasses import dataclass
 
@@ -179,8 +181,9 @@ def prefixes(p: CCParams) -> dict[str, int]:
 
 
 class _CCAgent:
-    def __init__(self, p: CCParams, rng: random.Random, b: AgentBuilder) -> None:
+    def __init__(self, p: CCParams, rng: random.Random, b: AgentBuilder, age: float = 0.0) -> None:
         self.p, self.rng, self.b = p, rng, b
+        self.age = age
         self.subs = 0
         self.forks = 0
 
@@ -188,11 +191,25 @@ class _CCAgent:
         p, rng, b = self.p, self.rng, self.b
         main = b.branch("main")
         start = shared_start(PREFIX, p.system_prefix_tokens)
-        sizes = fit(int(start.get("keep", 0)), p.first_prompt_tokens.sample_int(rng), p.output_tokens.sample_int(rng),
-                    p.max_context_tokens)  # fmt: skip
+        keep = int(start.get("keep", 0))
+        first, output = p.first_prompt_tokens.sample_int(rng), p.output_tokens.sample_int(rng)
+        limit = p.max_context_tokens
+        if self.age <= 0:
+            steps = max(1, p.main_steps.sample_int(rng))
+        else:  # a task met in progress: the steps it has done are in its (uncached) first prompt
+            # A task in progress at a given moment is drawn with odds in proportion to its length (the inspection
+            # paradox of renewal processes): for a log-normal length that is the log-normal of mean x exp(sigma^2).
+            biased = dataclasses.replace(p.main_steps, mean=p.main_steps.mean * math.exp(p.main_steps.sigma**2))
+            steps = max(1, biased.sample_int(rng))
+            done_before = min(steps - 1, int(self.age * steps))
+            own = random.Random(rng.getrandbits(64))
+            first += sum(p.tool_result_tokens.sample_int(own) + p.output_tokens.sample_int(own)
+                         for _ in range(done_before))
+            steps -= done_before
+            limit = min(limit, p.compact_at_tokens - 1)  # the harness would have compacted a longer context
+        sizes = fit(keep, first, output, limit)
         assert sizes is not None
         b.request(main, after=[], delay_s=0.0, new=sizes[0], output=sizes[1], **start)
-        steps = max(1, p.main_steps.sample_int(rng))
         done = 1
         while done < steps:
             if main.context >= p.compact_at_tokens:
@@ -316,8 +333,14 @@ class _CCAgent:
         return True
 
 
-def cc_agent(p: CCParams, rng: random.Random, agent_id: str, start_s: float, workload: str = "cc") -> list[Record]:
-    """The records of one CC agent (main branch, sub-agents, forks, compactions)."""
+def cc_agent(p: CCParams, rng: random.Random, agent_id: str, start_s: float, workload: str = "cc",
+             age: float = 0.0) -> list[Record]:
+    """The records of one CC agent (main branch, sub-agents, forks, compactions). With `age` in (0, 1) the task is
+    met that far into its main-branch steps, as a task in progress at a given moment: its length is drawn in
+    proportion to its odds of being in progress (length-biased), the steps before are not issued, and the tokens
+    they would have added (tool results and outputs) are in its first prompt (up to the compaction bound)."""
+    if not 0.0 <= age < 1.0:
+        raise ValueError(f"age must be in [0, 1), got {age}")
     b = AgentBuilder(agent_id, workload, start_s, prefixes(p))
-    _CCAgent(p, rng, b).run()
+    _CCAgent(p, rng, b, age).run()
     return b.records

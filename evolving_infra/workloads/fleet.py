@@ -21,7 +21,11 @@ of the fleet's concurrency (`concurrency`, e.g. 3,840 at 1/8 scale: ~10 per GPU;
 `tasks_for(params, concurrency)` is the number of tasks that fills the span. Within each region, the agents are in
 file order of the schedule: replaying a partition's agents in file order at its concurrency follows the shift as
 long as tasks last about their estimate; skipping tasks whose slice has passed (`sim.replay`'s `skip_late_s`, one
-slice: what `simulate --fleet` does) follows it whatever the tasks' real durations.
+slice) follows it whatever the tasks' real durations; and the header's `fleet.mix` (each region's share of every
+workload among its running agents, per slice) lets a replay hold the running mix to the schedule
+(`sim.replay.AgentMix`: a freed slot goes to the workload furthest below its share), so a partition serves the
+scheduled mix from the first minute even though the two workloads' tasks do not last their estimates equally
+(`simulate --fleet` does both).
 
 Boundary: pure generation (seeded `random.Random` streams per agent), like the other kinds; binding users to
 partitions and simulating them is `evolving_infra.fleet`.
@@ -106,6 +110,11 @@ class FleetParams:
         "tasks keep busy for the span at the estimated task durations")
     tail: float = param(0.5, "assumption: extra tasks at the final mix, as a fraction of the span's, so replay "
                         "never runs out")
+    staggered_start: bool = param(
+        True, "assumption: the fleet is met in its steady state, so the tasks running at the start (the first ones "
+        "of each region, as many as its concurrency) are met part-way through, at a uniform fraction of their "
+        "steps (their earlier steps' tokens in their first prompt), and end at staggered times; False: every agent "
+        "starts a task from its first step at once (a cold start, whose contexts grow for the first task's length)")
     arrival_rate_per_min: float = param(1.0, "assumption (unused: closed-loop replay; start_s follows the schedule)")
 
     def __post_init__(self) -> None:
@@ -155,6 +164,8 @@ class AgentSlot:
     label: str
     user: str
     start_s: float
+    age: float = 0.0
+    """How far into its main-branch steps the task is met (0: from its start; `cc.cc_agent`'s `age`)."""
 
     @property
     def agent(self) -> str:
@@ -224,6 +235,8 @@ def fleet_plan(p: FleetParams, agents: int, seed: int) -> list[AgentSlot]:
         mid = p.cc_share(region, 0.5)
         pools = {"cc": max(1, round(region_conc[k] * mid)), "codex": max(1, round(region_conc[k] * (1 - mid)))}
         times = random.Random(f"evolving-infra/{seed}/fleet/{region.name}/times")
+        ages = random.Random(f"evolving-infra/{seed}/fleet/{region.name}/ages")
+        running = region_conc[k] if p.staggered_start else 0
         for (kk, start), block in grouped.items():
             if kk != k:
                 continue
@@ -231,10 +244,12 @@ def fleet_plan(p: FleetParams, agents: int, seed: int) -> list[AgentSlot]:
             starts = sorted(start + times.random() * spans[(kk, start)] for _ in labels)
             for label, start_s in zip(labels, starts, strict=True):
                 user = f"{region.name}.{label}.u{users.randrange(pools[label])}"
-                slots.append(AgentSlot(len(slots), region.name, label, user, round(start_s, 3)))
+                age = round(ages.random(), 4) % 1.0 if running > 0 else 0.0
+                running -= 1
+                slots.append(AgentSlot(len(slots), region.name, label, user, round(start_s, 3), age))
     # One file order for the fleet, by start time (each region's tasks keep their order within it).
     ordered = sorted(slots, key=lambda s: (s.start_s, s.index))
-    return [AgentSlot(i, s.region, s.label, s.user, s.start_s) for i, s in enumerate(ordered)]
+    return [AgentSlot(i, s.region, s.label, s.user, s.start_s, s.age) for i, s in enumerate(ordered)]
 
 
 def prefix_records(p: FleetParams) -> list[Record]:
@@ -249,7 +264,7 @@ def prefix_records(p: FleetParams) -> list[Record]:
 def agent_records(p: FleetParams, slot: AgentSlot, seed: int) -> list[Record]:
     """One task's records (its agent record carries `user` and `requires`); the same for the same slot and seed."""
     records = cc.cc_agent(p.params_of(slot.label), agent_rng(seed, f"fleet/{slot.label}", slot.index), slot.agent,
-                          slot.start_s, slot.label)
+                          slot.start_s, slot.label, slot.age)
     for record in records:
         if record["kind"] == "agent":
             record["user"] = slot.user
@@ -282,7 +297,9 @@ def fleet_header(p: FleetParams, agents: int, seed: int, slots: list[AgentSlot])
             f"codex-like tasks. Agent records carry 'user' and 'requires' (partition labels, key {REGION_LABEL!r}). "
             "Replay each partition's agents in file order in closed loop at its share of the fleet concurrency "
             "(fleet.concurrency), skipping agents whose start_s is more than one slice of fleet.schedule past "
-            "when a slot frees, to follow the regions' CC share over time (fleet.schedule)."
+            "when a slot frees, and giving a freed slot to the workload furthest below its share of the running "
+            "agents in the region's fleet.mix (fleet.schedule: the cc share alone), to follow the regions' mix "
+            "over time whatever the tasks really last."
         ),
         "fleet": {
             "concurrency": concurrency,
@@ -290,6 +307,10 @@ def fleet_header(p: FleetParams, agents: int, seed: int, slots: list[AgentSlot])
             "span_s": p.span_s,
             "schedule": {r.name: [round(p.cc_share(r, i / p.slices), 4) for i in range(p.slices + 1)]
                          for r in p.regions},
+            "mix": {r.name: {"cc": [round(p.cc_share(r, i / p.slices), 4) for i in range(p.slices + 1)],
+                             "codex": [round(1.0 - round(p.cc_share(r, i / p.slices), 4), 4)
+                                       for i in range(p.slices + 1)]}
+                    for r in p.regions},
             "region_label": REGION_LABEL,
         },
         "generator": {"kind": "fleet", "agents": agents, "seed": seed, "params": to_jsonable(p)},

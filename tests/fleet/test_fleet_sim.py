@@ -129,7 +129,10 @@ def test_fleet_equals_its_partitions_simulated_one_by_one(fleet_dir: Path, inlin
     for p, fleet_part in zip(partitions, inline_result.partitions, strict=True):
         mine = [r for r in records if r["kind"] not in ("header", "prefix") and binding[agent_of(r)] == p.key]
         trace = trace_from_records([{"kind": "header", "version": 1, "name": "alone"}, *prefixes, *mine])
-        alone = simulate(partition_config(p, OPTS, concurrency[p.key], workload.skip_late_s(OPTS)), trace)
+        tasks = [t for t in workload.tasks if binding[t.agent] == p.key]
+        mix_of = workload.mix_for(tasks, OPTS)
+        assert mix_of is not None and mix_of[1] == PARAMS.span_s / PARAMS.slices
+        alone = simulate(partition_config(p, OPTS, concurrency[p.key], workload.skip_late_s(OPTS), mix_of), trace)
         assert fleet_part.key == p.key
         assert fleet_part.requests == len(alone.records) > 0
         assert fleet_part.records == alone.records
@@ -237,6 +240,22 @@ def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, agen
         assert abs(sum(s.label == "cc" for s in block) - share * len(block)) <= 3.0
 
 
+@settings(max_examples=20, deadline=None)
+@given(agents=st.integers(20, 2000), concurrency=st.integers(2, 400))
+def test_the_tasks_running_at_the_start_are_met_part_way_through(agents: int, concurrency: int) -> None:
+    params = FleetParams(regions=(Region("a", 1, 0.3, 0.7), Region("b", 3, 0.5, 0.5)), span_s=3600.0, slices=4,
+                         concurrency=concurrency)
+    slots = fleet_plan(params, agents, seed=2)
+    per_region = dict(zip(("a", "b"), params.region_concurrency(concurrency), strict=True))
+    for region, running in per_region.items():
+        mine = [s for s in slots if s.region == region]
+        assert all(0.0 < s.age < 1.0 for s in mine[:running] if s.age) and all(s.age == 0.0 for s in mine[running:])
+        assert sum(s.age > 0 for s in mine[:running]) >= min(len(mine), running) - 1  # (a draw may round to 0)
+    cold = fleet_plan(dataclasses.replace(params, staggered_start=False), agents, seed=2)
+    assert all(s.age == 0.0 for s in cold)
+    assert [dataclasses.replace(s, age=0.0) for s in slots] == cold  # ages change nothing else of the plan
+
+
 def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_dir: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_fleet_trace(tmp_path / "fleet.jsonl")
@@ -289,6 +308,9 @@ def test_a_partition_follows_its_schedule_when_tasks_outlast_the_layout(fleet_di
     assert plain["last"] < 0.4  # in file order the replay is still near its starting mix
     assert east[0].metrics["simulation"]["skipped_agents"] > 0 and east[0].metrics["config"]["skip_late_s"] == 100.0
     assert "skipped_agents" not in east[1].metrics["simulation"] and east[1].metrics["config"]["skip_late_s"] is None
+    # The east region's running mix, from the header's fleet.mix (cc 0.2 -> 0.8 over the shift), held by the replay.
+    assert east[0].metrics["config"]["agent_mix"]["cc"][0] == 0.2 and east[0].metrics["config"]["agent_mix_step_s"] == 100
+    assert east[1].metrics["config"]["agent_mix"] is None
 
 
 def test_bad_fleet_settings_are_refused(fleet_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
