@@ -68,6 +68,7 @@ from evolving_infra.fleet.sim_report import (
     partition_rows,
     render_markdown,
     render_stored,
+    shifting,
     stored_rows,
     write_figure,
 )
@@ -216,9 +217,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "fleet.json").write_text(json.dumps(report, indent=1))
         (folder / "fleet.md").write_text(render_markdown(adaptive, static) + "\n")
-        shifting = [r["partition"] for r in partition_rows(static or adaptive)
-                    if (r["pd_ratio_variation"] or 0) > 2 * (fleet_summary(static or adaptive)["pd_ratio_variation"] or 0)]
-        write_figure(adaptive, static, folder / "fleet.png", highlight=shifting)
+        write_figure(adaptive, static, folder / "fleet.png", highlight=shifting(static or adaptive))
         err.print(f"wrote {folder / 'fleet.json'}, fleet.md, fleet.png")
     if args.json:
         print(json.dumps(report, indent=2))

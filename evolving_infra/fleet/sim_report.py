@@ -174,6 +174,22 @@ def fleet_summary(result: FleetResult) -> dict[str, Any]:
     }
 
 
+def shifting(result: FleetResult) -> list[str]:
+    """The partitions whose PD ratio varies more than twice as much as the fleet's, over buckets `COARSE` times as
+    wide (over the results' own buckets where the window holds fewer than two wide ones): the local shifts the
+    figure marks. Wide buckets keep a steady partition's noise (a few large prompts in one bucket) from marking it."""
+    start, end = _window(result)
+    windows = [_in_window(p.series, start, end) for p in result.partitions]
+    n = min((len(w) for w in windows), default=0)
+    group = COARSE if n >= 2 * COARSE else 1
+
+    def spread(ws: Sequence[Sequence[Mapping[str, Any]]]) -> float:
+        return variation([x for x in _pd_series(ws, n, group) if x is not None]) or 0.0
+
+    fleet = spread(windows)
+    return [short_name(p.key) for p, w in zip(result.partitions, windows, strict=True) if spread([w]) > 2 * fleet]
+
+
 def compare(adaptive: FleetResult, static: FleetResult) -> dict[str, Any]:
     """Throughput of adaptive over static per partition and for the fleet (same partitions, same order)."""
     rows = []

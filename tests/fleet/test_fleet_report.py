@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from evolving_infra.fleet.sim import FleetOptions, FleetResult, PartitionResult
-from evolving_infra.fleet.sim_report import COARSE, fleet_summary, render_markdown
+from evolving_infra.fleet.sim_report import COARSE, fleet_summary, render_markdown, shifting
 
 
 def result(key: str, uncached: list[int], output: list[int], width: float = 300.0) -> PartitionResult:
@@ -40,3 +40,18 @@ def test_the_aggregate_pd_ratio_sums_partitions_tokens_and_is_also_given_over_wi
     short = fleet_summary(FleetResult(FleetOptions(), [result("a/p3", [100] * 6, [100] * 6)], 0.0))
     assert short["pd_ratio_variation_coarse"]["variation"] is None
     assert "(0.0 %)" in render_markdown(FleetResult(FleetOptions(), [a], 0.0))
+
+
+def test_the_figure_marks_partitions_whose_demand_shifts_over_wide_buckets_not_noisy_ones() -> None:
+    steady = [result(f"a/p{i}", [200] * 8, [100] * 8) for i in range(5)]
+    noisy = result("a/p5", [200, 200, 200, 400, 200, 200, 200, 200], [100] * 8)  # one heavy bucket: x2 for 300 s
+    shift = result("a/p6", [100] * 4 + [500] * 4, [100] * 8)  # the PD ratio moves from 1 to 5 and stays
+    fleet = FleetResult(FleetOptions(), [*steady, noisy, shift], 0.0)
+    assert shifting(fleet) == ["p6"]
+    # Over the results' own buckets the noisy partition would be marked as well.
+    per_bucket = fleet_summary(FleetResult(FleetOptions(), [noisy], 0.0))["pd_ratio_variation"]
+    assert per_bucket > 2 * fleet_summary(fleet)["pd_ratio_variation"]
+    # Too short a window for wide buckets: the results' own buckets decide.
+    short = [result(f"a/p{i}", [200] * 4, [100] * 4) for i in range(5)]
+    short.append(result("a/p5", [100, 100, 500, 500], [100] * 4))
+    assert shifting(FleetResult(FleetOptions(), short, 0.0)) == ["p5"]
