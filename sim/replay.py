@@ -47,9 +47,10 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from evolving_infra.sim.replay_mix import AgentMix
 from evolving_infra.sim.replay_plan import AgentSpec, PlanError, ReplayPlan, RequestSpec, StreamedPlan, TraceLike
 
 __all__ = [
@@ -73,56 +74,6 @@ __all__ = [
 class ReplayKind(enum.Enum):
     CLOSED_LOOP = "closed-loop"
     OPEN_LOOP = "open-loop"
-
-
-@dataclass(frozen=True, slots=True)
-class AgentMix:
-    """Closed loop: the target share of the active agents per workload label over time since the run's start.
-
-    `shares[label][i]` is the label's share at `i * step_s`, linear in between, the last value after the last point.
-    At every point the named labels' shares add up to 1."""
-
-    step_s: float
-    shares: tuple[tuple[str, tuple[float, ...]], ...]
-
-    def __post_init__(self) -> None:
-        if isinstance(self.step_s, bool) or not isinstance(self.step_s, int | float) or not (
-            math.isfinite(self.step_s) and self.step_s > 0
-        ):
-            raise ValueError(f"mix step_s must be a finite number > 0 s, got {self.step_s!r}")
-        if not self.shares:
-            raise ValueError("a mix needs at least one workload label")
-        labels = [label for label, _ in self.shares]
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"mix labels must be unique, got {labels}")
-        points = {len(values) for _, values in self.shares}
-        if len(points) != 1 or min(points) < 1:
-            raise ValueError("every label of a mix needs the same number (>= 1) of points")
-        for label, values in self.shares:
-            bad = [v for v in values if not (isinstance(v, int | float) and math.isfinite(v) and 0.0 <= v <= 1.0)]
-            if bad:
-                raise ValueError(f"mix share of {label!r} must be in [0, 1], got {bad[0]!r}")
-        for i in range(points.pop()):
-            total = sum(values[i] for _, values in self.shares)
-            if abs(total - 1.0) > 1e-6:
-                raise ValueError(f"mix shares at point {i} add up to {total:.6g}, not 1")
-
-    @staticmethod
-    def of(step_s: float, shares: Mapping[str, Sequence[float]]) -> AgentMix:
-        return AgentMix(float(step_s), tuple((label, tuple(float(v) for v in values))
-                                             for label, values in sorted(shares.items())))
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return tuple(label for label, _ in self.shares)
-
-    def at(self, t: float) -> dict[str, float]:
-        """Each named label's target share `t` seconds after the start."""
-        n = len(self.shares[0][1])
-        x = max(0.0, t) / self.step_s
-        i = min(n - 1, int(x))
-        frac = x - i if i < n - 1 else 0.0
-        return {label: v[i] + frac * (v[i + 1] - v[i]) if frac else v[i] for label, v in self.shares}
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,14 +453,11 @@ class AgentReplayer:
             if self._mode.mix is not None:
                 self._fill_mix(self._mode.mix, self._mode.concurrency, at, out)
                 return
-            late = self._mode.skip_late_s
             while len(self._active) < self._mode.concurrency and not self.exhausted:
                 agent = self._plan.agent(self._next_agent)
                 self._next_agent += 1
-                if late is not None and agent.start_s + late < at - self._t0:
-                    self._skipped += 1
-                    if self._streamed:
-                        self._plan.release(agent.index)
+                if self._too_late(agent, at):
+                    self._skip(agent)
                     continue
                 if self._streamed:
                     self._load(agent)
@@ -524,8 +472,8 @@ class AgentReplayer:
 
     def _fill_mix(self, mix: AgentMix, n: int, at: float, out: list[Effect]) -> None:
         """Closed loop with a mix: each free slot to the label furthest below its target share (ties: name)."""
+        targets = mix.at(at - self._t0)
         while len(self._active) < n:
-            targets = mix.at(at - self._t0)
             tried: set[str] = set()
             agent: AgentSpec | None = None
             while agent is None:
@@ -544,18 +492,17 @@ class AgentReplayer:
     def _take(self, label: str, at: float) -> AgentSpec | None:
         """The next agent of `label` not too late to start, passing over (and keeping, per label) the agents of
         other labels on the way; None when none is left (the whole file has then been read)."""
-        late = self._mode.skip_late_s
         queue = self._waiting.get(label)
         while queue:
             agent = queue.popleft()
-            if late is not None and agent.start_s + late < at - self._t0:
+            if self._too_late(agent, at):
                 self._skip(agent)
                 continue
             return agent
         while self._next_agent < self._plan.agent_count:
             agent = self._plan.agent(self._next_agent)
             self._next_agent += 1
-            if late is not None and agent.start_s + late < at - self._t0:
+            if self._too_late(agent, at):
                 self._skip(agent)
             elif agent.workload == label:
                 return agent
@@ -563,7 +510,13 @@ class AgentReplayer:
                 self._waiting.setdefault(agent.workload, deque()).append(agent)
         return None
 
+    def _too_late(self, agent: AgentSpec, at: float) -> bool:
+        """Closed loop with `skip_late_s`: `agent` was due more than that long before `at`."""
+        late = self._mode.skip_late_s
+        return late is not None and agent.start_s + late < at - self._t0
+
     def _skip(self, agent: AgentSpec) -> None:
+        """An agent never started: counted, and forgotten by a streamed plan."""
         self._skipped += 1
         if self._streamed:
             self._plan.release(agent.index)

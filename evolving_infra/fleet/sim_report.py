@@ -144,11 +144,17 @@ def _pd_series(windows: Sequence[Sequence[Mapping[str, Any]]], n: int, group: in
             for g in range(0, n - group + 1, group)]
 
 
+def _windows(result: FleetResult) -> tuple[list[list[Mapping[str, Any]]], int]:
+    """Each partition's buckets inside the fleet's scored window, and how many every partition has."""
+    start, end = _window(result)
+    windows = [_in_window(p.series, start, end) for p in result.partitions]
+    return windows, min((len(w) for w in windows), default=0)
+
+
 def fleet_summary(result: FleetResult) -> dict[str, Any]:
     """The fleet's aggregate PD ratio per bucket and its variation, total throughput and queueing."""
     start, end = _window(result)
-    windows = [_in_window(p.series, start, end) for p in result.partitions]
-    n = min((len(w) for w in windows), default=0)
+    windows, n = _windows(result)
     pd = _pd_series(windows, n)
     coarse = _pd_series(windows, n, COARSE)
     width = windows[0][0]["t1"] - windows[0][0]["t0"] if n else None
@@ -178,9 +184,7 @@ def shifting(result: FleetResult) -> list[str]:
     """The partitions whose PD ratio varies more than twice as much as the fleet's, over buckets `COARSE` times as
     wide (over the results' own buckets where the window holds fewer than two wide ones): the local shifts the
     figure marks. Wide buckets keep a steady partition's noise (a few large prompts in one bucket) from marking it."""
-    start, end = _window(result)
-    windows = [_in_window(p.series, start, end) for p in result.partitions]
-    n = min((len(w) for w in windows), default=0)
+    windows, n = _windows(result)
     group = COARSE if n >= 2 * COARSE else 1
 
     def spread(ws: Sequence[Sequence[Mapping[str, Any]]]) -> float:

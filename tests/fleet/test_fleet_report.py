@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from evolving_infra.fleet.sim import FleetOptions, FleetResult, PartitionResult
-from evolving_infra.fleet.sim_report import COARSE, fleet_summary, render_markdown, shifting
+from evolving_infra.fleet.sim_report import COARSE, fleet_summary, planner_holds, render_markdown, shifting
 
 
 def result(key: str, uncached: list[int], output: list[int], width: float = 300.0) -> PartitionResult:
@@ -55,3 +55,11 @@ def test_the_figure_marks_partitions_whose_demand_shifts_over_wide_buckets_not_n
     short = [result(f"a/p{i}", [200] * 4, [100] * 4) for i in range(5)]
     short.append(result("a/p5", [100, 100, 500, 500], [100] * 4))
     assert shifting(FleetResult(FleetOptions(), short, 0.0)) == ["p5"]
+
+
+def test_planner_holds_counts_the_holds_and_every_refused_candidate() -> None:
+    short, low = {"verdict": "prefill_kv_short"}, {"verdict": "below_threshold"}
+    metrics = {"planner_hold_decisions": [{"candidates": [short, short, low]}, {"candidates": [low]}],
+               "planner_switch_decisions": [{"candidates": [short, {"verdict": "qualified"}]}, {"outcome": "switch"}]}
+    assert planner_holds(metrics) == {"planner_holds": 2, "kv_refused_moves": 3}
+    assert planner_holds({}) == {"planner_holds": 0, "kv_refused_moves": 0}

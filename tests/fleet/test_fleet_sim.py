@@ -45,7 +45,7 @@ from evolving_infra.sim.run import simulate
 from evolving_infra.traces.loader import trace_from_records
 from evolving_infra.workloads import generate_with, write_trace
 from evolving_infra.workloads.dist import LogNormal
-from evolving_infra.workloads.fleet import REGION_LABEL, FleetParams, Region, fleet_plan, tasks_for
+from evolving_infra.workloads.fleet import REGION_LABEL, FleetParams, Region, tasks_for
 
 PARTITION = """\
 ---
@@ -225,37 +225,6 @@ def test_partition_concurrency_adds_up(total: int, gpus: list[int], fleet_dir: P
     assert sum(split.values()) == total and min(split.values()) >= 1
 
 
-@settings(max_examples=30, deadline=None)
-@given(start=st.floats(0, 1), end=st.floats(0, 1), agents=st.integers(1, 3000))
-def test_fleet_plan_follows_each_regions_schedule(start: float, end: float, agents: int) -> None:
-    params = FleetParams(regions=(Region("a", 1, start, end), Region("b", 1, 0.5, 0.5)), span_s=3600.0, slices=4,
-                         task_estimate_s={"cc": 900.0, "codex": 900.0}, tail=0.25)
-    slots = fleet_plan(params, agents, seed=1)
-    assert [s.index for s in slots] == list(range(agents))
-    assert fleet_plan(params, agents, seed=1) == slots
-    width = params.span_s / params.slices
-    for i in range(params.slices):  # each slice's block follows the region's share (whole counts)
-        block = [s for s in slots if s.region == "a" and i * width <= s.start_s < (i + 1) * width]
-        share = params.cc_share(params.regions[0], (i + 0.5) / params.slices)
-        assert abs(sum(s.label == "cc" for s in block) - share * len(block)) <= 3.0
-
-
-@settings(max_examples=20, deadline=None)
-@given(agents=st.integers(20, 2000), concurrency=st.integers(2, 400))
-def test_the_tasks_running_at_the_start_are_met_part_way_through(agents: int, concurrency: int) -> None:
-    params = FleetParams(regions=(Region("a", 1, 0.3, 0.7), Region("b", 3, 0.5, 0.5)), span_s=3600.0, slices=4,
-                         concurrency=concurrency)
-    slots = fleet_plan(params, agents, seed=2)
-    per_region = dict(zip(("a", "b"), params.region_concurrency(concurrency), strict=True))
-    for region, running in per_region.items():
-        mine = [s for s in slots if s.region == region]
-        assert all(0.0 < s.age < 1.0 for s in mine[:running] if s.age) and all(s.age == 0.0 for s in mine[running:])
-        assert sum(s.age > 0 for s in mine[:running]) >= min(len(mine), running) - 1  # (a draw may round to 0)
-    cold = fleet_plan(dataclasses.replace(params, staggered_start=False), agents, seed=2)
-    assert all(s.age == 0.0 for s in cold)
-    assert [dataclasses.replace(s, age=0.0) for s in slots] == cold  # ages change nothing else of the plan
-
-
 def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_dir: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_fleet_trace(tmp_path / "fleet.jsonl")
@@ -277,16 +246,6 @@ def test_simulate_fleet_command_reads_a_fleet_trace_and_writes_the_report(fleet_
     table = [line for line in (out / "fleet.md").read_text().splitlines() if line.startswith("| tiny-p0 ")]
     header = [line for line in (out / "fleet.md").read_text().splitlines() if "holds (KV-refused moves)" in line]
     assert len(table) == 1 and len(header) == 1 and table[0].count("|") == header[0].count("|")
-
-
-def test_planner_holds_counts_the_holds_and_every_refused_candidate() -> None:
-    from evolving_infra.fleet.sim_report import planner_holds
-
-    short, low = {"verdict": "prefill_kv_short"}, {"verdict": "below_threshold"}
-    metrics = {"planner_hold_decisions": [{"candidates": [short, short, low]}, {"candidates": [low]}],
-               "planner_switch_decisions": [{"candidates": [short, {"verdict": "qualified"}]}, {"outcome": "switch"}]}
-    assert planner_holds(metrics) == {"planner_holds": 2, "kv_refused_moves": 3}
-    assert planner_holds({}) == {"planner_holds": 0, "kv_refused_moves": 0}
 
 
 def test_a_partition_follows_its_schedule_when_tasks_outlast_the_layout(fleet_dir: Path,
