@@ -92,10 +92,13 @@ class Candidate(KubeModel):
     qualified: bool = Field(description="Whether the gain exceeds the significance threshold.")
     verdict: CandidateVerdict = Field(
         description="qualified, below_threshold, too_few_slices, or prefill_kv_short (a move towards decode whose "
-        "prefill nodes' KV memory would not hold the active branches' contexts)."
+        "prefill nodes' KV memory would not hold the active branches' contexts, refused by the planner's active_kv rule)."
     )
     prefill_kv_pages: int | None = Field(
         default=None, ge=0, description="KV pages the candidate's prefill nodes hold in GPU and host memory together."
+    )
+    prefill_utilization: float | None = Field(
+        default=None, ge=0, le=1, description="How busy the throughput model predicts the candidate's prefill side (0-1)."
     )
 
 

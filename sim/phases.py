@@ -110,6 +110,7 @@ def carry_out(state: ClusterState, effects: list[ControlEffect], now: float) -> 
                           "mode": decision.mode.value}  # fmt: skip
                 if isinstance(diag, OursDiagnostics):  # why: every candidate, as a live CR shows
                     record["candidates"] = diag.candidate_summary()
+                    record["slices"] = diag.slice_summary()
                     record["active_kv_pages"] = diag.active_kv_pages
                 if decision.outcome is Outcome.SWITCH:
                     state.decisions.append(record)

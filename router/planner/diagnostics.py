@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evolving_infra.core.types import NodeId
+from evolving_infra.router.planner.window import MeanWork
 
 
 class SliceUse(enum.Enum):
@@ -31,7 +32,7 @@ class CandidateVerdict(enum.Enum):
     TOO_FEW_SLICES = "too_few_slices"
     PREFILL_KV_SHORT = "prefill_kv_short"
     """A move towards decode whose prefill nodes' KV memory (GPU and host) would not hold the active branches'
-    contexts (ours' `hold_active_kv`); its gains are still listed."""
+    contexts, refused by ours' `active_kv` rule (with headroom: predicted too busy); its gains are still listed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,10 @@ class SliceDiagnostics:
     current_prefill: float | None = None
     current_decode: float | None = None
     current_theta: float | None = None
+    prefill_backlog: float | None = None
+    """The mean number of requests waiting for (or in) prefill over the slice (None: not observed)."""
+    work: MeanWork | None = None
+    """w̄_i (None: the slice had no requests)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,8 @@ class CandidateDiagnostics:
     history: int = 0
     prefill_kv_pages: int | None = None
     """The KV pages its prefill nodes' GPU and host memory hold together (None: sizes unknown)."""
+    prefill_utilization: float | None = None
+    """Θ / Σµ_P eq. 5 predicts for it, mean over the slices of its gains (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,16 @@ class OursDiagnostics:
     def count(self, use: SliceUse) -> int:
         return sum(1 for s in self.slices if s.use is use)
 
+    def slice_summary(self) -> list[dict[str, Any]]:
+        """Each slice as plain data (the simulator's decision records): its start, requests, use, q̄_i, the prefill
+        backlog, the current split's Σµ_P and Σµ_D in req/s, and w̄_i's mean uncached and cached prompt tokens."""
+        return [
+            {"start": s.start, "requests": s.requests, "use": s.use.value, "q_bar": s.mean_decode_requests,
+             "prefill_backlog": s.prefill_backlog, "prefill": s.current_prefill, "decode": s.current_decode,
+             "t_uc": None if s.work is None else s.work.t_uc, "t_c": None if s.work is None else s.work.t_c}
+            for s in self.slices
+        ]  # fmt: skip
+
     def candidate_summary(self) -> list[dict[str, Any]]:
         """Each candidate as plain data (the simulator's decision records): its split, mean gain and standard error
         in req/s, the slices the gains came from (of them measured earlier while it ran: `history`), its verdict,
@@ -89,7 +106,7 @@ class OursDiagnostics:
         return [
             {"split": c.split, "mean_gain": c.mean_gain, "std_error": c.std_error, "slices": len(c.gains),
              "history": c.history, "verdict": c.verdict.value, "chosen": c.chosen,
-             "prefill_kv_pages": c.prefill_kv_pages}
+             "prefill_kv_pages": c.prefill_kv_pages, "prefill_utilization": c.prefill_utilization}
             for c in self.candidates
         ]  # fmt: skip
 

@@ -17,12 +17,14 @@ usable slices of the last window each prefill count ran (for `history_s`) and, w
 again, adds the gains g_i = Θ(candidate) - Θ(current) evaluated on those slices to the current window's: a split
 it left is judged on what was measured under it too, and the significance test runs over all of them.
 
-Beyond the paper (`hold_active_kv`; docs/planner.md, "A split whose prefill nodes cannot hold the active contexts"):
+Beyond the paper (`active_kv`; docs/planner.md, "A split whose prefill nodes cannot hold the active contexts"):
 w̄_i is measured with the current split's prefill nodes holding the active branches' prefixes. A candidate with fewer
-prefill nodes whose KV memory (GPU and host together) is smaller than the active branches' contexts cannot keep
-them: its prefill nodes fetch and recompute what eq. 3 on today's w̄ prices as reused. Such a move towards decode
-does not qualify (verdict `PREFILL_KV_SHORT`, its gains still listed); moves towards prefill are never refused. It
-needs the observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
+prefill nodes whose KV memory (GPU and host together) is smaller than the active contexts keeps that reuse only
+while its prefill queues stay short (`active_kv` says why). By default (`ActiveKv.HEADROOM`) such a move towards
+decode qualifies only while eq. 5 predicts its prefill side at most `kv_short_utilization` busy (Θ / Σµ_P, mean over
+the slices its gains come from; each candidate lists it); `ActiveKv.REFUSE` refuses every such move. Refused moves
+have verdict `PREFILL_KV_SHORT`, their gains still listed; moves towards prefill are never refused. Both need the
+observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
 
 Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
 over at least two usable slices; every decision lists every candidate with its verdict and every slice with
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from evolving_infra.core.types import NodeId, Phase
+from evolving_infra.router.planner.active_kv import ActiveKv, cannot_hold, prefill_utilization, refused
 from evolving_infra.router.planner.base import (
     Outcome,
     PlannerDecision,
@@ -89,9 +92,9 @@ class OursSettings:
     this long after the last switch completed; min_prefill / min_decode: bounds of a candidate split;
     significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2); decode_demand: what q̄ counts
     (`DecodeDemand`); history_s: how long the usable slices of a split that ran stay evidence about it when it is
-    a candidate again (0: only the current window, the paper's rule); hold_active_kv: a move towards decode whose
-    prefill nodes' KV memory would not hold the active branches' contexts does not qualify (False: the paper's
-    rule)."""
+    a candidate again (0: only the current window, the paper's rule); active_kv: how a move towards decode whose
+    prefill nodes' KV memory holds less of the active branches' contexts is judged (`ActiveKv`: priced by the
+    recompute it implies, refused, or off: the paper's rule)."""
 
     window: WindowConfig = field(default_factory=WindowConfig)
     cooldown_s: float = 120.0
@@ -100,7 +103,8 @@ class OursSettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
-    hold_active_kv: bool = True
+    active_kv: ActiveKv = ActiveKv.HEADROOM
+    kv_short_utilization: float = 0.5
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.history_s) and self.history_s >= 0):
@@ -109,6 +113,8 @@ class OursSettings:
             raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
         if self.min_prefill < 0 or self.min_decode < 0:
             raise ValueError(f"min_prefill and min_decode must be >= 0, got {self.min_prefill}, {self.min_decode}")
+        if not 0 < self.kv_short_utilization <= 1:
+            raise ValueError(f"kv_short_utilization must be in (0, 1], got {self.kv_short_utilization}")
         if not self.significance >= 0:
             raise ValueError(f"significance must be >= 0, got {self.significance}")
 
@@ -197,12 +203,18 @@ class OursPlanner:
         targets = {p: fewest_changes_split(phases, p, observation.move_costs) for p in counts}
         splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
 
+        cur_p = len(base.prefill)
+        active = observation.active_kv_pages
+        held = {p: _kv_pages(c.prefill, observation.kv_pages) for p, c in splits.items()}
+        busy: dict[int, list[float]] = {p: [] for p in counts}  # predicted prefill utilization per gain
+
         slice_diags: list[SliceDiagnostics] = []
         measured: list[_Measured] = []
         gains: dict[int, list[float]] = {p: [] for p in counts}
         with_backlog = cfg.decode_demand is DecodeDemand.WITH_PREFILL_BACKLOG
         for s in observation.slices:
             q_bar = s.mean_decode_requests
+            backlog = s.mean_prefill_backlog
             if with_backlog and q_bar is not None:
                 q_bar += s.mean_prefill_backlog or 0.0
             work = s.mean_work
@@ -214,53 +226,57 @@ class OursPlanner:
             elif q_bar is None:
                 use = SliceUse.NO_OCCUPANCY
             if use is not SliceUse.USED or work is None or q_bar is None:
-                slice_diags.append(SliceDiagnostics(s.start, s.end, s.requests, q_bar, use))
+                slice_diags.append(
+                    SliceDiagnostics(s.start, s.end, s.requests, q_bar, use, prefill_backlog=backlog, work=work)
+                )
                 continue
             now_tp = split_throughput(base.prefill, base.decode, observation.models, work, q_bar)
-            thetas = {
-                p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar).theta
-                for p, c in splits.items()
-            }
-            finite = math.isfinite(now_tp.theta) and all(math.isfinite(t) for t in thetas.values())
+            theirs = {p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar) for p, c in splits.items()}
+            finite = math.isfinite(now_tp.theta) and all(math.isfinite(t.theta) for t in theirs.values())
             use = SliceUse.USED if finite else SliceUse.NOT_FINITE
             slice_diags.append(
                 SliceDiagnostics(
-                    s.start, s.end, s.requests, q_bar, use, now_tp.prefill, now_tp.decode, now_tp.theta
+                    s.start, s.end, s.requests, q_bar, use, now_tp.prefill, now_tp.decode, now_tp.theta,
+                    backlog, work,
                 )
             )
             if finite:
                 measured.append(_Measured(s.start, s.end, work, q_bar))
-                for p, theta in thetas.items():
-                    gains[p].append(theta - now_tp.theta)
+                for p, tp in theirs.items():
+                    gains[p].append(tp.theta - now_tp.theta)
+                    busy[p].append(prefill_utilization(tp))
 
         # A candidate that ran within history_s is also judged on the slices measured while it ran.
         history: dict[int, int] = {}
         for p, c in splits.items():
             for m in self._kept(p, now):
                 then = split_throughput(base.prefill, base.decode, observation.models, m.work, m.q_bar).theta
-                theta = split_throughput(c.prefill, c.decode, observation.models, m.work, m.q_bar).theta
-                if math.isfinite(then) and math.isfinite(theta):
-                    gains[p].append(theta - then)
+                tp = split_throughput(c.prefill, c.decode, observation.models, m.work, m.q_bar)
+                if math.isfinite(then) and math.isfinite(tp.theta):
+                    gains[p].append(tp.theta - then)
+                    busy[p].append(prefill_utilization(tp))
                     history[p] = history.get(p, 0) + 1
         self._remember(len(base.prefill), measured, now)
 
-        cur_p = len(base.prefill)
-        active = observation.active_kv_pages
         candidates = []
         for p in counts:
             judged = self._judge(p, phases, observation.move_costs, gains[p], history.get(p, 0))
-            held = _kv_pages(splits[p].prefill, observation.kv_pages)
-            if held is not None:
-                judged = replace(judged, prefill_kv_pages=held)
-                if cfg.hold_active_kv and active is not None and p < cur_p and held < active:
+            utilization = statistics.fmean(busy[p]) if busy[p] else None
+            judged = replace(judged, prefill_kv_pages=held[p], prefill_utilization=utilization)
+            short = p < cur_p and cannot_hold(held[p], active)
+            if judged.verdict is CandidateVerdict.QUALIFIED or cfg.active_kv is ActiveKv.REFUSE:
+                if refused(cfg.active_kv, short, utilization, cfg.kv_short_utilization):
                     judged = replace(judged, verdict=CandidateVerdict.PREFILL_KV_SHORT)
             candidates.append(judged)
         qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
         diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates), active)
         if not qualified:
             used = diag.count(SliceUse.USED)
-            short = sum(c.verdict is CandidateVerdict.PREFILL_KV_SHORT for c in candidates)
-            why = f"; {short} would not hold the active contexts ({active:,} pages)" if short else ""
+            n_short = sum(c.verdict is CandidateVerdict.PREFILL_KV_SHORT for c in candidates)
+            why = ""
+            if n_short and active is not None:
+                limit = "" if cfg.active_kv is ActiveKv.REFUSE else f" at over {cfg.kv_short_utilization:.0%} prefill load"
+                why = f"; {n_short} would not hold the active contexts ({active:,} pages){limit}"
             reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices{why})"
             return self._hold(Outcome.HOLD, reason, diag)
         best = max(qualified, key=lambda c: (c.mean_gain or 0.0, -abs(c.prefill_count - cur_p), -c.prefill_count))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evolving_infra.core.plugins import PolicyKind, PolicyNeed, PolicyRegistry, PolicySpec
+from evolving_infra.router.planner.active_kv import ActiveKv
 from evolving_infra.router.planner.arrow import ArrowPlanner, ArrowSettings
 from evolving_infra.router.planner.base import Planner, PlannerName
 from evolving_infra.router.planner.dynamo import DynamoPlanner, DynamoSettings
@@ -36,7 +37,8 @@ class OursPolicySettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
-    hold_active_kv: bool = True
+    active_kv: ActiveKv = ActiveKv.HEADROOM
+    kv_short_utilization: float = 0.5
 
     def __post_init__(self) -> None:
         if self.window is not None and (self.window_s is not None or self.slices is not None):
@@ -50,7 +52,8 @@ class OursPolicySettings:
             window = WindowConfig(default.window_s if self.window_s is None else float(self.window_s),
                                   default.slices if self.slices is None else int(self.slices))  # fmt: skip
         return OursSettings(window, self.cooldown_s, self.min_prefill, self.min_decode, self.significance,
-                            self.decode_demand, self.history_s, self.hold_active_kv)  # fmt: skip
+                            self.decode_demand, self.history_s, self.active_kv,
+                            self.kv_short_utilization)  # fmt: skip
 
 
 _M = __name__

@@ -146,7 +146,7 @@ def _decision(decision: PlannerDecision, planner: str, at: datetime) -> dict[str
             candidates.append({
                 "prefill": c.prefill_count, "split": c.split, "meanGain": c.mean_gain, "stderr": c.std_error,
                 "qualified": c.verdict is CandidateVerdict.QUALIFIED, "verdict": c.verdict.value,
-                "prefillKvPages": c.prefill_kv_pages,
+                "prefillKvPages": c.prefill_kv_pages, "prefillUtilization": c.prefill_utilization,
             })  # fmt: skip
     return {
         "decidedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
