@@ -9,10 +9,13 @@ of today's w̄) and a collapsed one (long queues, prefixes recomputed), and eq. 
 In a closed loop the queue forms on the side that is the bottleneck, and a burst pushes it there sooner the busier
 that side is.
 
-`ActiveKv.HEADROOM` (the default): such a move qualifies only while eq. 5 predicts its prefill side at most
-`limit` busy (Θ(candidate) / Σµ_P(candidate), mean over the slices its gains come from; default 0.5: its prefill
-nodes serve twice the rate the candidate is predicted to serve, so a burst of that size does not queue there).
-`ActiveKv.REFUSE`: such a move never qualifies (the earlier bound; it also refused moves that held).
+`ActiveKv.REFUSE` (the default): such a move never qualifies. It never let a partition collapse in the runs of
+docs/evaluation.md, but it also refuses moves that hold (a steady D.2 partition's 4P8D, +13.7 %).
+`ActiveKv.HEADROOM`: such a move qualifies only while eq. 5 predicts its prefill side at most `limit` busy
+(Θ(candidate) / Σµ_P(candidate), mean over the slices its gains come from; default 0.5: its prefill nodes serve
+twice the rate the candidate is predicted to serve, so a burst of that size does not queue there). It judges the
+move on today's mix: on a partition whose mix then shifts towards prefill-heavy work the move it allowed collapsed
+before the next decision could undo it (docs/evaluation.md, "The KV rule with prefill headroom").
 `ActiveKv.OFF`: the paper's rule. Moves towards prefill are never refused (more prefill memory only helps reuse).
 
 Boundary: the rule's arithmetic on page counts and predicted rates; the planner gathers them.

@@ -20,11 +20,11 @@ it left is judged on what was measured under it too, and the significance test r
 Beyond the paper (`active_kv`; docs/planner.md, "A split whose prefill nodes cannot hold the active contexts"):
 w̄_i is measured with the current split's prefill nodes holding the active branches' prefixes. A candidate with fewer
 prefill nodes whose KV memory (GPU and host together) is smaller than the active contexts keeps that reuse only
-while its prefill queues stay short (`active_kv` says why). By default (`ActiveKv.HEADROOM`) such a move towards
-decode qualifies only while eq. 5 predicts its prefill side at most `kv_short_utilization` busy (Θ / Σµ_P, mean over
-the slices its gains come from; each candidate lists it); `ActiveKv.REFUSE` refuses every such move. Refused moves
-have verdict `PREFILL_KV_SHORT`, their gains still listed; moves towards prefill are never refused. Both need the
-observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
+while its prefill queues stay short (`active_kv` says why). By default (`ActiveKv.REFUSE`) such a move towards
+decode does not qualify; with `ActiveKv.HEADROOM` it qualifies only while eq. 5 predicts its prefill side at most
+`kv_short_utilization` busy (Θ / Σµ_P, mean over the slices its gains come from; each candidate lists it). Refused
+moves have verdict `PREFILL_KV_SHORT`, their gains still listed; moves towards prefill are never refused. Both need
+the observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
 
 Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
 over at least two usable slices; every decision lists every candidate with its verdict and every slice with
@@ -103,7 +103,7 @@ class OursSettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
-    active_kv: ActiveKv = ActiveKv.HEADROOM
+    active_kv: ActiveKv = ActiveKv.REFUSE
     kv_short_utilization: float = 0.5
 
     def __post_init__(self) -> None:

@@ -37,7 +37,7 @@ class OursPolicySettings:
     significance: float = 2.0
     decode_demand: DecodeDemand = DecodeDemand.WITH_PREFILL_BACKLOG
     history_s: float = 3600.0
-    active_kv: ActiveKv = ActiveKv.HEADROOM
+    active_kv: ActiveKv = ActiveKv.REFUSE
     kv_short_utilization: float = 0.5
 
     def __post_init__(self) -> None:

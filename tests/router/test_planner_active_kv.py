@@ -1,6 +1,6 @@
 """Our planner with prefill nodes that cannot hold the active branches' contexts (`OursSettings.active_kv`):
-with headroom (the default) such a move towards decode qualifies only with its prefill side predicted at most
-`kv_short_utilization` busy; `refuse` refuses it; `off` is the paper's rule."""
+`refuse` (the default) refuses such a move towards decode; with `headroom` it qualifies only with its prefill side
+predicted at most `kv_short_utilization` busy; `off` is the paper's rule."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ from evolving_infra.router.planner.throughput import SplitThroughput
 from .test_planner_ours import MODELS, NODES, NOW, diag_of, jitter, observe, record_window, split_of
 
 REFUSE = OursPlanner(OursSettings(active_kv=ActiveKv.REFUSE))
+
+
+def headroom(limit: float = 0.5) -> OursPlanner:
+    return OursPlanner(OursSettings(active_kv=ActiveKv.HEADROOM, kv_short_utilization=limit))
 LONG_OUTPUTS = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)  # favours 1P8D or 2P7D from 3P6D
 
 
@@ -100,12 +104,12 @@ def test_with_refuse_a_chosen_move_towards_decode_always_holds_the_active_contex
         assert chosen_p > prefill or per_node * chosen_p >= active
 
 
-# -- with headroom (the default) -------------------------------------------------------------------------------
+# -- with headroom ---------------------------------------------------------------------------------------------
 def test_a_move_that_cannot_hold_the_active_contexts_qualifies_only_with_prefill_headroom() -> None:
     slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: 150.0)
     off = OursPlanner(OursSettings(active_kv=ActiveKv.OFF)).decide(observe_kv(3, slices, 10**9), NOW)
     assert off.target is not None and format_split(off.target) == "1P8D"
-    decision = OursPlanner().decide(observe_kv(3, slices, 10**9), NOW)  # no split holds the active contexts
+    decision = headroom().decide(observe_kv(3, slices, 10**9), NOW)  # no split holds the active contexts
     by_p = {c.prefill_count: c for c in diag_of(decision.diagnostics).candidates}
     # 1P8D would load its one prefill node over half (eq. 5); 2P7D keeps it under a quarter
     assert by_p[1].prefill_utilization is not None and by_p[1].prefill_utilization > 0.5
@@ -120,9 +124,9 @@ def test_a_move_that_cannot_hold_the_active_contexts_qualifies_only_with_prefill
         expected.append(prefill_utilization(split_throughput(NODES[:2], NODES[2:], MODELS, work, q + (s.mean_prefill_backlog or 0.0))))
     assert by_p[2].prefill_utilization == pytest.approx(statistics.fmean(expected), rel=1e-12)
     # with a higher limit, or prefill memory that holds the active contexts, 1P8D is chosen as the paper's rule does
-    loose = OursPlanner(OursSettings(kv_short_utilization=0.9)).decide(observe_kv(3, slices, 10**9), NOW)
+    loose = headroom(0.9).decide(observe_kv(3, slices, 10**9), NOW)
     assert loose.target == off.target
-    assert OursPlanner().decide(observe_kv(3, slices, 999), NOW).target == off.target
+    assert headroom().decide(observe_kv(3, slices, 999), NOW).target == off.target
 
 
 @given(active=st.integers(0, 12_000), prefill=st.integers(1, 8), per_node=st.integers(1, 2_000),
@@ -133,7 +137,7 @@ def test_with_headroom_a_move_is_refused_only_when_short_and_busy(
 ) -> None:
     slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: q_bar)
     observation = observe_kv(prefill, slices, active, per_node)
-    decision = OursPlanner(OursSettings(kv_short_utilization=limit)).decide(observation, NOW)
+    decision = headroom(limit).decide(observation, NOW)
     paper = OursPlanner(OursSettings(active_kv=ActiveKv.OFF)).decide(observation, NOW)
     mine = diag_of(decision.diagnostics).candidates
     for c, p in zip(mine, diag_of(paper.diagnostics).candidates, strict=True):
@@ -149,6 +153,10 @@ def test_with_headroom_a_move_is_refused_only_when_short_and_busy(
         assert not short or (chosen.prefill_utilization or 0.0) <= limit
     if all(c.verdict is not CandidateVerdict.PREFILL_KV_SHORT for c in mine):
         assert decision.target == paper.target
+
+
+def test_the_default_refuses() -> None:
+    assert OursSettings().active_kv is ActiveKv.REFUSE and OursSettings().kv_short_utilization == 0.5
 
 
 def test_the_rule_and_its_limit_are_validated() -> None:
