@@ -45,9 +45,9 @@ def cannot_hold(prefill_kv_pages: int | None, active_kv_pages: int | None) -> bo
 
 def prefill_utilization(throughput: SplitThroughput) -> float:
     """Θ / Σµ_P of a split on one slice: how busy eq. 5 predicts its prefill side (0 without prefill work)."""
-    if math.isinf(throughput.prefill) or throughput.prefill <= 0:
-        return 0.0 if math.isinf(throughput.prefill) else 1.0
-    return min(1.0, throughput.theta / throughput.prefill)
+    if math.isinf(throughput.prefill):
+        return 0.0
+    return 1.0 if throughput.prefill <= 0 else min(1.0, throughput.theta / throughput.prefill)
 
 
 def refused(rule: ActiveKv, short: bool, utilization: float | None, limit: float) -> bool:

@@ -93,8 +93,9 @@ class OursSettings:
     significance: a candidate qualifies when ḡ > significance * σ/√m (paper: 2); decode_demand: what q̄ counts
     (`DecodeDemand`); history_s: how long the usable slices of a split that ran stay evidence about it when it is
     a candidate again (0: only the current window, the paper's rule); active_kv: how a move towards decode whose
-    prefill nodes' KV memory holds less of the active branches' contexts is judged (`ActiveKv`: priced by the
-    recompute it implies, refused, or off: the paper's rule)."""
+    prefill nodes' KV memory cannot hold the active branches' contexts is judged (`ActiveKv`: refused, allowed with
+    prefill headroom, or off: the paper's rule); kv_short_utilization: with headroom, the most such a move may load
+    its prefill side (Θ / Σµ_P predicted by eq. 5)."""
 
     window: WindowConfig = field(default_factory=WindowConfig)
     cooldown_s: float = 120.0
@@ -216,7 +217,7 @@ class OursPlanner:
             q_bar = s.mean_decode_requests
             backlog = s.mean_prefill_backlog
             if with_backlog and q_bar is not None:
-                q_bar += s.mean_prefill_backlog or 0.0
+                q_bar += backlog or 0.0
             work = s.mean_work
             use = SliceUse.USED
             if cooldown_until is not None and s.start < cooldown_until:
@@ -231,7 +232,9 @@ class OursPlanner:
                 )
                 continue
             now_tp = split_throughput(base.prefill, base.decode, observation.models, work, q_bar)
-            theirs = {p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar) for p, c in splits.items()}
+            theirs = {
+                p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar) for p, c in splits.items()
+            }
             finite = math.isfinite(now_tp.theta) and all(math.isfinite(t.theta) for t in theirs.values())
             use = SliceUse.USED if finite else SliceUse.NOT_FINITE
             slice_diags.append(
@@ -275,7 +278,9 @@ class OursPlanner:
             n_short = sum(c.verdict is CandidateVerdict.PREFILL_KV_SHORT for c in candidates)
             why = ""
             if n_short and active is not None:
-                limit = "" if cfg.active_kv is ActiveKv.REFUSE else f" at over {cfg.kv_short_utilization:.0%} prefill load"
+                limit = ""
+                if cfg.active_kv is ActiveKv.HEADROOM:
+                    limit = f" at over {cfg.kv_short_utilization:.0%} prefill load"
                 why = f"; {n_short} would not hold the active contexts ({active:,} pages){limit}"
             reason = f"hold {current}: no candidate qualifies ({len(candidates)} candidates, {used} usable slices{why})"
             return self._hold(Outcome.HOLD, reason, diag)
