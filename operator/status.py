@@ -91,8 +91,9 @@ class Candidate(KubeModel):
     stderr: float | None = Field(default=None, ge=0, description="Standard error of that mean.")
     qualified: bool = Field(description="Whether the gain exceeds the significance threshold.")
     verdict: CandidateVerdict = Field(
-        description="qualified, below_threshold, too_few_slices, or prefill_kv_short (a move towards decode whose "
-        "prefill nodes' KV memory would not hold the active branches' contexts, refused by the planner's active_kv rule)."
+        description="qualified, below_threshold, too_few_slices, prefill_kv_short (a move towards decode whose "
+        "prefill nodes' KV memory would not hold the active branches' contexts, refused by the planner's active_kv rule), "
+        "or restores_headroom (in a check between decisions: a move towards prefill that rule allows)."
     )
     prefill_kv_pages: int | None = Field(
         default=None, ge=0, description="KV pages the candidate's prefill nodes hold in GPU and host memory together."

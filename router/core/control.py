@@ -14,7 +14,9 @@ Life of a cluster (paper E.3):
    initial phases (`SwitchOrder(initial=True)`, see "Leaving the warmup" below), the planner window starts.
 3. Every planner interval after that (a `Tick`): t̄_n and f_n are remeasured from the window's usage counts,
    the planner decides on the core's observation (`PlannerDecided`), and a SWITCH becomes one `SwitchOrder` per
-   moving node with a fresh switch generation; the router stops sending old-phase work to each at once.
+   moving node with a fresh switch generation; the router stops sending old-phase work to each at once. A planner
+   that also checks between decisions (`CheckingPlanner`) is asked every `check_interval_s` on the current models
+   (a check due with a decision is skipped); a decision it returns is applied as a decision is.
 4. `SwitchCompleted`: the node serves its new phase; a planner switch's end starts the cooldown
    (`last_switch_end`); count changes are pushed.
 5. `NodeJoined` / `NodeLost`: a node (re)joins with the phase it serves; a lost node's KV and counts are dropped.
@@ -60,7 +62,7 @@ from evolving_infra.router.core.effects import PushCounts, SplitChange
 from evolving_infra.router.core.models import ModelBook, ModelOrigin
 from evolving_infra.router.core.tracking import NodeTrack
 from evolving_infra.router.fitting import UsageCounts
-from evolving_infra.router.planner import Outcome, Planner, PlannerDecision, SwitchMode, WindowConfig
+from evolving_infra.router.planner import CheckingPlanner, Outcome, Planner, PlannerDecision, SwitchMode, WindowConfig
 
 MAX_GENERATION = 2**53 - 1
 """Switch generations stay at or below this (exact in every JSON number and far inside protobuf's uint64; node
@@ -256,6 +258,8 @@ class ControlCore:
         self._next_fit: float | None = None
         self._warmup_end: float | None = None
         self._next_plan: float | None = None
+        self._next_check: float | None = None
+        """When the planner's next check between decisions is due (`CheckingPlanner`; None: it has none)."""
         self._orders: dict[NodeId, SwitchOrder] = {}
         """Switch orders not yet completed, per node."""
         self._exit: _StagedExit | None = None
@@ -271,7 +275,8 @@ class ControlCore:
     @property
     def next_tick_at(self) -> float | None:
         """When the next `Tick` is due (None: nothing scheduled)."""
-        due = [t for t in (self._next_fit, self._warmup_end, self._exit_due, self._next_plan) if t is not None]
+        times = (self._next_fit, self._warmup_end, self._exit_due, self._next_plan, self._next_check)
+        due = [t for t in times if t is not None]
         return min(due) if due else None
 
     def start(self, now: float) -> list[ControlEffect]:
@@ -337,10 +342,18 @@ class ControlCore:
         if self._exit_due is not None and now >= self._exit_due:
             self._exit_due = None
             out += self._advance_exit(now)
+        planned = False
         if self._next_plan is not None and now >= self._next_plan:
             assert self.planner is not None
             self._next_plan = now + self.planner.interval_s
             out += self._plan(now)
+            planned = True
+        if self._next_check is not None and now >= self._next_check:
+            interval = self._check_interval()
+            while self._next_check is not None and self._next_check <= now:
+                self._next_check = None if interval is None else self._next_check + interval
+            if not planned:
+                out += self._check(now)
         return out
 
     def switch_completed(self, node: NodeId, phase: Phase, now: float) -> list[PushCounts]:
@@ -494,7 +507,13 @@ class ControlCore:
         self.core.start_window(window if isinstance(window, WindowConfig) else self.settings.window, now)
         if self.planner is not None:
             self._next_plan = now + self.planner.interval_s
+            interval = self._check_interval()
+            self._next_check = None if interval is None else now + interval
         return []
+
+    def _check_interval(self) -> float | None:
+        planner = self.planner
+        return planner.check_interval_s if isinstance(planner, CheckingPlanner) else None
 
     def _order(self, order: SwitchOrder, now: float) -> SwitchOrder:
         self.core.switch_begun(order.node, order.phase)
@@ -521,6 +540,15 @@ class ControlCore:
             return []
         observation = core.observation(now, only=observed)
         return self.decided(self.planner.decide(observation, now), now)
+
+    def _check(self, now: float) -> list[ControlEffect]:
+        """The planner's check between decisions, on the current models (refreshed at decisions only)."""
+        assert isinstance(self.planner, CheckingPlanner)
+        observed = {t.id for t in self._observed()}
+        if not observed:
+            return []
+        decision = self.planner.check(self.core.observation(now, only=observed), now)
+        return [] if decision is None else self.decided(decision, now)
 
     def decided(self, decision: PlannerDecision, now: float) -> list[ControlEffect]:
         """A decision (the planner's, or one made outside it, e.g. by a test) as its switch orders."""

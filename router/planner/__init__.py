@@ -9,6 +9,7 @@ The planner's view of a node is the `NodeModel` protocol (`CoefficientNodeModel`
 
 from evolving_infra.router.planner.arrow import ArrowPlanner, ArrowSettings, full_prompt_time
 from evolving_infra.router.planner.base import (
+    CheckingPlanner,
     NodeLoad,
     NodeStatus,
     Outcome,
@@ -59,6 +60,7 @@ __all__ = [
     "ArrowSettings",
     "CandidateDiagnostics",
     "CandidateVerdict",
+    "CheckingPlanner",
     "CoefficientNodeModel",
     "Diagnostics",
     "DynamoDiagnostics",

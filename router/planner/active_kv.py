@@ -15,7 +15,9 @@ docs/evaluation.md, but it also refuses moves that hold (a steady D.2 partition'
 (Θ(candidate) / Σµ_P(candidate), mean over the slices its gains come from; default 0.5: its prefill nodes serve
 twice the rate the candidate is predicted to serve, so a burst of that size does not queue there). It judges the
 move on today's mix: on a partition whose mix then shifts towards prefill-heavy work the move it allowed collapsed
-before the next decision could undo it (docs/evaluation.md, "The KV rule with prefill headroom").
+before the next decision could undo it (docs/evaluation.md, "The KV rule with prefill headroom"), so with HEADROOM
+the planner also checks the premise at the end of every slice and leaves such a split once eq. 5 predicts its
+prefill side significantly busier than `limit` (`OursPlanner.check`).
 `ActiveKv.OFF`: the paper's rule. Moves towards prefill are never refused (more prefill memory only helps reuse).
 
 Boundary: the rule's arithmetic on page counts and predicted rates; the planner gathers them.

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from evolving_infra.core.types import NodeId, Phase, SwitchMode  # SwitchMode lives in the core: node agents apply it too
 from evolving_infra.router.planner.diagnostics import Diagnostics
@@ -183,3 +183,16 @@ class Planner(Protocol):
     def interval_s(self) -> float: ...
 
     def decide(self, observation: PlannerObservation, now: float) -> PlannerDecision: ...
+
+
+@runtime_checkable
+class CheckingPlanner(Protocol):
+    """A planner that also checks, between its decisions, whether a premise of its last switch still holds.
+
+    `check_interval_s`: how often (None: never); `check`: None while the premise holds, else a decision to apply
+    at once (ours: the prefill headroom a move towards decode was allowed on, docs/planner.md)."""
+
+    @property
+    def check_interval_s(self) -> float | None: ...
+
+    def check(self, observation: PlannerObservation, now: float) -> PlannerDecision | None: ...

@@ -33,6 +33,9 @@ class CandidateVerdict(enum.Enum):
     PREFILL_KV_SHORT = "prefill_kv_short"
     """A move towards decode whose prefill nodes' KV memory (GPU and host) would not hold the active branches'
     contexts, refused by ours' `active_kv` rule (with headroom: predicted too busy); its gains are still listed."""
+    RESTORES_HEADROOM = "restores_headroom"
+    """In a check between decisions (`OursPlanner.check`): a move towards prefill the `active_kv` rule allows (its
+    prefill nodes hold the active contexts, or it is predicted at most `kv_short_utilization` busy)."""
 
 
 @dataclass(frozen=True, slots=True)

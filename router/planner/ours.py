@@ -24,7 +24,11 @@ while its prefill queues stay short (`active_kv` says why). By default (`ActiveK
 decode does not qualify; with `ActiveKv.HEADROOM` it qualifies only while eq. 5 predicts its prefill side at most
 `kv_short_utilization` busy (Θ / Σµ_P, mean over the slices its gains come from; each candidate lists it). Refused
 moves have verdict `PREFILL_KV_SHORT`, their gains still listed; moves towards prefill are never refused. Both need
-the observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused.
+the observation's `active_kv_pages` and every prefill node's `kv_pages`; without them nothing is refused. With
+HEADROOM the planner is also checked at the end of every slice (`check`): a split short of memory whose prefill side
+eq. 5 now predicts significantly busier than the limit is left at once for the best split with more prefill nodes
+the rule allows (the headroom was judged on the mix of one window; a mix that shifts towards prefill-heavy work
+takes it away before the next decision).
 
 Invariant: a switch is only returned when some candidate's mean gain exceeds `significance` standard errors
 over at least two usable slices; every decision lists every candidate with its verdict and every slice with
@@ -143,6 +147,18 @@ class _Measured:
     q_bar: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Evaluated:
+    """Eq. 5 and 6 on a window's slices: each slice's diagnostics, the usable ones, and per candidate prefill count
+    the gains and predicted prefill utilization on them; `current_busy`: the current split's on them."""
+
+    slices: list[SliceDiagnostics]
+    measured: list[_Measured]
+    gains: dict[int, list[float]]
+    busy: dict[int, list[float]]
+    current_busy: list[float]
+
+
 class OursPlanner:
     """Eq. 5/6 planner with the E.3 outer loop. See the module docstring for the rule."""
 
@@ -207,47 +223,8 @@ class OursPlanner:
         cur_p = len(base.prefill)
         active = observation.active_kv_pages
         held = {p: _kv_pages(c.prefill, observation.kv_pages) for p, c in splits.items()}
-        busy: dict[int, list[float]] = {p: [] for p in counts}  # predicted prefill utilization per gain
-
-        slice_diags: list[SliceDiagnostics] = []
-        measured: list[_Measured] = []
-        gains: dict[int, list[float]] = {p: [] for p in counts}
-        with_backlog = cfg.decode_demand is DecodeDemand.WITH_PREFILL_BACKLOG
-        for s in observation.slices:
-            q_bar = s.mean_decode_requests
-            backlog = s.mean_prefill_backlog
-            if with_backlog and q_bar is not None:
-                q_bar += backlog or 0.0
-            work = s.mean_work
-            use = SliceUse.USED
-            if cooldown_until is not None and s.start < cooldown_until:
-                use = SliceUse.BEFORE_COOLDOWN_END
-            elif work is None:
-                use = SliceUse.EMPTY
-            elif q_bar is None:
-                use = SliceUse.NO_OCCUPANCY
-            if use is not SliceUse.USED or work is None or q_bar is None:
-                slice_diags.append(
-                    SliceDiagnostics(s.start, s.end, s.requests, q_bar, use, prefill_backlog=backlog, work=work)
-                )
-                continue
-            now_tp = split_throughput(base.prefill, base.decode, observation.models, work, q_bar)
-            theirs = {
-                p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar) for p, c in splits.items()
-            }
-            finite = math.isfinite(now_tp.theta) and all(math.isfinite(t.theta) for t in theirs.values())
-            use = SliceUse.USED if finite else SliceUse.NOT_FINITE
-            slice_diags.append(
-                SliceDiagnostics(
-                    s.start, s.end, s.requests, q_bar, use, now_tp.prefill, now_tp.decode, now_tp.theta,
-                    backlog, work,
-                )
-            )
-            if finite:
-                measured.append(_Measured(s.start, s.end, work, q_bar))
-                for p, tp in theirs.items():
-                    gains[p].append(tp.theta - now_tp.theta)
-                    busy[p].append(prefill_utilization(tp))
+        ev = self._evaluate(observation, cooldown_until, base, splits)
+        gains, busy, measured = ev.gains, ev.busy, ev.measured
 
         # A candidate that ran within history_s is also judged on the slices measured while it ran.
         history: dict[int, int] = {}
@@ -272,7 +249,7 @@ class OursPlanner:
                     judged = replace(judged, verdict=CandidateVerdict.PREFILL_KV_SHORT)
             candidates.append(judged)
         qualified = [c for c in candidates if c.verdict is CandidateVerdict.QUALIFIED]
-        diag = OursDiagnostics(current, switching, cooldown_until, tuple(slice_diags), tuple(candidates), active)
+        diag = OursDiagnostics(current, switching, cooldown_until, tuple(ev.slices), tuple(candidates), active)
         if not qualified:
             used = diag.count(SliceUse.USED)
             n_short = sum(c.verdict is CandidateVerdict.PREFILL_KV_SHORT for c in candidates)
@@ -291,6 +268,119 @@ class OursPlanner:
         reason = (
             f"switch {current} -> {best.split}: mean gain {best.mean_gain:.4g} req/s > "
             f"{cfg.significance:g} standard errors ({best.threshold:.4g}) over {len(best.gains)} slices{earlier}"
+        )
+        return PlannerDecision(targets[best.prefill_count], SwitchMode.IN_PLACE, Outcome.SWITCH, reason, diag)
+
+    def _evaluate(
+        self, observation: PlannerObservation, cooldown_until: float | None, base: _Split, splits: dict[int, _Split]
+    ) -> _Evaluated:
+        """Eq. 5 for the current split and every candidate on each usable slice of the observation."""
+        ev = _Evaluated([], [], {p: [] for p in splits}, {p: [] for p in splits}, [])
+        with_backlog = self._settings.decode_demand is DecodeDemand.WITH_PREFILL_BACKLOG
+        for s in observation.slices:
+            q_bar = s.mean_decode_requests
+            backlog = s.mean_prefill_backlog
+            if with_backlog and q_bar is not None:
+                q_bar += backlog or 0.0
+            work = s.mean_work
+            use = SliceUse.USED
+            if cooldown_until is not None and s.start < cooldown_until:
+                use = SliceUse.BEFORE_COOLDOWN_END
+            elif work is None:
+                use = SliceUse.EMPTY
+            elif q_bar is None:
+                use = SliceUse.NO_OCCUPANCY
+            if use is not SliceUse.USED or work is None or q_bar is None:
+                ev.slices.append(
+                    SliceDiagnostics(s.start, s.end, s.requests, q_bar, use, prefill_backlog=backlog, work=work)
+                )
+                continue
+            now_tp = split_throughput(base.prefill, base.decode, observation.models, work, q_bar)
+            theirs = {
+                p: split_throughput(c.prefill, c.decode, observation.models, work, q_bar) for p, c in splits.items()
+            }
+            finite = math.isfinite(now_tp.theta) and all(math.isfinite(t.theta) for t in theirs.values())
+            use = SliceUse.USED if finite else SliceUse.NOT_FINITE
+            ev.slices.append(
+                SliceDiagnostics(
+                    s.start, s.end, s.requests, q_bar, use, now_tp.prefill, now_tp.decode, now_tp.theta,
+                    backlog, work,
+                )
+            )
+            if finite:
+                ev.measured.append(_Measured(s.start, s.end, work, q_bar))
+                ev.current_busy.append(prefill_utilization(now_tp))
+                for p, tp in theirs.items():
+                    ev.gains[p].append(tp.theta - now_tp.theta)
+                    ev.busy[p].append(prefill_utilization(tp))
+        return ev
+
+    @property
+    def check_interval_s(self) -> float | None:
+        """With `ActiveKv.HEADROOM`, `check` runs at the end of every slice; otherwise never."""
+        return self._settings.window.slice_s if self._settings.active_kv is ActiveKv.HEADROOM else None
+
+    def check(self, observation: PlannerObservation, now: float) -> PlannerDecision | None:
+        """Between decisions, with `ActiveKv.HEADROOM`: whether the current split still has the prefill headroom a
+        move towards decode whose prefill nodes cannot hold the active contexts was allowed on.
+
+        None unless (no switch in flight, past the cooldown) the current split's prefill nodes cannot hold the
+        active contexts and eq. 5 on the usable slices predicts its prefill side busier than `kv_short_utilization`
+        by more than `significance` standard errors (m >= 2; the same test a switch needs, so a burst does not trip
+        it). Then the split no longer meets the rule that let it in, and the planner moves to the split with more
+        prefill nodes the rule allows (its prefill nodes hold the active contexts, or it is predicted at most
+        `kv_short_utilization` busy) with the largest mean gain on those slices (ties: fewer nodes moved), without
+        waiting for the window's end: a prefill queue that grows behind prefill nodes short of memory loses the
+        queued requests' prefixes, which lengthens it (`active_kv`). The slices are kept as evidence about the
+        split left (`history_s`), so the next decisions judge a return to it on them too."""
+        cfg = self._settings
+        if cfg.active_kv is not ActiveKv.HEADROOM or observation.switching:
+            return None
+        last = observation.last_switch_end
+        cooldown_until = None if last is None else last + cfg.cooldown_s
+        if cooldown_until is not None and now < cooldown_until:
+            return None
+        phases = observation.phases
+        base = _Split(prefill_nodes(phases), decode_nodes(phases))
+        active = observation.active_kv_pages
+        if not cannot_hold(_kv_pages(base.prefill, observation.kv_pages), active):
+            return None
+        assert active is not None
+        cur_p = len(base.prefill)
+        counts = range(cur_p + 1, len(phases) - cfg.min_decode + 1)
+        targets = {p: fewest_changes_split(phases, p, observation.move_costs) for p in counts}
+        splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
+        ev = self._evaluate(observation, cooldown_until, base, splits)
+        m = len(ev.current_busy)
+        if m < 2:
+            return None
+        busy_now = statistics.fmean(ev.current_busy)
+        std_error = statistics.stdev(ev.current_busy) / math.sqrt(m)
+        if not busy_now - cfg.kv_short_utilization > cfg.significance * std_error:
+            return None
+        self._remember(cur_p, ev.measured, now)
+        candidates = []
+        for p in counts:
+            judged = self._judge(p, phases, observation.move_costs, ev.gains[p])
+            held = _kv_pages(splits[p].prefill, observation.kv_pages)
+            utilization = statistics.fmean(ev.busy[p]) if ev.busy[p] else None
+            allowed = not cannot_hold(held, active) or not refused(
+                cfg.active_kv, True, utilization, cfg.kv_short_utilization
+            )
+            verdict = CandidateVerdict.RESTORES_HEADROOM if allowed else CandidateVerdict.PREFILL_KV_SHORT
+            candidates.append(replace(judged, verdict=verdict, prefill_kv_pages=held, prefill_utilization=utilization))
+        current = format_split(phases)
+        allowed_ones = [c for c in candidates if c.verdict is CandidateVerdict.RESTORES_HEADROOM]
+        if not allowed_ones:
+            return None
+        best = max(allowed_ones, key=lambda c: (c.mean_gain or 0.0, -c.prefill_count))
+        candidates = [replace(c, chosen=c is best) for c in candidates]
+        diag = OursDiagnostics(current, (), cooldown_until, tuple(ev.slices), tuple(candidates), active)
+        reason = (
+            f"check: {current}'s prefill side is predicted {busy_now:.2f} busy, over {cfg.kv_short_utilization:g} "
+            f"by more than {cfg.significance:g} standard errors ({std_error:.2g}) over {m} slices, and its prefill "
+            f"nodes cannot hold the active contexts ({active:,} pages); switch {current} -> {best.split} "
+            f"(mean gain {best.mean_gain or 0.0:.4g} req/s, predicted {best.prefill_utilization or 0.0:.2f} busy)"
         )
         return PlannerDecision(targets[best.prefill_count], SwitchMode.IN_PLACE, Outcome.SWITCH, reason, diag)
 

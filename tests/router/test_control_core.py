@@ -292,3 +292,40 @@ def test_the_planners_node_models_carry_the_nodes_kv_capacity_fitted_or_not() ->
     assert models[node][1].decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[attr-defined]
     again, _ = fitted_book.refreshed(node, models[node][1], UsageCounts(4, 8192, 100, 50))
     assert again.decode_kv_tokens == SHAPE.l1_tokens  # type: ignore[attr-defined]
+
+
+@dataclass
+class CheckingScriptedPlanner(ScriptedPlanner):
+    """A `ScriptedPlanner` that is also checked every `check_interval_s` (the queued checks' answers in turn)."""
+
+    check_interval_s: float | None = 3.0
+    checks: list[PlannerDecision | None] = field(default_factory=list)
+    checked_at: list[float] = field(default_factory=list)
+
+    def check(self, observation: PlannerObservation, now: float) -> PlannerDecision | None:
+        self.checked_at.append(now)
+        return self.checks.pop(0) if self.checks else None
+
+
+def test_a_checking_planner_is_checked_between_decisions_and_a_check_that_switches_is_applied() -> None:
+    target = {"n0": Phase.PREFILL, "n1": Phase.PREFILL, "n2": Phase.DECODE}
+    planner = CheckingScriptedPlanner(interval_s=9.0, checks=[None, switch(target)])
+    control, _ = cluster(planner=planner)
+    control.start(0.0)
+    assert control.next_tick_at == 3.0
+    assert control.tick(3.0) == [] and planner.checked_at == [3.0] and not planner.seen
+    effects = control.tick(6.0)  # the second check switches, as a decision would
+    assert [(o.node, o.phase) for o in effects if isinstance(o, SwitchOrder)] == [("n1", Phase.PREFILL)]
+    assert [e.decision.reason for e in effects if isinstance(e, PlannerDecided)] == ["test"]
+    assert [r.kind for r in control.log].count(RecordKind.DECISION) == 1
+    control.tick(9.0)  # a decision and a check due together: the decision only
+    assert len(planner.seen) == 1 and planner.checked_at == [3.0, 6.0]
+    control.tick(17.5)  # a late tick catches up, and checks keep to their grid
+    assert planner.checked_at == [3.0, 6.0, 17.5] and control.next_tick_at == 18.0
+    # a planner without checks, or with check_interval_s None, is never checked
+    quiet = CheckingScriptedPlanner(check_interval_s=None)
+    control, _ = cluster(planner=quiet)
+    control.start(0.0)
+    assert control.next_tick_at == 10.0
+    control.tick(10.0)
+    assert quiet.checked_at == [] and len(quiet.seen) == 1 and control.next_tick_at == 20.0

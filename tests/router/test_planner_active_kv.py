@@ -169,3 +169,61 @@ def test_the_rule_and_its_limit_are_validated() -> None:
     assert prefill_utilization(SplitThroughput(prefill=4.0, decode=9.0)) == 1.0  # prefill-bound
     assert not refused(ActiveKv.HEADROOM, False, 0.99, 0.5) and refused(ActiveKv.HEADROOM, True, None, 0.5)
     assert refused(ActiveKv.REFUSE, True, 0.0, 0.5) and not refused(ActiveKv.OFF, True, 1.0, 0.5)
+
+
+# -- the check between decisions -------------------------------------------------------------------------------
+def test_the_check_moves_a_short_split_that_lost_its_headroom_to_the_best_one_that_has_it() -> None:
+    slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: 150.0)
+    busy_now = [prefill_utilization(split_throughput(NODES[:1], NODES[1:], MODELS, s.mean_work, (s.mean_decode_requests or 0.0)
+                                                     + (s.mean_prefill_backlog or 0.0)))
+                for s in slices if s.mean_work is not None]  # fmt: skip
+    assert statistics.fmean(busy_now) > 0.5  # 1P8D is predicted over half busy on these slices
+    planner = headroom()
+    assert planner.check_interval_s == planner.settings.window.slice_s
+    decision = planner.check(observe_kv(1, slices, 10**9), NOW)
+    assert decision is not None and decision.outcome is Outcome.SWITCH and decision.target is not None
+    diag = diag_of(decision.diagnostics)
+    assert [c.prefill_count for c in diag.candidates] == list(range(2, 9))  # only moves towards prefill
+    allowed = [c for c in diag.candidates if c.verdict is CandidateVerdict.RESTORES_HEADROOM]
+    assert allowed and all((c.prefill_utilization or 1.0) <= 0.5 for c in allowed)
+    assert all((c.prefill_utilization or 0.0) > 0.5 for c in diag.candidates if c.verdict is CandidateVerdict.PREFILL_KV_SHORT)
+    chosen = next(c for c in diag.candidates if c.chosen)
+    assert chosen.mean_gain == max(c.mean_gain or 0.0 for c in allowed)
+    assert format_split(decision.target) == chosen.split and decision.reason.startswith("check: 1P8D")
+    # the slices count as evidence about 1P8D from now on
+    assert planner.evidence(NOW) == {1: len(busy_now)}
+
+
+def test_the_check_holds_while_the_premise_holds() -> None:
+    slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: 150.0)
+    assert headroom().check(observe_kv(1, slices, 999), NOW) is None  # one prefill node holds the active contexts
+    assert headroom(0.95).check(observe_kv(1, slices, 10**9), NOW) is None  # under a looser limit
+    assert headroom().check(observe_kv(2, slices, 10**9), NOW) is None  # 2P7D keeps its headroom
+    assert REFUSE.check(observe_kv(1, slices, 10**9), NOW) is None and REFUSE.check_interval_s is None
+    cooling = PlannerObservation(nodes={n: NodeStatus(p) for n, p in split_of(1).items()}, slices=slices, models=MODELS,
+                                 active_kv_pages=10**9, kv_pages={n: 1000 for n in NODES}, last_switch_end=NOW - 60.0)
+    assert headroom().check(cooling, NOW) is None  # within the cooldown
+    assert headroom().check(observe_kv(1, slices[-1:], 10**9), NOW) is None  # one slice is too few
+
+
+@given(active=st.integers(0, 12_000), prefill=st.integers(1, 8), per_node=st.integers(1, 2_000),
+       limit=st.floats(0.05, 1.0), q_bar=st.sampled_from([30.0, 90.0, 150.0]))  # fmt: skip
+@settings(max_examples=60, deadline=None)
+def test_a_check_switches_only_a_short_split_past_its_limit_and_only_to_an_allowed_one(
+    active: int, prefill: int, per_node: int, limit: float, q_bar: float
+) -> None:
+    slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: q_bar)
+    decision = headroom(limit).check(observe_kv(prefill, slices, active, per_node), NOW)
+    busy = [prefill_utilization(split_throughput(NODES[:prefill], NODES[prefill:], MODELS, s.mean_work,
+                                                 (s.mean_decode_requests or 0.0) + (s.mean_prefill_backlog or 0.0)))
+            for s in slices if s.mean_work is not None]  # fmt: skip
+    past = statistics.fmean(busy) - limit > 2 * statistics.stdev(busy) / math.sqrt(len(busy))
+    short = per_node * prefill < active
+    if decision is None:  # it holds only while the premise holds, or when no split with more prefill nodes is allowed
+        assert not (short and past and prefill < 8 and per_node * 8 >= active)
+        return
+    assert short and past and decision.target is not None
+    chosen = next(c for c in diag_of(decision.diagnostics).candidates if c.chosen)
+    assert chosen.prefill_count > prefill and chosen.verdict is CandidateVerdict.RESTORES_HEADROOM
+    assert per_node * chosen.prefill_count >= active or (chosen.prefill_utilization or 0.0) <= limit
+    assert format_split(decision.target) == chosen.split
