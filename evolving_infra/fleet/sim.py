@@ -10,8 +10,8 @@ How a fleet run goes:
 1. **Partitions** come from the AgentServingCluster objects a user applies (`fleet.partitions`): each one's node
    count, hardware profile, initial split, planner (mode, policy, window, slices, cooldown, bounds, warmup) and
    routing (prefill policy with its fetch model, decode binder, eviction) become one `SimConfig` through the
-   same renderers the operator uses for the live router (`operator.rendered.planner_settings`,
-   `prefill_settings`). The data plane is ours (`evolving` preset: shared pool, async fetch, fitted models).
+   same renderer the operator uses for the live router (`operator.rendered.chosen_policies`: the typed fields'
+   settings with `planner.settings`, `routing.prefillSettings` and `routing.decodeSettings` over them). The data plane is ours (`evolving` preset: shared pool, async fetch, fitted models).
 2. **Binding**: every task of the workload belongs to a user (its agent record's `user`, or the agent id when it
    has none, as the gateway falls back to the branch id) with optional `requires` labels; tasks are bound in file
    order with `fleet.binding.Binder` over the partitions' binding view (labels, GPUs as weight). A user keeps its
@@ -53,7 +53,7 @@ from typing import Any
 from evolving_infra.fleet import progress as fleet_progress
 from evolving_infra.fleet.binding import Binder, BindingError, Requirements
 from evolving_infra.fleet.partitions import FleetPartition
-from evolving_infra.operator.rendered import planner_settings, prefill_settings
+from evolving_infra.operator.rendered import chosen_policies
 from evolving_infra.sim.config import SimConfig
 from evolving_infra.sim.records import RequestRecord, SplitRecord
 from evolving_infra.sim.run import simulate
@@ -265,8 +265,8 @@ def partition_config(p: FleetPartition, opts: FleetOptions, agents: int, skip_la
     replayed in closed loop at `agents`, skipping those more than `skip_late_s` late (None: none skipped), holding
     the running agents' mix of workloads to `mix` (`(shares per label, step_s)`; None: file order alone)."""
     spec = p.spec
-    planner = spec.planner.effective_policy.value
-    settings = planner_settings(spec)
+    chosen_planner, prefill, decode = chosen_policies(spec)  # the live router's settings, free-form ones included
+    planner, settings = chosen_planner.name, chosen_planner.settings
     if opts.planner is not None and opts.planner != planner:
         planner = opts.planner
         settings = {"interval_s": float(spec.planner.window_seconds)} if planner == "static" else {}
@@ -275,8 +275,8 @@ def partition_config(p: FleetPartition, opts: FleetOptions, agents: int, skip_la
         "nodes": spec.node_count,
         "split": f"{spec.initial_split.prefill}P{spec.initial_split.decode}D",
         "planner": planner, "planner_settings": settings,
-        "prefill_routing": spec.routing.prefill_policy.value, "routing_settings": prefill_settings(spec),
-        "decode_routing": spec.routing.decode_policy.value, "eviction": spec.eviction.policy.value,
+        "prefill_routing": prefill.name, "routing_settings": prefill.settings,
+        "decode_routing": decode.name, "decode_settings": decode.settings, "eviction": spec.eviction.policy.value,
         "agents": agents, "seed": opts.seed, "warmup_s": warmup, "duration_s": opts.duration_s,
         "drain_s": opts.drain_s,
     }

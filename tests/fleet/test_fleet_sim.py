@@ -570,3 +570,26 @@ def test_stored_names_do_not_depend_on_the_process(fleet_dir: Path) -> None:
     here = [fleet_cache.task_digest(t) for t in partition_tasks(load_partitions([fleet_dir]),
                                                                FleetWorkload.generated(PARAMS, AGENTS, seed=3), OPTS)]
     assert names[0] == names[1] == here and len(set(here)) == 3
+
+
+def test_a_partition_runs_with_the_settings_its_live_router_gets(tmp_path: Path) -> None:
+    """The CR's free-form `planner.settings`, `routing.prefillSettings` and `routing.decodeSettings` reach the
+    simulated partition as they reach the live router (`render_router_settings`), over the typed fields' settings."""
+    from evolving_infra.operator.meta import ClusterRef
+    from evolving_infra.operator.rendered import render_router_settings
+
+    extra = textwrap.indent(textwrap.dedent("""\
+        settings:
+          active_kv: headroom
+          kv_short_utilization: 0.4
+        """), "    ")
+    text = PARTITION.format(name="p0", region="main", selector="p0", profile="glm-5.2-4xgb300-tp4") + extra
+    text += "  routing:\n    prefillSettings:\n      fetch_fixed_s: 0.2\n"
+    (tmp_path / "p0.yaml").write_text(text)
+    (p,) = load_partitions([tmp_path])
+    config = partition_config(p, OPTS, 4)
+    live = render_router_settings(ClusterRef(p.name, "agents", "uid-0"), p.spec)
+    assert config.planner_settings["active_kv"] == "headroom" and config.planner_settings["kv_short_utilization"] == 0.4
+    assert config.planner_settings == live["planner_settings"] and config.planner_settings["window_s"] == 60.0
+    assert config.routing_settings == live["routing_settings"] and config.routing_settings["fetch_fixed_s"] == 0.2
+    assert config.decode_settings == live["decode_settings"]
