@@ -512,8 +512,10 @@ class ControlCore:
         return []
 
     def _check_interval(self) -> float | None:
-        planner = self.planner
-        return planner.check_interval_s if isinstance(planner, CheckingPlanner) else None
+        interval = self.planner.check_interval_s if isinstance(self.planner, CheckingPlanner) else None
+        if interval is not None and not interval > 0:
+            raise ValueError(f"a planner's check_interval_s must be > 0 or None, got {interval}")
+        return interval
 
     def _order(self, order: SwitchOrder, now: float) -> SwitchOrder:
         self.core.switch_begun(order.node, order.phase)

@@ -329,3 +329,6 @@ def test_a_checking_planner_is_checked_between_decisions_and_a_check_that_switch
     assert control.next_tick_at == 10.0
     control.tick(10.0)
     assert quiet.checked_at == [] and len(quiet.seen) == 1 and control.next_tick_at == 20.0
+    control, _ = cluster(planner=CheckingScriptedPlanner(check_interval_s=0.0))
+    with pytest.raises(ValueError, match="check_interval_s must be > 0"):
+        control.start(0.0)  # a check every 0 s would never let time pass
