@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -137,6 +137,14 @@ class _Split:
     decode: tuple[NodeId, ...]
 
 
+def _candidate_splits(
+    phases: dict[NodeId, Phase], counts: Iterable[int], move_costs: dict[NodeId, float]
+) -> tuple[dict[int, dict[NodeId, Phase]], dict[int, _Split]]:
+    """Per prefill count, the split that changes the fewest nodes (`fewest_changes_split`) and its two sides."""
+    targets = {p: fewest_changes_split(phases, p, move_costs) for p in counts}
+    return targets, {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class _Measured:
     """One usable slice of a window: its bounds, w̄_i and q̄_i."""
@@ -203,8 +211,7 @@ class OursPlanner:
         phases = observation.phases
         current = format_split(phases)
         switching = observation.switching
-        last = observation.last_switch_end
-        cooldown_until = None if last is None else last + cfg.cooldown_s
+        cooldown_until = self._cooldown_until(observation)
         if switching:
             diag = OursDiagnostics(current, switching, cooldown_until)
             reason = f"skipped: nodes {list(switching)} are still draining from the last switch"
@@ -217,8 +224,7 @@ class OursPlanner:
         base = _Split(prefill_nodes(phases), decode_nodes(phases))
         total = len(phases)
         counts = [p for p in range(cfg.min_prefill, total - cfg.min_decode + 1) if p != len(base.prefill)]
-        targets = {p: fewest_changes_split(phases, p, observation.move_costs) for p in counts}
-        splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
+        targets, splits = _candidate_splits(phases, counts, observation.move_costs)
 
         cur_p = len(base.prefill)
         active = observation.active_kv_pages
@@ -270,6 +276,11 @@ class OursPlanner:
             f"{cfg.significance:g} standard errors ({best.threshold:.4g}) over {len(best.gains)} slices{earlier}"
         )
         return PlannerDecision(targets[best.prefill_count], SwitchMode.IN_PLACE, Outcome.SWITCH, reason, diag)
+
+    def _cooldown_until(self, observation: PlannerObservation) -> float | None:
+        """When the cooldown after the last switch ends (None: no switch yet)."""
+        last = observation.last_switch_end
+        return None if last is None else last + self._settings.cooldown_s
 
     def _evaluate(
         self, observation: PlannerObservation, cooldown_until: float | None, base: _Split, splits: dict[int, _Split]
@@ -336,8 +347,7 @@ class OursPlanner:
         cfg = self._settings
         if cfg.active_kv is not ActiveKv.HEADROOM or observation.switching:
             return None
-        last = observation.last_switch_end
-        cooldown_until = None if last is None else last + cfg.cooldown_s
+        cooldown_until = self._cooldown_until(observation)
         if cooldown_until is not None and now < cooldown_until:
             return None
         phases = observation.phases
@@ -348,8 +358,7 @@ class OursPlanner:
         assert active is not None
         cur_p = len(base.prefill)
         counts = range(cur_p + 1, len(phases) - cfg.min_decode + 1)
-        targets = {p: fewest_changes_split(phases, p, observation.move_costs) for p in counts}
-        splits = {p: _Split(prefill_nodes(t), decode_nodes(t)) for p, t in targets.items()}
+        targets, splits = _candidate_splits(phases, counts, observation.move_costs)
         ev = self._evaluate(observation, cooldown_until, base, splits)
         m = len(ev.current_busy)
         if m < 2:
@@ -364,9 +373,7 @@ class OursPlanner:
             judged = self._judge(p, phases, observation.move_costs, ev.gains[p])
             held = _kv_pages(splits[p].prefill, observation.kv_pages)
             utilization = statistics.fmean(ev.busy[p]) if ev.busy[p] else None
-            allowed = not cannot_hold(held, active) or not refused(
-                cfg.active_kv, True, utilization, cfg.kv_short_utilization
-            )
+            allowed = not refused(cfg.active_kv, cannot_hold(held, active), utilization, cfg.kv_short_utilization)
             verdict = CandidateVerdict.RESTORES_HEADROOM if allowed else CandidateVerdict.PREFILL_KV_SHORT
             candidates.append(replace(judged, verdict=verdict, prefill_kv_pages=held, prefill_utilization=utilization))
         current = format_split(phases)

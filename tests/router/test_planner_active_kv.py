@@ -34,6 +34,11 @@ REFUSE = OursPlanner(OursSettings(active_kv=ActiveKv.REFUSE))
 
 def headroom(limit: float = 0.5) -> OursPlanner:
     return OursPlanner(OursSettings(active_kv=ActiveKv.HEADROOM, kv_short_utilization=limit))
+
+
+KV_CASES = {"active": st.integers(0, 12_000), "prefill": st.integers(1, 8), "per_node": st.integers(1, 2_000),
+            "limit": st.floats(0.05, 1.0), "q_bar": st.sampled_from([30.0, 90.0, 150.0])}
+"""Active context pages, current prefill count, pages per node, headroom limit, q̄ (the properties below)."""
 LONG_OUTPUTS = Work(t_uc=2000, t_c=60_000, t_out=2000, t_acc=1.8)  # favours 1P8D or 2P7D from 3P6D
 
 
@@ -129,8 +134,7 @@ def test_a_move_that_cannot_hold_the_active_contexts_qualifies_only_with_prefill
     assert headroom().decide(observe_kv(3, slices, 999), NOW).target == off.target
 
 
-@given(active=st.integers(0, 12_000), prefill=st.integers(1, 8), per_node=st.integers(1, 2_000),
-       limit=st.floats(0.05, 1.0), q_bar=st.sampled_from([30.0, 90.0, 150.0]))  # fmt: skip
+@given(**KV_CASES)
 @settings(max_examples=60, deadline=None)
 def test_with_headroom_a_move_is_refused_only_when_short_and_busy(
     active: int, prefill: int, per_node: int, limit: float, q_bar: float
@@ -172,11 +176,16 @@ def test_the_rule_and_its_limit_are_validated() -> None:
 
 
 # -- the check between decisions -------------------------------------------------------------------------------
+def predicted_busy(prefill: int, slices: tuple[SliceStats, ...]) -> list[float]:
+    """Θ / Σµ_P of the split with `prefill` prefill nodes on each slice with requests (q̄ with the prefill backlog)."""
+    return [prefill_utilization(split_throughput(NODES[:prefill], NODES[prefill:], MODELS, s.mean_work,
+                                                 (s.mean_decode_requests or 0.0) + (s.mean_prefill_backlog or 0.0)))
+            for s in slices if s.mean_work is not None]  # fmt: skip
+
+
 def test_the_check_moves_a_short_split_that_lost_its_headroom_to_the_best_one_that_has_it() -> None:
     slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: 150.0)
-    busy_now = [prefill_utilization(split_throughput(NODES[:1], NODES[1:], MODELS, s.mean_work, (s.mean_decode_requests or 0.0)
-                                                     + (s.mean_prefill_backlog or 0.0)))
-                for s in slices if s.mean_work is not None]  # fmt: skip
+    busy_now = predicted_busy(1, slices)
     assert statistics.fmean(busy_now) > 0.5  # 1P8D is predicted over half busy on these slices
     planner = headroom()
     assert planner.check_interval_s == planner.settings.window.slice_s
@@ -206,17 +215,14 @@ def test_the_check_holds_while_the_premise_holds() -> None:
     assert headroom().check(observe_kv(1, slices[-1:], 10**9), NOW) is None  # one slice is too few
 
 
-@given(active=st.integers(0, 12_000), prefill=st.integers(1, 8), per_node=st.integers(1, 2_000),
-       limit=st.floats(0.05, 1.0), q_bar=st.sampled_from([30.0, 90.0, 150.0]))  # fmt: skip
+@given(**KV_CASES)
 @settings(max_examples=60, deadline=None)
 def test_a_check_switches_only_a_short_split_past_its_limit_and_only_to_an_allowed_one(
     active: int, prefill: int, per_node: int, limit: float, q_bar: float
 ) -> None:
     slices = record_window(jitter(LONG_OUTPUTS), lambda i: 30, lambda i: q_bar)
     decision = headroom(limit).check(observe_kv(prefill, slices, active, per_node), NOW)
-    busy = [prefill_utilization(split_throughput(NODES[:prefill], NODES[prefill:], MODELS, s.mean_work,
-                                                 (s.mean_decode_requests or 0.0) + (s.mean_prefill_backlog or 0.0)))
-            for s in slices if s.mean_work is not None]  # fmt: skip
+    busy = predicted_busy(prefill, slices)
     past = statistics.fmean(busy) - limit > 2 * statistics.stdev(busy) / math.sqrt(len(busy))
     short = per_node * prefill < active
     if decision is None:  # it holds only while the premise holds, or when no split with more prefill nodes is allowed
